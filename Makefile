@@ -1,0 +1,46 @@
+# Two-command setup: `make test` and `make demo` build the environment themselves.
+#
+#   PYTHON=python3.11   interpreter used to create the virtual environment
+#   VENV=.venv          where the environment lives; point it at an existing
+#                       environment (e.g. VENV=$$CONDA_PREFIX) to reuse its torch
+#   TORCH_SPEC=torch==2.13.0   what to install when the environment has no torch
+#                       (e.g. TORCH_SPEC="torch --index-url <your CUDA wheel index>")
+#   SYSTEM_SITE=1       create the venv with --system-site-packages, so a torch
+#                       already installed system-wide is used instead of a new one
+
+PYTHON ?= python3.11
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+SYSTEM_SITE ?=
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.pointforge-installed
+
+.PHONY: setup test test-slow demo bench clean-venv
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(if $(SYSTEM_SITE),--system-site-packages) $(VENV)
+	@$(PY) -m pip install -q --upgrade pip
+	@$(PY) -c "import torch" >/dev/null 2>&1 \
+	  && echo "setup: keeping the installed torch $$($(PY) -c 'import torch;print(torch.__version__)')" \
+	  || { echo "setup: installing $(TORCH_SPEC)"; $(PY) -m pip install -q $(TORCH_SPEC); }
+	@$(PY) -c "import torch;print('torch==' + torch.__version__)" > $(VENV)/torch-constraint.txt
+	@echo "setup: installing pointforge and its dev extras (torch pinned to $$(cat $(VENV)/torch-constraint.txt))"
+	@$(PY) -m pip install -q -c $(VENV)/torch-constraint.txt -e ".[dev]"
+	@touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" tests
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow tests
+
+demo: $(STAMP)
+	$(VENV)/bin/pointforge demo
+
+bench: $(STAMP)
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,38 @@
+"""Errors a user can cause.
+
+Anything a user can get wrong (a path, a file format, a shape, a config key, a
+device) raises :class:`UserError` with one line that says what is wrong and what
+to do. The CLI prints that line and exits with status 2; Python callers can
+catch it like any other exception.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A problem with the user's input, reported as one clear line."""
+
+    exit_code = 2
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class DataError(UserError):
+    """A data file is missing, unreadable, or not what it should be."""
+
+
+class ConfigError(UserError):
+    """A configuration key or value is wrong."""
+
+
+class CheckpointError(UserError):
+    """A checkpoint is missing, truncated, corrupt or of the wrong kind."""
+
+
+class DeviceError(UserError):
+    """A requested device does not exist or cannot be used."""
