@@ -11,6 +11,7 @@ import sys
 import typer
 
 from pointforge import __version__
+from pointforge.cli import data as data_cli
 from pointforge.errors import UserError
 
 app = typer.Typer(
@@ -33,6 +34,9 @@ def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
 ) -> None:
     """pointforge command line."""
+
+
+app.add_typer(data_cli.app, name="data")
 
 
 

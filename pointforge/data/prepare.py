@@ -1,0 +1,360 @@
+"""Raw SkullBreak/SkullFix volumes → a prepared dataset of surface points.
+
+For every volume: read (geometry kept), for SkullFix resample to isotropic
+spacing, marching cubes, area-uniform surface points in voxel-index coordinates
+(float32 ``.npy``) plus a ``.json`` with everything needed to map them to
+millimetres and back. Complete skulls also get a bit-packed mask (the
+voxeliser's target). A seeded split grouped by skull goes to ``cases.csv``.
+
+Resumable: each volume's ``.json`` is written last, atomically, and records the
+source's size and modification time; a volume whose ``.json`` matches its source
+is skipped, anything else is redone. Nothing half-written ever carries a final
+name. A volume that fails is reported; the others finish.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+import zlib
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from pointforge import __version__
+from pointforge.data.skulls import (
+    PreparedCase,
+    RawCase,
+    list_cases,
+    parse_ratios,
+    split_skulls,
+    write_manifest,
+)
+from pointforge.data.surface import surface_points
+from pointforge.data.volumes import Volume, read_binary_volume
+from pointforge.errors import ConfigError, DataError
+
+FORMAT_VERSION = 1
+
+
+def atomic_write_bytes(path: Path, payload: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(Path(path), text.encode())
+
+
+def atomic_save_npy(path: Path, array: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp.npy", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.save(fh, array)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_save_npz(path: Path, **arrays: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp.npz", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, **arrays)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+# --------------------------------------------------------------------------- resampling
+
+
+def isotropic_spacing_for(volume: Volume, target: float | None) -> float:
+    return float(target) if target else float(min(volume.spacing))
+
+
+def resample_isotropic(volume: Volume, spacing: float) -> tuple[np.ndarray, dict]:
+    """Resample a binary mask to isotropic ``spacing`` (linear interpolation, threshold 0.5).
+
+    Voxel 0 keeps its position, so a point at resampled index ``q`` lies at
+    original index ``q * spacing / original_spacing`` (per axis).
+    """
+    from scipy.ndimage import map_coordinates
+
+    orig_spacing = np.asarray(volume.spacing, dtype=np.float64)
+    extent = (np.asarray(volume.shape) - 1) * orig_spacing
+    new_shape = np.floor(extent / spacing + 1e-6).astype(int) + 1  # tolerate float32 header noise
+    out = np.zeros(tuple(new_shape), dtype=bool)
+    src = volume.data.astype(np.float32)
+    # Slab by slab along the first axis to bound memory at 512³.
+    ys = np.arange(new_shape[1]) * spacing / orig_spacing[1]
+    zs = np.arange(new_shape[2]) * spacing / orig_spacing[2]
+    yy, zz = np.meshgrid(ys, zs, indexing="ij")
+    for i in range(new_shape[0]):
+        xs = np.full_like(yy, i * spacing / orig_spacing[0])
+        out[i] = map_coordinates(src, [xs, yy, zz], order=1, mode="nearest") >= 0.5
+    info = {
+        "original_shape": list(volume.shape),
+        "original_spacing": [float(s) for s in volume.spacing],
+        "resampled_spacing": float(spacing),
+        "resampled_shape": [int(s) for s in new_shape],
+        "to_original_index_scale": [float(spacing / s) for s in orig_spacing],
+    }
+    return out, info
+
+
+# --------------------------------------------------------------------------- work units
+
+
+@dataclass(frozen=True)
+class VolumeJob:
+    source: Path
+    rel: str  # output path relative to out dir, without suffix, e.g. surfaces/implant/bilateral/000
+    kind: str  # complete | defective | implant
+    n_points: int
+    seed: int
+    isotropic: float | None  # None: keep the grid; else target spacing (0 = finest axis)
+    save_mask: bool
+
+
+def _source_stamp(path: Path) -> dict:
+    st = path.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def job_done(out: Path, job: VolumeJob) -> bool:
+    meta_path = out / (job.rel + ".json")
+    if not meta_path.exists() or not (out / (job.rel + ".npy")).exists():
+        return False
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError):
+        return False
+    if meta.get("format_version") != FORMAT_VERSION or meta.get("n_points") != job.n_points:
+        return False
+    if meta.get("source_stamp") != _source_stamp(job.source):
+        return False
+    return not job.save_mask or (out / meta.get("mask", "\0")).exists()
+
+
+def run_job(out: Path, job: VolumeJob) -> dict:
+    """Prepare one volume. Returns its metadata; raises DataError on a bad volume."""
+    t0 = time.perf_counter()
+    vol = read_binary_volume(job.source)
+    mask = vol.data
+    meta: dict = {
+        "format_version": FORMAT_VERSION,
+        "pointforge_version": __version__,
+        "source": str(job.source),
+        "source_stamp": _source_stamp(job.source),
+        "kind": job.kind,
+        "n_points": job.n_points,
+        "seed": job.seed,
+        "coordinates": "voxel index of the grid described by shape/spacing/origin/direction",
+        "origin": list(vol.origin),
+        "direction": np.asarray(vol.direction).tolist(),
+    }
+    if job.isotropic is not None:
+        spacing = isotropic_spacing_for(vol, job.isotropic)
+        mask, info = resample_isotropic(vol, spacing)
+        meta["resampled"] = info
+        meta["spacing"] = [spacing] * 3
+        if not mask.any():
+            raise DataError(f"{job.source}: empty after resampling to {spacing:g} mm; the structure is too thin")
+    else:
+        meta["spacing"] = list(vol.spacing)
+    meta["shape"] = [int(s) for s in mask.shape]
+    meta["voxels"] = int(mask.sum())
+    pts = surface_points(mask, job.n_points, seed=job.seed)
+    meta["bbox_min"] = pts.min(axis=0).tolist()
+    meta["bbox_max"] = pts.max(axis=0).tolist()
+    atomic_save_npy(out / (job.rel + ".npy"), pts)
+    if job.save_mask:
+        mask_rel = job.rel.replace("surfaces/", "masks/", 1) + ".npz"
+        atomic_save_npz(out / mask_rel, bits=np.packbits(mask.ravel()), shape=np.asarray(mask.shape))
+        meta["mask"] = mask_rel
+    meta["seconds"] = round(time.perf_counter() - t0, 3)
+    atomic_write_text(out / (job.rel + ".json"), json.dumps(meta, indent=1))
+    return meta
+
+
+def _run_job_safely(out: Path, job: VolumeJob) -> tuple[VolumeJob, dict | None, str | None]:
+    try:
+        return job, run_job(out, job), None
+    except DataError as err:
+        return job, None, str(err)
+    except MemoryError:
+        return job, None, f"{job.source}: out of memory while preparing; use fewer --workers"
+    except Exception as exc:  # one bad case must not stop the rest; say what it was
+        return job, None, f"{job.source}: {type(exc).__name__}: {exc}"
+
+
+# --------------------------------------------------------------------------- driver
+
+
+@dataclass
+class PrepareResult:
+    out: Path
+    layout: str
+    cases: list[PreparedCase]
+    done: int = 0
+    skipped: int = 0
+    failures: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    split_counts: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def _rel(kind_dir: str, raw: Path, root: Path) -> str:
+    rel = raw.relative_to(root)
+    name = rel.name
+    for suffix in (".nii.gz", ".nrrd", ".nhdr", ".nii"):
+        if name.lower().endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return str(Path("surfaces") / rel.parent / name)
+
+
+def plan_jobs(root: Path, cases: list[RawCase], layout: str, n_points: int, seed: int,
+              isotropic: float | None) -> list[VolumeJob]:
+    iso = isotropic if layout == "skullfix" else None
+    if layout == "skullfix" and isotropic is None:
+        iso = 0.0  # finest axis spacing
+    seen: dict[Path, VolumeJob] = {}
+    for case in cases:
+        for kind, src in (("defective", case.defective), ("implant", case.implant), ("complete", case.complete)):
+            if src is None or src in seen:
+                continue
+            # Each volume gets its own sampling seed derived from the run seed and its path.
+            vseed = int(np.random.SeedSequence([seed, zlib.crc32(str(src.relative_to(root)).encode())]).generate_state(1)[0])
+            seen[src] = VolumeJob(src, _rel(kind, src, root), kind, n_points, vseed, iso, kind == "complete")
+    return list(seen.values())
+
+
+def prepare_dataset(
+    root: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    n_points: int = 400_000,
+    split: str = "0.7,0.1,0.2",
+    seed: int = 0,
+    workers: int | None = None,
+    layout: str | None = None,
+    isotropic_spacing: float | None = None,
+    progress=None,
+) -> PrepareResult:
+    """Prepare every volume under ``root`` into ``out``. See the module docstring.
+
+    ``progress(done, total, name)`` is called after each volume when given.
+    """
+    t0 = time.perf_counter()
+    root, out = Path(root), Path(out)
+    if n_points < 1000:
+        raise ConfigError(f"--points {n_points} is too few; use at least 1000 (the default is 400000)")
+    ratios = parse_ratios(split)
+    layout, cases = list_cases(root, layout)
+    if out.resolve() == root.resolve():
+        raise ConfigError(f"--out {out} would write into the raw dataset's folders; choose another folder")
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = plan_jobs(root, cases, layout, n_points, seed, isotropic_spacing)
+    todo = [j for j in jobs if not job_done(out, j)]
+    result = PrepareResult(out=out, layout=layout, cases=[], skipped=len(jobs) - len(todo))
+    failed_sources: set[Path] = set()
+    workers = max(1, min(workers or min(os.cpu_count() or 1, 4), len(todo) or 1))
+    count = result.skipped
+    if progress:
+        progress(count, len(jobs), "")
+    if workers == 1:
+        for job in todo:
+            _, _, err = _run_job_safely(out, job)
+            count += 1
+            if err:
+                result.failures.append(err)
+                failed_sources.add(job.source)
+            else:
+                result.done += 1
+            if progress:
+                progress(count, len(jobs), job.rel)
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            pending = {pool.submit(_run_job_safely, out, j) for j in todo}
+            while pending:
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    job, _, err = fut.result()
+                    count += 1
+                    if err:
+                        result.failures.append(err)
+                        failed_sources.add(job.source)
+                    else:
+                        result.done += 1
+                    if progress:
+                        progress(count, len(jobs), job.rel)
+
+    by_source = {j.source: j for j in jobs}
+    assignment = split_skulls([c.skull_id for c in cases], ratios, seed)
+    prepared = []
+    for case in cases:
+        if case.defective in failed_sources:
+            continue  # no usable input for this case
+        def rel_of(src: Path | None) -> str:
+            if src is None or src in failed_sources:
+                return ""
+            return by_source[src].rel + ".npy"
+        complete_job = by_source.get(case.complete) if case.complete else None
+        mask_rel = ""
+        if complete_job is not None and case.complete not in failed_sources:
+            mask_rel = complete_job.rel.replace("surfaces/", "masks/", 1) + ".npz"
+        prepared.append(PreparedCase(
+            case_id=case.case_id, skull_id=case.skull_id, defect=case.defect,
+            split=assignment[case.skull_id], defective=rel_of(case.defective),
+            implant=rel_of(case.implant), complete=rel_of(case.complete), complete_mask=mask_rel,
+        ))
+    write_manifest(out, prepared)
+    counts = {s: sum(1 for c in prepared if c.split == s) for s in ("train", "val", "test")}
+    info = {
+        "format_version": FORMAT_VERSION,
+        "pointforge_version": __version__,
+        "layout": layout,
+        "source_root": str(root.resolve()),
+        "n_points": n_points,
+        "seed": seed,
+        "split_ratios": list(ratios),
+        "split_counts": counts,
+        "skulls": len({c.skull_id for c in prepared}),
+        "cases": len(prepared),
+        "isotropic_resampling": layout == "skullfix",
+        "failures": result.failures,
+    }
+    atomic_write_text(out / "dataset.json", json.dumps(info, indent=1))
+    result.cases = prepared
+    result.split_counts = counts
+    result.seconds = time.perf_counter() - t0
+    return result

@@ -1,0 +1,419 @@
+"""SkullBreak / SkullFix layouts, seeded splits grouped by skull, and Datasets.
+
+Raw layouts (REFERENCE.md):
+
+* SkullBreak: ``complete_skull/NNN.nrrd``, ``defective_skull/<defect>/NNN.nrrd``,
+  ``implant/<defect>/NNN.nrrd``.
+* SkullFix: ``complete_skull/NNN.nrrd``, ``defective_skull/NNN.nrrd``,
+  ``implant/NNN.nrrd``.
+
+NIfTI files (``.nii``/``.nii.gz``) are accepted wherever NRRD is. ``implant`` and
+``complete_skull`` may be absent (e.g. a challenge test set): such cases prepare
+for inference only.
+
+A prepared dataset (written by :mod:`pointforge.data.prepare`) holds surface
+points per volume under ``surfaces/`` mirroring the raw layout, complete-skull
+masks under ``masks/``, ``cases.csv`` (one row per defective skull, with its
+split) and ``dataset.json``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from pointforge.data.volumes import VOLUME_SUFFIXES
+from pointforge.errors import ConfigError, DataError
+
+SKULLBREAK_DEFECTS = ("bilateral", "frontoorbital", "parietotemporal", "random_1", "random_2")
+LAYOUTS = ("skullbreak", "skullfix")
+SPLITS = ("train", "val", "test")
+
+
+def _stem(path: Path) -> str:
+    name = path.name
+    for suffix in sorted(VOLUME_SUFFIXES, key=len, reverse=True):
+        if name.lower().endswith(suffix):
+            return name[: -len(suffix)]
+    return path.stem
+
+
+def _volumes_in(folder: Path) -> dict[str, Path]:
+    if not folder.is_dir():
+        return {}
+    found = {}
+    for p in sorted(folder.iterdir()):
+        if p.is_file() and p.name.lower().endswith(VOLUME_SUFFIXES) and not p.name.startswith("."):
+            found[_stem(p)] = p
+    return found
+
+
+@dataclass(frozen=True)
+class RawCase:
+    """One defective skull, with its implant and complete skull when present."""
+
+    case_id: str  # unique in the dataset, e.g. "bilateral/000" or "000"
+    skull_id: str  # the skull it belongs to; splits are grouped by this
+    defect: str  # defect class, "" for SkullFix
+    defective: Path
+    implant: Path | None
+    complete: Path | None
+
+
+def detect_layout(root: str | os.PathLike) -> str:
+    """'skullbreak' or 'skullfix', from the folders under ``root``; DataError otherwise."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError(f"{root}: no such folder; give the dataset's root folder")
+    defective = root / "defective_skull"
+    if not defective.is_dir():
+        raise DataError(
+            f"{root}: neither a SkullBreak nor a SkullFix layout (no 'defective_skull' folder); "
+            "expected defective_skull/<defect>/NNN.nrrd (SkullBreak) or defective_skull/NNN.nrrd (SkullFix)"
+        )
+    has_subdirs = any(p.is_dir() and _volumes_in(p) for p in defective.iterdir())
+    has_files = bool(_volumes_in(defective))
+    if has_subdirs and not has_files:
+        return "skullbreak"
+    if has_files and not has_subdirs:
+        return "skullfix"
+    if has_files and has_subdirs:
+        raise DataError(
+            f"{defective}: holds both volume files and defect folders; a SkullBreak layout has only "
+            "<defect>/ folders, a SkullFix layout only files"
+        )
+    raise DataError(f"{defective}: no .nrrd or .nii(.gz) volumes found")
+
+
+def list_cases(root: str | os.PathLike, layout: str | None = None) -> tuple[str, list[RawCase]]:
+    root = Path(root)
+    layout = layout or detect_layout(root)
+    if layout not in LAYOUTS:
+        raise ConfigError(f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
+    complete = _volumes_in(root / "complete_skull")
+    cases: list[RawCase] = []
+    if layout == "skullbreak":
+        for defect_dir in sorted(p for p in (root / "defective_skull").iterdir() if p.is_dir()):
+            implants = _volumes_in(root / "implant" / defect_dir.name)
+            for stem, path in _volumes_in(defect_dir).items():
+                cases.append(RawCase(f"{defect_dir.name}/{stem}", stem, defect_dir.name, path,
+                                     implants.get(stem), complete.get(stem)))
+    else:
+        implants = _volumes_in(root / "implant")
+        for stem, path in _volumes_in(root / "defective_skull").items():
+            cases.append(RawCase(stem, stem, "", path, implants.get(stem), complete.get(stem)))
+    if not cases:
+        raise DataError(f"{root}: no defective skull volumes found")
+    return layout, cases
+
+
+# --------------------------------------------------------------------------- splits
+
+
+def parse_ratios(text: str | tuple[float, ...]) -> tuple[float, float, float]:
+    """'0.7,0.1,0.2' (train, val, test) → normalised tuple."""
+    try:
+        values = [float(v) for v in (text.split(",") if isinstance(text, str) else text)]
+    except ValueError:
+        raise ConfigError(f"split ratios {text!r} are not numbers; write them like 0.7,0.1,0.2 (train,val,test)") from None
+    if len(values) == 2:
+        values = [values[0], 0.0, values[1]]
+    if len(values) != 3 or any(v < 0 or not math.isfinite(v) for v in values) or sum(values) <= 0:
+        raise ConfigError(f"split ratios {text!r} must be 2 or 3 non-negative numbers (train,[val,]test), e.g. 0.7,0.1,0.2")
+    total = sum(values)
+    return tuple(v / total for v in values)  # type: ignore[return-value]
+
+
+def split_skulls(skull_ids: list[str], ratios: tuple[float, float, float], seed: int) -> dict[str, str]:
+    """Seeded split of skulls (not cases) so no skull is in two splits.
+
+    Every split with a non-zero ratio gets at least one skull when there are
+    enough skulls; the rest goes to train.
+    """
+    unique = sorted(set(skull_ids))
+    n = len(unique)
+    order = np.random.default_rng(seed).permutation(n)
+    want_test = ratios[2] > 0
+    want_val = ratios[1] > 0
+    n_test = max(1 if want_test and n >= 2 else 0, int(round(ratios[2] * n)))
+    n_val = max(1 if want_val and n >= 3 else 0, int(round(ratios[1] * n)))
+    if n_test + n_val >= n:  # keep at least one training skull
+        overflow = n_test + n_val - (n - 1)
+        n_val = max(0, n_val - overflow)
+        n_test = min(n_test, n - 1 - n_val)
+    assignment = {}
+    for rank, i in enumerate(order):
+        if rank < n_test:
+            assignment[unique[i]] = "test"
+        elif rank < n_test + n_val:
+            assignment[unique[i]] = "val"
+        else:
+            assignment[unique[i]] = "train"
+    return assignment
+
+
+# --------------------------------------------------------------------------- prepared dataset
+
+
+@dataclass
+class PreparedCase:
+    case_id: str
+    skull_id: str
+    defect: str
+    split: str
+    defective: str  # relative .npy path of the defective skull's surface points
+    implant: str  # "" if absent
+    complete: str  # "" if absent
+    complete_mask: str  # "" if absent
+
+
+class PreparedDataset:
+    """Index of a prepared dataset folder (``cases.csv`` + metadata)."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        manifest = self.root / "cases.csv"
+        info = self.root / "dataset.json"
+        if not manifest.exists() or not info.exists():
+            raise DataError(
+                f"{self.root}: not a prepared dataset (no cases.csv / dataset.json); "
+                "run `pointforge data prepare RAW_ROOT --out DIR` first"
+            )
+        self.info = json.loads(info.read_text())
+        with open(manifest, newline="") as fh:
+            self.cases = [PreparedCase(**row) for row in csv.DictReader(fh)]
+
+    def split(self, name: str, *, require: tuple[str, ...] = ("implant",)) -> list[PreparedCase]:
+        if name not in SPLITS and name != "all":
+            raise ConfigError(f"unknown split {name!r}; choose one of {', '.join(SPLITS)} or all")
+        chosen = [c for c in self.cases if name == "all" or c.split == name]
+        return [c for c in chosen if all(getattr(c, field) for field in require)]
+
+    def path(self, rel: str) -> Path:
+        return self.root / rel
+
+    def points(self, rel: str, *, mmap: bool = True) -> np.ndarray:
+        path = self.path(rel)
+        try:
+            return np.load(path, mmap_mode="r" if mmap else None)
+        except FileNotFoundError:
+            raise DataError(f"{path}: missing; re-run `pointforge data prepare` to complete the dataset") from None
+        except ValueError as exc:
+            raise DataError(f"{path}: unreadable point file ({exc}); delete it and re-run prepare") from None
+
+    def meta(self, rel: str) -> dict:
+        return json.loads(self.path(rel).with_suffix(".json").read_text())
+
+    def complete_mask(self, case: PreparedCase) -> np.ndarray:
+        if not case.complete_mask:
+            raise DataError(f"case {case.case_id} has no complete skull; the voxelisation target needs one")
+        with np.load(self.path(case.complete_mask)) as z:
+            shape = tuple(int(s) for s in z["shape"])
+            bits = np.unpackbits(z["bits"], count=int(np.prod(shape)))
+        return bits.reshape(shape).astype(bool)
+
+
+def write_manifest(root: Path, cases: list[PreparedCase]) -> None:
+    from pointforge.data.prepare import atomic_write_text
+
+    fields = list(PreparedCase.__dataclass_fields__)
+    lines = [",".join(fields)]
+    for c in cases:
+        row = asdict(c)
+        lines.append(",".join(str(row[f]) for f in fields))
+    atomic_write_text(root / "cases.csv", "\n".join(lines) + "\n")
+
+
+# --------------------------------------------------------------------------- normalisation
+
+
+@dataclass(frozen=True)
+class Normalization:
+    """points_normalised = (points - center) / scale; ``inverse`` maps back."""
+
+    center: np.ndarray  # [3]
+    scale: float
+
+    def apply(self, points: np.ndarray) -> np.ndarray:
+        return ((points - self.center) / self.scale).astype(np.float32)
+
+    def inverse(self, points: np.ndarray | torch.Tensor) -> np.ndarray:
+        pts = points.detach().cpu().numpy() if isinstance(points, torch.Tensor) else np.asarray(points)
+        return (pts * self.scale + self.center).astype(np.float32)
+
+
+def bbox_normalization(points: np.ndarray, half_extent: float = 3.0) -> Normalization:
+    """Centre of the bounding box; scale so the box's longest half-side maps to ``half_extent``.
+
+    Computed from the defective skull alone in training and at test time, so the
+    two agree (upstream used skull+implant in training, defective-only at test).
+    """
+    lo = points.min(axis=0).astype(np.float64)
+    hi = points.max(axis=0).astype(np.float64)
+    center = (lo + hi) / 2
+    half = float((hi - lo).max()) / 2
+    if half <= 0:
+        raise DataError("cannot normalise a degenerate point cloud (all points equal)")
+    return Normalization(center=center, scale=half / half_extent)
+
+
+def random_rotation(rng: np.random.Generator, max_degrees: float) -> np.ndarray:
+    """A rotation by independent angles within ±max_degrees about each axis."""
+    ax, ay, az = np.deg2rad(rng.uniform(-max_degrees, max_degrees, size=3))
+    rx = np.array([[1, 0, 0], [0, np.cos(ax), -np.sin(ax)], [0, np.sin(ax), np.cos(ax)]])
+    ry = np.array([[np.cos(ay), 0, np.sin(ay)], [0, 1, 0], [-np.sin(ay), 0, np.cos(ay)]])
+    rz = np.array([[np.cos(az), -np.sin(az), 0], [np.sin(az), np.cos(az), 0], [0, 0, 1]])
+    return rz @ ry @ rx
+
+
+def _subsample(points: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    # With replacement only when the surface has fewer points than asked (tiny volumes).
+    idx = rng.choice(points.shape[0], size=n, replace=points.shape[0] < n)
+    idx.sort()  # sorted reads from a memory map are much faster
+    return np.asarray(points[idx], dtype=np.float32)
+
+
+class _EpochSeeded(Dataset):
+    """Per-item randomness from (seed, epoch, index): identical on any worker count and on resume.
+
+    The engine calls ``set_epoch`` before each epoch's loader is created.
+    """
+
+    seed: int = 0
+    epoch: int = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def _rng(self, index: int) -> np.random.Generator:
+        return np.random.default_rng([self.seed, self.epoch, index])
+
+
+class CompletionDataset(_EpochSeeded):
+    """PCDiff training/testing examples: defective-skull points then implant points.
+
+    Item: ``points`` [n_skull + n_implant, 3] float32 normalised (skull first,
+    implant last), ``center`` [3] and ``scale`` (to map back to voxel
+    coordinates: ``p * scale + center``), ``case_id``.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike | PreparedDataset,
+        split: str = "train",
+        *,
+        n_skull: int = 27_648,
+        n_implant: int = 3_072,
+        rotate_degrees: float = 0.0,
+        half_extent: float = 3.0,
+        seed: int = 0,
+    ):
+        self.data = root if isinstance(root, PreparedDataset) else PreparedDataset(root)
+        self.cases = self.data.split(split, require=("implant",))
+        if not self.cases:
+            raise DataError(f"{self.data.root}: the {split!r} split has no case with an implant")
+        self.n_skull, self.n_implant = int(n_skull), int(n_implant)
+        self.rotate_degrees = float(rotate_degrees)
+        self.half_extent = float(half_extent)
+        self.seed = int(seed)
+
+    def __len__(self) -> int:
+        return len(self.cases)
+
+    def __getitem__(self, index: int) -> dict:
+        case = self.cases[index]
+        rng = self._rng(index)
+        skull = _subsample(self.data.points(case.defective), self.n_skull, rng)
+        implant = _subsample(self.data.points(case.implant), self.n_implant, rng)
+        norm = bbox_normalization(skull, self.half_extent)
+        points = norm.apply(np.concatenate([skull, implant]))
+        if self.rotate_degrees > 0:
+            points = (points @ random_rotation(rng, self.rotate_degrees).T).astype(np.float32)
+        return {
+            "points": torch.from_numpy(points),
+            "center": torch.from_numpy(norm.center.astype(np.float32)),
+            "scale": torch.tensor(norm.scale, dtype=torch.float32),
+            "case_id": case.case_id,
+        }
+
+
+def unit_cube_scale(shape: tuple[int, ...]) -> float:
+    """Voxel coordinates → [0, 1): divide by the longest side, so shapes keep their aspect."""
+    return float(max(shape))
+
+
+def indicator_grid(mask: np.ndarray, resolution: int) -> np.ndarray:
+    """Target grid at ``resolution``³ for a mask in the unit cube: −0.5 inside, +0.5 outside.
+
+    Grid node ``i`` sits at unit coordinate ``i / resolution``, i.e. at voxel
+    coordinate ``i * S / resolution`` with ``S`` the longest side (as the points).
+    """
+    from scipy.ndimage import map_coordinates
+
+    s = unit_cube_scale(mask.shape)
+    axis = np.arange(resolution, dtype=np.float64) * s / resolution
+    coords = np.stack(np.meshgrid(axis, axis, axis, indexing="ij")).reshape(3, -1)
+    inside = map_coordinates(mask.astype(np.float32), coords, order=1, mode="constant", cval=0.0) >= 0.5
+    return np.where(inside.reshape((resolution,) * 3), -0.5, 0.5).astype(np.float32)
+
+
+class VoxelizationDataset(_EpochSeeded):
+    """Voxelizer examples: the completed cloud in [0, 1)³ and the complete skull's indicator grid.
+
+    Item: ``points`` [n_points, 3] in [0, 1) (defective-skull and implant
+    points, in the proportions of the completion dataset), ``target``
+    [res, res, res] (+0.5 outside, −0.5 inside), ``case_id``, ``scale``.
+    Target grids are computed once per case and kept in memory.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike | PreparedDataset,
+        split: str = "train",
+        *,
+        n_points: int = 30_720,
+        implant_fraction: float = 0.1,
+        resolution: int = 128,
+        seed: int = 0,
+    ):
+        self.data = root if isinstance(root, PreparedDataset) else PreparedDataset(root)
+        self.cases = self.data.split(split, require=("implant", "complete_mask"))
+        if not self.cases:
+            raise DataError(f"{self.data.root}: the {split!r} split has no case with an implant and complete skull")
+        self.n_points = int(n_points)
+        self.n_implant = int(round(self.n_points * implant_fraction))
+        self.resolution = int(resolution)
+        self.seed = int(seed)
+        self._targets: dict[str, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return len(self.cases)
+
+    def target(self, case: PreparedCase) -> np.ndarray:
+        key = case.complete_mask
+        if key not in self._targets:
+            self._targets[key] = indicator_grid(self.data.complete_mask(case), self.resolution)
+        return self._targets[key]
+
+    def __getitem__(self, index: int) -> dict:
+        case = self.cases[index]
+        rng = self._rng(index)
+        shape = tuple(self.data.meta(case.defective)["shape"])
+        skull = _subsample(self.data.points(case.defective), self.n_points - self.n_implant, rng)
+        implant = _subsample(self.data.points(case.implant), self.n_implant, rng)
+        scale = unit_cube_scale(shape)
+        points = np.clip(np.concatenate([skull, implant]) / scale, 0.0, np.nextafter(np.float32(1), np.float32(0)))
+        return {
+            "points": torch.from_numpy(points.astype(np.float32)),
+            "target": torch.from_numpy(self.target(case)),
+            "scale": torch.tensor(scale, dtype=torch.float32),
+            "case_id": case.case_id,
+        }

@@ -1,0 +1,83 @@
+"""From a binary volume to surface points.
+
+Marching cubes (scikit-image) at iso-level 0.5 — the level that lies halfway
+between background 0 and foreground 1, so the surface passes between voxel
+centres — on the mask padded by one voxel so surfaces touching the array border
+are closed. Points are then drawn uniformly by area on the triangle mesh
+(trimesh), in voxel-index coordinates: voxel ``(i, j, k)`` has its centre at
+``(i, j, k)``.
+
+Why area-weighted uniform rather than Poisson-disk sampling (upstream's choice):
+the count is exact, it is seeded and linear in the number of points, and a
+400k-point Poisson-disk sampling costs minutes per case. Training draws random
+subsets of ~30k points from the 400k, which is where sample evenness would
+matter, and at that ratio the two are indistinguishable in coverage.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from pointforge.errors import DataError
+
+
+def volume_to_mesh(mask: np.ndarray, *, level: float = 0.5, step_size: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Triangle mesh (vertices in voxel-index coordinates, faces) of a binary mask's surface.
+
+    Faces are oriented with normals pointing out of the foreground.
+    """
+    from skimage.measure import marching_cubes
+
+    if mask.ndim != 3:
+        raise DataError(f"expected a 3-D mask, got shape {tuple(mask.shape)}")
+    if not mask.any():
+        raise DataError("the mask is empty; there is no surface to extract")
+    padded = np.pad(mask.astype(np.float32, copy=False), 1)
+    # allow_degenerate=False drops zero-area triangles that would never be sampled anyway.
+    verts, faces, _, _ = marching_cubes(padded, level=level, step_size=step_size, allow_degenerate=False)
+    verts -= 1.0  # undo the padding offset
+    # scikit-image orients faces towards increasing values (into the foreground);
+    # reverse them so normals point outwards.
+    faces = faces[:, ::-1].copy()
+    return verts.astype(np.float64), faces.astype(np.int64)
+
+
+def sample_mesh(vertices: np.ndarray, faces: np.ndarray, n_points: int, *, seed: int) -> np.ndarray:
+    """``n_points`` points uniform by area on a triangle mesh, float32 [n, 3]."""
+    import trimesh
+
+    if n_points <= 0:
+        raise DataError(f"number of surface points must be positive, got {n_points}")
+    mesh = trimesh.Trimesh(vertices=vertices, faces=faces, process=False)
+    points, _ = trimesh.sample.sample_surface(mesh, n_points, seed=seed)
+    return np.asarray(points, dtype=np.float32)
+
+
+def surface_points(mask: np.ndarray, n_points: int = 400_000, *, seed: int = 0) -> np.ndarray:
+    """Surface points of a binary mask in voxel-index coordinates."""
+    verts, faces = volume_to_mesh(mask)
+    return sample_mesh(verts, faces, n_points, seed=seed)
+
+
+def farthest_point_sample(points: torch.Tensor | np.ndarray, n_samples: int, *, start: int = 0) -> np.ndarray:
+    """Indices of ``n_samples`` points chosen by iterative farthest point sampling.
+
+    Vectorised over points; the loop over samples is inherent to the algorithm.
+    Starts at ``start`` (index 0 by default, as upstream's FPS does); ties go to
+    the lowest index (``argmax`` semantics).
+    """
+    pts = torch.as_tensor(np.asarray(points) if not isinstance(points, torch.Tensor) else points)
+    pts = pts.to(torch.float32)
+    n = pts.shape[0]
+    if n_samples > n:
+        raise DataError(f"cannot pick {n_samples} points by FPS from a cloud of {n}")
+    idx = torch.empty(n_samples, dtype=torch.long)
+    dist = torch.full((n,), float("inf"))
+    cur = start
+    for s in range(n_samples):
+        idx[s] = cur
+        d = ((pts - pts[cur]) ** 2).sum(dim=1)
+        dist = torch.minimum(dist, d)
+        cur = int(torch.argmax(dist))
+    return idx.numpy()

@@ -1,0 +1,122 @@
+import gzip
+
+import nrrd
+import numpy as np
+import pytest
+
+from pointforge.data.volumes import Volume, read_binary_volume, read_volume, to_binary, write_volume
+from pointforge.errors import DataError
+
+
+def _rotation(seed=0):
+    q, _ = np.linalg.qr(np.random.default_rng(seed).normal(size=(3, 3)))
+    return q * np.sign(np.linalg.det(q))
+
+
+@pytest.mark.parametrize("suffix", [".nrrd", ".nii.gz", ".nii"])
+def test_round_trip_keeps_voxels_and_geometry(tmp_path, suffix):
+    data = np.random.default_rng(1).random((9, 11, 13)) > 0.5
+    direction = _rotation()
+    first = read_binary_volume(write_volume(tmp_path / f"a{suffix}", data, spacing=(0.3, 0.5, 0.8),
+                                            origin=(1.5, -2.25, 3.125), direction=direction))
+    assert first.data.dtype == bool and (first.data == data).all()
+    # NIfTI stores its affine in float32; NRRD in decimal text of full precision.
+    tol = 1e-6 if suffix != ".nrrd" else 1e-12
+    np.testing.assert_allclose(first.spacing, (0.3, 0.5, 0.8), atol=tol)
+    np.testing.assert_allclose(first.origin, (1.5, -2.25, 3.125), atol=tol)
+    np.testing.assert_allclose(first.direction, direction, atol=tol)
+    # Read → write → read is exact in both formats.
+    second = read_binary_volume(write_volume(tmp_path / f"b{suffix}", first))
+    assert second.spacing == first.spacing and second.origin == first.origin
+    assert np.array_equal(second.direction, first.direction)
+    assert np.array_equal(second.affine(), first.affine())
+
+
+def test_nrrd_extra_header_fields_survive(tmp_path):
+    path = tmp_path / "x.nrrd"
+    header = {"space": "left-posterior-superior", "space directions": np.diag([0.4, 0.4, 0.4]),
+              "space origin": np.array([-100.0, -90.0, 10.0]), "patient_id": "case-7"}
+    nrrd.write(str(path), np.ones((4, 5, 6), np.uint8) * 255, header, index_order="F")
+    vol = read_binary_volume(path)
+    assert vol.spacing == (0.4, 0.4, 0.4) and vol.origin == (-100.0, -90.0, 10.0)
+    out = write_volume(tmp_path / "y.nrrd", vol.with_data(np.zeros((4, 5, 6), bool)))
+    _, h = nrrd.read(str(out))
+    assert h["patient_id"] == "case-7"
+    np.testing.assert_array_equal(h["space directions"], np.diag([0.4, 0.4, 0.4]))
+
+
+def test_voxel_physical_mapping_is_inverse():
+    vol = Volume(np.zeros((3, 3, 3)), spacing=(0.3, 0.5, 0.8), origin=(1, 2, 3), direction=_rotation(2))
+    ijk = np.random.default_rng(0).random((10, 3)) * 3
+    np.testing.assert_allclose(vol.physical_to_voxel(vol.voxel_to_physical(ijk)), ijk, atol=1e-12)
+    # Axis i moves by spacing[i] along direction column i.
+    np.testing.assert_allclose(vol.voxel_to_physical([[0, 1, 0]]) - vol.voxel_to_physical([[0, 0, 0]]),
+                               [vol.direction[:, 1] * 0.5], atol=1e-12)
+
+
+def test_label_values_0_255_and_bool():
+    assert to_binary(np.array([[[0, 255]]], np.uint8)).tolist() == [[[False, True]]]
+    assert to_binary(np.array([[[0, 1]]], np.int16)).tolist() == [[[False, True]]]
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: None, "no such file"),
+        (lambda p: p.write_bytes(b""), "empty"),
+        (lambda p: p.write_bytes(b"NRRD0004\ntype: uchar\ndimension: 3\nsizes: 10 10 10\nencoding: raw\n\n" + b"\0" * 50), "truncated"),
+        (lambda p: p.write_bytes(b"this is not a volume at all" * 10), "cannot read"),
+    ],
+    ids=["missing", "zero-bytes", "truncated", "garbage"],
+)
+def test_bad_files_give_one_clear_error(tmp_path, make, message):
+    path = tmp_path / "bad.nrrd"
+    make(path)
+    with pytest.raises(DataError) as err:
+        read_binary_volume(path)
+    text = str(err.value)
+    assert str(path) in text and message in text and "\n" not in text
+
+
+def test_truncated_gzip_nrrd(tmp_path):
+    good = write_volume(tmp_path / "good.nrrd", np.random.default_rng(0).random((30, 30, 30)) > 0.5)
+    blob = good.read_bytes()
+    bad = tmp_path / "cut.nrrd"
+    bad.write_bytes(blob[: len(blob) // 2])
+    with pytest.raises(DataError, match="truncated or corrupt"):
+        read_volume(bad)
+
+
+def test_non_3d_non_binary_empty(tmp_path):
+    nrrd.write(str(tmp_path / "flat.nrrd"), np.ones((5, 5), np.uint8))
+    with pytest.raises(DataError, match="3-D"):
+        read_volume(tmp_path / "flat.nrrd")
+    write_volume(tmp_path / "labels.nrrd", np.arange(27, dtype=np.uint8).reshape(3, 3, 3))
+    with pytest.raises(DataError, match="not a binary mask"):
+        read_binary_volume(tmp_path / "labels.nrrd")
+    write_volume(tmp_path / "zero.nrrd", np.zeros((3, 3, 3), np.uint8))
+    with pytest.raises(DataError, match="empty"):
+        read_binary_volume(tmp_path / "zero.nrrd")
+    assert not read_binary_volume(tmp_path / "zero.nrrd", allow_empty=True).data.any()
+
+
+def test_unknown_suffix(tmp_path):
+    with pytest.raises(DataError, match="unknown volume format"):
+        read_volume(tmp_path / "x.mha")
+
+
+def test_write_is_atomic_on_failure(tmp_path, monkeypatch):
+    import nrrd as nrrd_module
+
+    target = tmp_path / "keep.nrrd"
+    write_volume(target, np.ones((3, 3, 3), bool))
+    before = target.read_bytes()
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(nrrd_module, "write", boom)
+    with pytest.raises(OSError):
+        write_volume(target, np.zeros((3, 3, 3), bool))
+    assert target.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.nrrd"]
