@@ -12,6 +12,7 @@ import typer
 
 from pointforge import __version__
 from pointforge.cli import data as data_cli
+from pointforge.cli.demo import demo as demo_command
 from pointforge.errors import UserError
 
 app = typer.Typer(
@@ -37,6 +38,7 @@ def _root(
 
 
 app.add_typer(data_cli.app, name="data")
+app.command("demo")(demo_command)
 
 
 
@@ -44,7 +46,9 @@ app.add_typer(data_cli.app, name="data")
 def main() -> None:
     """Entry point that turns user errors into one clear line."""
     try:
-        app(standalone_mode=False)
+        # Without standalone mode click returns typer.Exit's code instead of exiting.
+        code = app(standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else 0)
     except UserError as err:
         typer.secho(f"error: {err}", err=True, fg=typer.colors.RED)
         sys.exit(err.exit_code)

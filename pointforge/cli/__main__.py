@@ -1,0 +1,3 @@
+from pointforge.cli.main import main
+
+main()
