@@ -63,6 +63,10 @@ class Replay:
         return out
 
 
+def seeded(seed):
+    return torch.Generator().manual_seed(seed)
+
+
 def close(actual, expected, rtol=1e-5, atol=0.0):
     torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol)
 
@@ -93,8 +97,9 @@ def test_loss_matches_upstream_mean_over_generated_points_then_batch(upstream):
     ref = upstream["loss"]
     model = Replay(ref["data_t"], ref["t"], ref["eps_pred"])
     kwargs = dict(t=ref["t"], noise=ref["noise"])
-    per_example = diffusion_loss(model, SCHEDULE, upstream["x0"], N_GEN_FIXTURE, reduction="none", **kwargs)
-    loss = diffusion_loss(model, SCHEDULE, upstream["x0"], N_GEN_FIXTURE, **kwargs)
+    x0 = upstream["x0"]
+    per_example = diffusion_loss(model, SCHEDULE, x0, N_GEN_FIXTURE, reduction="none", **kwargs)
+    loss = diffusion_loss(model, SCHEDULE, x0, N_GEN_FIXTURE, **kwargs)
     close(per_example, ref["losses"])
     close(loss, ref["loss"])
     assert loss.dim() == 0
@@ -404,9 +409,12 @@ def test_ddpm_and_fast_samplers_reach_the_known_distribution(gaussian_case):
     stats = {}
     # Allowed spread error: first-order DDIM-50 under-disperses the narrowest
     # channel (s = 0.3) by about 9 %, the others stay within sampling noise.
+    # Ancestral DDIM needs many steps (at 50 it under-disperses by 18 %, as
+    # coarse ancestral steps with the posterior variance do), hence 500.
     runs = [
-        ("ddpm", DDPMSampler(), dict(generator=torch.Generator().manual_seed(1)), 0.07),
+        ("ddpm", DDPMSampler(), dict(generator=seeded(1)), 0.07),
         ("ddim50", DDIMSampler(50), dict(noise=noise), 0.12),
+        ("ddim500-eta1", DDIMSampler(500, eta=1.0), dict(generator=seeded(2)), 0.07),
         ("dpm20", DPMSolverPP2MSampler(20), dict(noise=noise), 0.07),
     ]
     for label, sampler, kwargs, spread_tolerance in runs:
@@ -427,11 +435,41 @@ def test_point_mass_data_is_recovered_exactly(name):
     # Data = one point per channel: the clean estimate is exact at every step, so
     # every sampler must return it whatever the start. Float64, because upstream's
     # float32 tables make DDPM's last step scale it by coef1[0] = 0.99983, not 1.
-    cond = torch.randn(2, 3, N_COND, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
-    out = make_sampler(name).sample(
-        GaussianDenoiser(spread=torch.zeros(3)), cond, N_GEN, generator=torch.Generator().manual_seed(6)
-    )
+    cond = torch.randn(2, 3, N_COND, generator=seeded(5), dtype=torch.float64)
+    model = GaussianDenoiser(spread=torch.zeros(3))
+    out = make_sampler(name).sample(model, cond, N_GEN, generator=seeded(6))
     close(out[:, :, N_COND:], gaussian_mean(cond).expand(-1, -1, N_GEN), rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("t", [[999, 500, 1], [0, 2, 998]])
+def test_ddim_at_eta_one_on_every_step_is_ddpm(t):
+    # Keeping every step, ancestral DDIM (eta = 1) has DDPM's posterior mean and
+    # variance: the two steps must agree for the same noise.
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(3, 3, 30, generator=gen, dtype=torch.float64)
+    noise = torch.randn(3, 3, 10, generator=gen, dtype=torch.float64)
+    eps = torch.randn(3, 3, 10, generator=gen, dtype=torch.float64)
+    model = lambda x, t: eps  # noqa: E731
+    t = torch.tensor(t)
+    ddim = DDIMSampler(1000, eta=1.0).step(model, x, t, 10, noise=noise)
+    ddpm = DDPMSampler().step(model, x, t, 10, noise=noise)
+    close(ddim.x, ddpm.x, rtol=0, atol=1e-10)
+
+
+def test_ddim_eta_scales_fresh_noise_as_in_the_ddim_paper():
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(2, 3, 16, generator=gen, dtype=torch.float64)
+    noise = torch.randn(2, 3, 6, generator=gen, dtype=torch.float64)
+    eps = torch.randn(2, 3, 6, generator=gen, dtype=torch.float64)
+    sampler = DDIMSampler(50, eta=0.6)
+    t = torch.tensor([999, 510])
+    out = sampler.step(lambda x, t: eps, x, t, 6, noise=noise).x[:, :, 10:]
+    ac = SCHEDULE.alphas_cumprod_float64
+    ab, ab_prev = ac[[999, 510]].view(2, 1, 1), ac[[979, 489]].view(2, 1, 1)
+    x0 = (x[:, :, 10:] - (1 - ab).sqrt() * eps) / ab.sqrt()
+    sigma = 0.6 * ((1 - ab_prev) / (1 - ab) * (1 - ab / ab_prev)).sqrt()
+    expected = ab_prev.sqrt() * x0 + (1 - ab_prev - sigma**2).sqrt() * eps + sigma * noise
+    close(out, expected, rtol=1e-9, atol=1e-12)
 
 
 # --------------------------------------------------------------------------- interface
@@ -477,7 +515,7 @@ def test_sampling_is_deterministic_under_a_generator(sampler):
     model = RecordingDenoiser(SMALL["n_gen"])
 
     def run(seed):
-        return sampler.sample(model, cond, SMALL["n_gen"], generator=torch.Generator().manual_seed(seed))
+        return sampler.sample(model, cond, SMALL["n_gen"], generator=seeded(seed))
 
     first, again, other = run(11), run(11), run(12)
     assert torch.equal(first, again)
@@ -526,7 +564,8 @@ def test_sampling_keeps_the_conditioning_dtype(gaussian_case, dtype):
     assert out.dtype == dtype
     assert torch.equal(out[:, :, :N_COND], cond.to(dtype))
     # Reduced precision is stepped in float32; float64 stays float64 throughout.
-    assert {d for _, d in model.calls} == {torch.float64 if dtype == torch.float64 else torch.float32}
+    work_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    assert {d for _, d in model.calls} == {work_dtype}
     tolerance = 0.015 if dtype == torch.float64 else 0.03
     assert rms(out[:, :, N_COND:].double(), exact.double()) < tolerance
 
