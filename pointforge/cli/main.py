@@ -13,6 +13,7 @@ import typer
 from pointforge import __version__
 from pointforge.cli import data as data_cli
 from pointforge.cli.demo import demo as demo_command
+from pointforge.cli.evaluate import evaluate as evaluate_command
 from pointforge.errors import UserError
 
 app = typer.Typer(
@@ -39,6 +40,7 @@ def _root(
 
 app.add_typer(data_cli.app, name="data")
 app.command("demo")(demo_command)
+app.command("evaluate")(evaluate_command)
 
 
 
