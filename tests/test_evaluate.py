@@ -34,8 +34,12 @@ def test_evaluate_finds_predictions_in_every_layout_and_aggregates(tmp_path):
     assert ev.summary["all"]["dsc"]["n"] == 3
     assert ev.summary["all"]["hd95"]["n"] == 2  # the undefined HD95 is left out of the mean, not zeroed
     paths = write_reports(ev, tmp_path / "report")
-    data = json.loads(paths["json"].read_text())  # strict JSON: NaN written as null
-    assert data["missing"] == ["random_1/001"] and "NaN" not in paths["json"].read_text()
+    def reject(constant):
+        raise AssertionError(f"non-standard JSON constant {constant}")
+
+    data = json.loads(paths["json"].read_text(), parse_constant=reject)  # strict JSON: NaN written as null
+    assert data["missing"] == ["random_1/001"]
+    assert {r["case_id"]: r["hd95"] for r in data["cases"]}["random_1/000"] is None
     assert paths["csv"].read_text().count("\n") == 4
 
 
