@@ -226,3 +226,18 @@ def test_indicator_grid_full_resolution_is_the_mask():
     mask = shell_mask((16, 16, 16), radii=(6, 6, 6), thickness=2)
     grid = indicator_grid(mask, 16)
     assert np.array_equal(grid < 0, mask)
+
+
+def test_epoch_reaches_persistent_workers(prepared):
+    from torch.utils.data import DataLoader
+
+    ds = CompletionDataset(prepared, "train", n_skull=90, n_implant=10, seed=1)
+    loader = DataLoader(ds, batch_size=None, num_workers=1, persistent_workers=True)
+    first = [item["points"] for item in loader]
+    ds.set_epoch(1)
+    second = [item["points"] for item in loader]
+    ds.set_epoch(0)
+    again = [item["points"] for item in loader]
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert not any(torch.equal(a, b) for a, b in zip(first, second))
+    assert torch.equal(second[0], (ds.set_epoch(1), ds[0])[1]["points"])

@@ -284,14 +284,22 @@ def _subsample(points: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarr
 class _EpochSeeded(Dataset):
     """Per-item randomness from (seed, epoch, index): identical on any worker count and on resume.
 
-    The engine calls ``set_epoch`` before each epoch's loader is created.
+    The engine calls ``set_epoch`` before each epoch. The epoch lives in a
+    shared-memory tensor so that persistent DataLoader workers, which hold
+    their own copy of the dataset, see the new value too.
     """
 
-    seed: int = 0
-    epoch: int = 0
+    def __init__(self, seed: int) -> None:
+        self.seed = int(seed)
+        # Created here, before any worker gets a copy of the dataset.
+        self._epoch_shared = torch.zeros(1, dtype=torch.int64).share_memory_()
+
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch_shared[0])
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
+        self._epoch_shared[0] = int(epoch)
 
     def _rng(self, index: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, self.epoch, index])
@@ -316,6 +324,7 @@ class CompletionDataset(_EpochSeeded):
         half_extent: float = 3.0,
         seed: int = 0,
     ):
+        super().__init__(seed)
         self.data = root if isinstance(root, PreparedDataset) else PreparedDataset(root)
         self.cases = self.data.split(split, require=("implant",))
         if not self.cases:
@@ -323,7 +332,6 @@ class CompletionDataset(_EpochSeeded):
         self.n_skull, self.n_implant = int(n_skull), int(n_implant)
         self.rotate_degrees = float(rotate_degrees)
         self.half_extent = float(half_extent)
-        self.seed = int(seed)
 
     def __len__(self) -> int:
         return len(self.cases)
@@ -384,6 +392,7 @@ class VoxelizationDataset(_EpochSeeded):
         resolution: int = 128,
         seed: int = 0,
     ):
+        super().__init__(seed)
         self.data = root if isinstance(root, PreparedDataset) else PreparedDataset(root)
         self.cases = self.data.split(split, require=("implant", "complete_mask"))
         if not self.cases:
@@ -391,7 +400,6 @@ class VoxelizationDataset(_EpochSeeded):
         self.n_points = int(n_points)
         self.n_implant = int(round(self.n_points * implant_fraction))
         self.resolution = int(resolution)
-        self.seed = int(seed)
         self._targets: dict[str, np.ndarray] = {}
 
     def __len__(self) -> int:
