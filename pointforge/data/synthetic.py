@@ -15,24 +15,50 @@ with an identity direction matrix): a growing index along
 * axis 2 moves **superior** (index 0 is below the skull base; the vertex is at
   the high end).
 
-Physical size (before the random ±8 % per-axis scaling): the vault is about
-180 mm long (axis 1), 145 mm wide (axis 0) and 130 mm high above the back of the
-base cut (axis 2); the bone is 5–8 mm thick, thinner over the temples and
-thicker at the occiput. A SkullBreak-style grid is S³ with isotropic spacing
-230/S mm (a 230 mm field of view). A SkullFix-style grid is S×S×Z with
-Z ≈ 0.55–0.68·S, in-plane spacing 230/S mm (0.45 mm at S = 512, like SkullFix)
-and slices 1.25× thicker. The head is centred in the field of view and voxel
-(0, 0, 0) sits at ``origin = -spacing·(shape-1)/2``, so physical (0, 0, 0) is the
-centre of the grid.
+Physical size, with a random ±8 % scaling per axis: about 145 mm wide (axis 0),
+180 mm long (axis 1) and 130 mm from the vertex down to the base cut (axis 2;
+about 140 mm to the lowest point of the rim, where the occiput curves under).
+The vault is a superellipsoid-like shell, boxier in the coronal plane, narrower
+at the forehead, with a rounded occiput, brow ridges and temporal hollows, plus
+a random smooth radial perturbation (spherical harmonics up to l = 3). The bone
+is 5–8 mm thick along the surface normal (drawn per skull, varying smoothly by
+±12 %, thinner over the temples, thicker at the occiput and brow). The base is
+open: the shell is cut off below a wavy cone through the vault centre, lower at
+the back than at the front, and two orbital notches open into it below the
+brow.
+
+A SkullBreak-style grid is S³ with isotropic spacing 230/S mm (a 230 mm field
+of view). A SkullFix-style grid is S×S×Z with Z ≈ 0.55–0.68·S, in-plane spacing
+230/S mm (0.45 mm at S = 512, like SkullFix) and slices 1.25× thicker. The head
+is centred in the field of view, up to a random shift of at most 4 mm and a tilt
+of at most 3° about each axis. Voxel (0, 0, 0) sits at
+``origin = -spacing·(shape-1)/2``, so physical (0, 0, 0) is the grid's centre.
 
 At small sizes the bone is thickened to at least two voxels so the shell stays
 watertight: its only openings are the skull base (with the orbital notches) and
-the defects. Complete skulls are one 6-connected piece with Euler number 1 (a
-thickened disc: no tunnels, no cavities).
+the defects. The few voxel configurations where 6- and 26-connectivity would
+disagree (bone touching only along an edge or at a corner) are filled, so a
+complete skull is one piece with Euler number 1 under either connectivity (a
+thickened disc: no tunnels, no cavities) and marching cubes sees no pinholes.
 
 Defect regions are cones from the centre of the vault, so every defect cuts
 through the full thickness of the bone; their outlines are ellipses in the
-tangent plane with wavy or, for ``random_*``, irregular edges. Components are
+tangent plane with wavy edges, sized in mm on the surface:
+
+* ``bilateral``: a mirrored pair over the left and right parietal bones,
+  each about 5.6–7.2 cm by 4.4–6 cm, with bone left along the midline;
+* ``frontoorbital``: the forehead down into the brow and the orbital notches,
+  about 6.8–8.8 cm by 6–7.6 cm;
+* ``parietotemporal``: one side (left or right at random), about 9–11.6 cm by
+  7.2–9.2 cm;
+* ``random_1``, ``random_2``: a union of 3–5 overlapping irregular patches
+  anywhere on the upper vault, about 4–8 cm overall;
+* ``vault`` (SkullFix layout): one rounded defect of about 5–8.4 cm high on
+  the vault.
+
+Where a defect reaches the base opening or an orbit, the cut stops there.
+
+Components are
 counted with 26-connectivity: every defect region yields exactly one connected
 implant piece (``bilateral`` is two regions, one per side, mirrored), and the
 defective skull stays one connected piece (bone a cut would leave floating is
@@ -514,8 +540,9 @@ class _SkullFrame:
     """Where a complete skull sits, estimated from its voxels alone (works on real skulls too)."""
 
     centre: np.ndarray  # mm, in index-scaled coordinates (index * spacing)
-    spacing: np.ndarray
-    mask: np.ndarray
+    index: np.ndarray  # (N, 3) bone voxels
+    distance: np.ndarray  # (N,) mm from the centre
+    direction: np.ndarray  # (N, 3) unit vectors from the centre
 
     @classmethod
     def of(cls, complete: np.ndarray, spacing: np.ndarray) -> "_SkullFrame":
@@ -526,23 +553,26 @@ class _SkullFrame:
         # The vault's centre lies about half a head length below the vertex.
         centre = np.array([(lo_mm[0] + hi_mm[0]) / 2, (lo_mm[1] + hi_mm[1]) / 2, hi_mm[2] - 0.5 * length])
         centre[2] = max(centre[2], lo_mm[2])
-        return cls(centre=centre, spacing=spacing, mask=complete)
+        index = np.argwhere(complete)
+        rel = (index * spacing - centre).astype(np.float32)
+        distance = np.maximum(np.sqrt(np.sum(rel * rel, axis=1)), np.float32(1e-6))
+        return cls(centre=centre, index=index, distance=distance, direction=rel / distance[:, None])
 
     def radius_along(self, direction: np.ndarray) -> float:
-        """Distance from the centre to the outermost bone along a direction (mm)."""
-        step = 0.5 * float(self.spacing.min())
-        far = float(np.linalg.norm(np.asarray(self.mask.shape) * self.spacing))
-        ts = np.arange(0.0, far, step)
-        idx = np.rint((self.centre[None, :] + ts[:, None] * direction[None, :]) / self.spacing).astype(np.int64)
-        ok = np.all((idx >= 0) & (idx < np.asarray(self.mask.shape)), axis=1)
-        hits = np.zeros(len(ts), dtype=bool)
-        hits[ok] = self.mask[idx[ok, 0], idx[ok, 1], idx[ok, 2]]
-        if not hits.any():
-            raise DataError(
-                f"the complete skull has no bone in direction {np.round(direction, 2).tolist()} from its centre; "
-                "is it oriented with axis 1 posterior and axis 2 superior?"
-            )
-        return float(ts[np.flatnonzero(hits)[-1]])
+        """Distance from the centre to the outer bone surface around a direction (mm).
+
+        Taken over a narrow cone rather than a single ray, which could pass
+        through an orbit or the base opening.
+        """
+        cosines = self.direction @ direction.astype(np.float32)
+        for half_angle in (10.0, 20.0, 35.0):
+            near = cosines >= np.cos(np.deg2rad(half_angle))
+            if near.sum() >= 8:
+                return float(np.percentile(self.distance[near], 90))
+        raise DataError(
+            f"the complete skull has no bone around direction {np.round(direction, 2).tolist()} from its centre; "
+            "is it oriented with axis 1 posterior and axis 2 superior?"
+        )
 
 
 def _unit(v) -> np.ndarray:
@@ -559,18 +589,19 @@ def _tangent_basis(d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _in_patch(patch: _Patch, radius_mm: float, u: np.ndarray) -> np.ndarray:
     d = patch.direction
     e1, e2 = _tangent_basis(d)
-    cos_t = np.clip(u @ d, -1.0, 1.0)
-    t1, t2 = u @ e1, u @ e2
-    norm = np.maximum(np.sqrt(t1 * t1 + t2 * t2), 1e-9)
-    arc = radius_mm * np.arccos(cos_t)
-    c, s = np.cos(patch.angle), np.sin(patch.angle)
+    f32 = np.float32
+    cos_t = np.clip(u @ d.astype(f32), f32(-1.0), f32(1.0))
+    t1, t2 = u @ e1.astype(f32), u @ e2.astype(f32)
+    norm = np.maximum(np.sqrt(t1 * t1 + t2 * t2), f32(1e-9))
+    arc = f32(radius_mm) * np.arccos(cos_t)
+    c, s = f32(np.cos(patch.angle)), f32(np.sin(patch.angle))
     s1 = arc * (c * t1 + s * t2) / norm
     s2 = arc * (-s * t1 + c * t2) / norm
     phi = np.arctan2(s2, s1)
     edge = np.ones_like(phi)
     for k, amp, phase in patch.wave:
-        edge += amp * np.cos(k * phi + phase)
-    a, b = patch.semi_axes_mm
+        edge += f32(amp) * np.cos(f32(k) * phi + f32(phase))
+    a, b = f32(patch.semi_axes_mm[0]), f32(patch.semi_axes_mm[1])
     return (cos_t > 0.2) & ((s1 / a) ** 2 + (s2 / b) ** 2 <= edge * edge)
 
 
@@ -604,18 +635,19 @@ def _draw_patches(defect_class: str, rng: np.random.Generator, frame: _SkullFram
         return [[(patch, False)]]
     if defect_class in ("random_1", "random_2"):
         d0 = _random_direction(rng, 0.15)
-        first = _Patch(d0, (rng.uniform(20, 30), rng.uniform(16, 24)), rng.uniform(0, np.pi), _wave(rng, 0.15))
+        first = _Patch(d0, (rng.uniform(20, 30), rng.uniform(16, 24)), rng.uniform(0, np.pi), _wave(rng, 0.2))
         patches = [(first, False)]
         radius = frame.radius_along(d0)
         e1, e2 = _tangent_basis(d0)
-        for _ in range(int(rng.integers(1, 4))):
-            # Centres inside the first patch keep the union one piece.
-            reach = 0.6 * min(first.semi_axes_mm) / radius
+        for _ in range(int(rng.integers(2, 5))):
+            # Centres inside the first patch (its wavy edge never comes closer than
+            # 0.55 of its semi-axes) keep the union one piece.
+            reach = 0.5 * min(first.semi_axes_mm) / radius
             ang = rng.uniform(0, 2 * np.pi)
             off = reach * np.sqrt(rng.uniform(0.3, 1.0))
             d = _unit(d0 + off * (np.cos(ang) * e1 + np.sin(ang) * e2))
             patches.append(
-                (_Patch(d, (rng.uniform(14, 26), rng.uniform(10, 20)), rng.uniform(0, np.pi), _wave(rng, 0.15)), False)
+                (_Patch(d, (rng.uniform(14, 26), rng.uniform(10, 20)), rng.uniform(0, np.pi), _wave(rng, 0.2)), False)
             )
         return [patches]
     if defect_class == SKULLFIX_DEFECT:
@@ -652,10 +684,8 @@ def make_defect(
     frame = _SkullFrame.of(complete, spacing)
     regions = _draw_patches(defect_class, rng, frame)
 
-    idx = np.argwhere(complete)
-    rel = idx * spacing - frame.centre
-    u = rel / np.maximum(np.linalg.norm(rel, axis=1), 1e-9)[:, None]
-    mirrored_u = u * np.array([-1.0, 1.0, 1.0])
+    idx, u = frame.index, frame.direction
+    mirrored_u = u * np.float32([-1.0, 1.0, 1.0])
     region_of = np.zeros(len(idx), dtype=np.int8)
     for number, patches in enumerate(regions, start=1):
         hit = np.zeros(len(idx), dtype=bool)
