@@ -151,8 +151,9 @@ class _SphereField:
                     # Higher orders weaker, so the field stays smooth.
                     raw[a, b, c] = rng.normal() / (1.0 + a + b + c)
         probe = _eval_poly(_fibonacci_sphere(600), raw)
-        coeffs = raw * (amplitude / max(float(probe.std()), 1e-12))
-        coeffs[0, 0, 0] -= probe.mean() * (amplitude / max(float(probe.std()), 1e-12))
+        scale = amplitude / max(float(probe.std()), 1e-12)
+        coeffs = raw * scale
+        coeffs[0, 0, 0] -= probe.mean() * scale
         return cls(coeffs=coeffs)
 
     def __call__(self, u: np.ndarray) -> np.ndarray:
@@ -213,8 +214,8 @@ class _SkullParams:
     orbit_direction: np.ndarray  # the right orbit; the left one is its mirror image
     orbit_half_width: float  # tangent of the angular half-width seen from the vault centre
     orbit_half_height: float
-    rotation: np.ndarray = None  # head frame -> grid frame
-    centre_mm: np.ndarray = None  # head-frame origin in grid physical coordinates
+    rotation: np.ndarray | None = None  # head frame -> grid frame
+    centre_mm: np.ndarray | None = None  # head-frame origin in grid physical coordinates
 
 
 def _draw_params(rng: np.random.Generator, spacing: np.ndarray, extent_mm: np.ndarray) -> _SkullParams:
@@ -386,11 +387,9 @@ def _grid_geometry(size: int, shape, spacing) -> tuple[tuple[int, int, int], np.
     if len(shape) != 3 or min(shape) < 16 or max(shape) > 1024:
         raise ConfigError(f"shape must be 3 sizes from 16 to 1024 voxels, got {shape}")
     if spacing is None:
-        inplane = FOV_MM / size
-        if shape[2] == shape[0]:
-            spacing = (FOV_MM / shape[0], FOV_MM / shape[1], FOV_MM / shape[2])
-        else:
-            spacing = (inplane, inplane, inplane * SKULLFIX_SLICE_FACTOR)
+        inplane = (FOV_MM / shape[0], FOV_MM / shape[1])
+        cube = shape[2] == shape[0]
+        spacing = (*inplane, FOV_MM / shape[2] if cube else inplane[0] * SKULLFIX_SLICE_FACTOR)
     spacing = np.asarray(spacing, dtype=np.float64)
     if spacing.shape != (3,) or not np.all(np.isfinite(spacing)) or np.any(spacing <= 0):
         raise ConfigError(f"spacing must be 3 positive numbers (mm), got {spacing.tolist()}")
@@ -410,10 +409,11 @@ def make_skull(
 ) -> tuple[np.ndarray, tuple[float, float, float]]:
     """A complete synthetic skull: ``(bool volume, spacing in mm)``.
 
-    ``size`` sets the in-plane resolution (230 mm field of view over ``size``
-    voxels). ``shape`` defaults to ``(size,)*3``; a shape whose last axis differs
-    from the first is a SkullFix-style grid with 1.25× thicker slices.
-    ``spacing`` overrides both. The geometry is in the module docstring.
+    The grid is ``shape`` (default ``(size,)*3``) with a 230 mm field of view
+    along axes 0 and 1; axis 2 has it too on a cube, and otherwise (SkullFix-style
+    ``S×S×Z``) slices 1.25× thicker than the in-plane spacing. ``spacing`` (mm)
+    overrides that. Draws from ``rng`` only, so the same generator state gives the
+    same skull. The geometry and axis convention are in the module docstring.
     """
     size = _check_size(size)
     shape, spacing = _grid_geometry(size, shape, spacing)
@@ -423,7 +423,7 @@ def make_skull(
 
 
 def _rasterize(params: _SkullParams, shape, spacing: np.ndarray, *, block: int = _BLOCK) -> np.ndarray:
-    """Evaluate the bone only in blocks that can touch the shell: about a tenth of the grid."""
+    """Evaluate the bone only in 8³ blocks that can touch the shell (a seventh of the grid at 512³)."""
     origin = _grid_origin(shape, spacing)
     nblocks = [-(-s // block) for s in shape]
     padded = np.zeros([n * block for n in nblocks], dtype=bool)
