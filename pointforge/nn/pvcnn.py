@@ -42,6 +42,7 @@ __all__ = [
     "PVCNN2Config",
     "SALevel",
     "get_preset",
+    "resolve_config",
     "timestep_embedding",
 ]
 
@@ -310,7 +311,8 @@ def get_preset(name: str) -> PVCNN2Config:
         raise ConfigError(f"unknown PVCNN2 preset {name!r}; choose one of {', '.join(PRESETS)}") from None
 
 
-def _resolve(config: PVCNN2Config | str | Mapping) -> PVCNN2Config:
+def resolve_config(config: PVCNN2Config | str | Mapping) -> PVCNN2Config:
+    """A preset name, a config or its ``to_dict()`` form -> :class:`PVCNN2Config`."""
     if isinstance(config, PVCNN2Config):
         return config
     if isinstance(config, str):
@@ -619,7 +621,7 @@ class PVCNN2(nn.Module):
 
     def __init__(self, config: PVCNN2Config | str | Mapping = "paper"):
         super().__init__()
-        cfg = _resolve(config)
+        cfg = resolve_config(config)
         self.config = cfg
         e = cfg.embed_dim
         in_channels = 3 + cfg.extra_feature_channels
