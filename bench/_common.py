@@ -1,0 +1,57 @@
+"""Shared bits of the benchmarks: the machine's name, a table, a JSON record."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> str:
+    """One line naming the CPU, core count, OS and Python, for every report."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} logical cores, {platform.system()} {platform.release()}, Python {platform.python_version()}"
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    cells = [[str(h) for h in headers]] + [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    for n, row in enumerate(cells):
+        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))))
+        if n == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def write_json(name: str, record: dict[str, Any]) -> Path:
+    """Write ``bench/results/<name>.json`` atomically and return its path."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    target = RESULTS_DIR / f"{name}.json"
+    handle, temporary = tempfile.mkstemp(dir=RESULTS_DIR, prefix=f".{name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w") as stream:
+            json.dump(record, stream, indent=2)
+            stream.write("\n")
+        os.replace(temporary, target)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+    return target
