@@ -234,6 +234,23 @@ def test_training_mode_backward_runs(tiny):
     assert all(p.grad is not None for p in model.parameters())
 
 
+def test_direct_onednn_conv3d_equals_pytorch_conv3d():
+    conv = torch.nn.Conv3d(16, 8, 3, padding=1)
+    x = torch.randn(2, 16, 6, 6, 6).contiguous(memory_format=torch.channels_last_3d).requires_grad_()
+    y = pvcnn._conv3d(conv, x)
+    grads = torch.autograd.grad(y.square().sum(), [x, conv.weight, conv.bias])
+    # Reference: PyTorch's convolution in float64 (never oneDNN).
+    conv64 = torch.nn.Conv3d(16, 8, 3, padding=1).double()
+    conv64.load_state_dict(conv.state_dict())
+    x64 = x.detach().double().requires_grad_()
+    y64 = pvcnn._conv3d(conv64, x64)
+    grads64 = torch.autograd.grad(y64.square().sum(), [x64, conv64.weight, conv64.bias])
+    torch.testing.assert_close(y, y64.float(), rtol=1e-5, atol=1e-5)
+    for a, b in zip(grads, grads64):
+        torch.testing.assert_close(a, b.float(), rtol=1e-4, atol=1e-4)
+    assert pvcnn._use_mkldnn(x) == (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled)
+
+
 def test_timestep_embedding_matches_upstream_formula():
     t = torch.tensor([0, 1, 999])
     emb = pvcnn.timestep_embedding(t, 64)
