@@ -9,9 +9,12 @@ Layouts follow upstream: coordinates ``[B, 3, N]`` with channel 0 = x, features
 
 Squared distances are always formed as ``(dx*dx + dy*dy) + dz*dz`` from coordinate
 differences, in the dtype of the input, because that is the kernels' arithmetic: the
-discrete decisions (who is inside a ball, who is nearest, which point is furthest) then
-agree bit for bit with the kernels instead of merely being close. The faster paths
-(a cell grid for ball query and 3-NN) only decide *which* pairs are evaluated, never how.
+discrete decisions (who is inside a ball, who is nearest, which point is furthest) and
+the 3-NN and trilinear weights then agree bit for bit with the kernels instead of
+merely being close. The faster paths (a cell grid for ball query and 3-NN, a NumPy loop
+for FPS on CPU) only change *which* pairs are evaluated or by whom, never the
+arithmetic. Weighted sums of features (interpolation, voxel means) equal the kernels'
+up to float rounding of the summation order, as the kernels' own atomics do.
 
 Gradients flow where upstream's ops have them: into features (gather, grouping, 3-NN
 interpolation, voxelisation, devoxelisation) and, through gather and grouping, into
@@ -53,8 +56,8 @@ __all__ = [
     "weighted_bags",
 ]
 
-# The kernels initialise "best distance so far" with this value: a candidate must be
-# strictly closer to count, and an unfilled 3-NN slot keeps it.
+# FPS starts every point's distance to the chosen set at this value; 3-NN clamps its
+# squared distances to at most this (so an unfilled slot ends up here).
 _FAR = 1e10
 # Upstream's FPS kernel runs 512 threads per batch element; each thread scans the indices
 # congruent to its id, and the block reduction prefers lower thread ids, so ties go to the
@@ -261,9 +264,9 @@ class _CellGrid:
         gx, gy, gz = dims
         bidx = torch.arange(self.batch, device=device).view(-1, 1)
 
-        def keys(points64: Tensor, dx: int = 0, dy: int = 0, dz: int = 0) -> Tensor:
+        def keys(points64: Tensor) -> Tensor:
             c = torch.floor((points64 - lo.unsqueeze(2)) / self.cell).long() + 1  # [B, 3, K]
-            return (((bidx * gx + c[:, 0] + dx) * gy + c[:, 1] + dy) * gz + c[:, 2] + dz).reshape(-1)
+            return (((bidx * gx + c[:, 0]) * gy + c[:, 1]) * gz + c[:, 2]).reshape(-1)
 
         sorted_keys, self.order = torch.sort(keys(refs64), stable=True)
         # The 3 cells of a z-column are consecutive keys: 9 key ranges cover the block.
@@ -273,8 +276,9 @@ class _CellGrid:
         last_key = first_key + 2
         table = self.batch * gx * gy * gz
         if table <= self._DENSE_TABLE:
-            cell_end = torch.cumsum(torch.bincount(sorted_keys, minlength=table), 0)
-            cell_begin = cell_end - torch.bincount(sorted_keys, minlength=table)
+            per_cell = torch.bincount(sorted_keys, minlength=table)
+            cell_end = torch.cumsum(per_cell, 0)
+            cell_begin = cell_end - per_cell
             self.starts = cell_begin[first_key]
             self.counts = cell_end[last_key] - self.starts
         else:
