@@ -23,8 +23,10 @@ def synth(
     from pointforge.data.synthetic import synthesize
 
     with progress_bar("synthesising", total=skulls) as advance:
-        summary = synthesize(out, skulls, size, seed, layout=layout, progress=advance)
-    typer.echo(f"wrote {summary['cases']} cases from {skulls} skulls ({layout}, {size}) to {out} "
+        summary = synthesize(out, skulls, size, seed, layout=layout,
+                             progress=lambda done, total, name: advance(completed=done, total=total))
+    n_cases = sum(max(1, len(c.get('defects', {}))) for c in summary['cases'])
+    typer.echo(f"wrote {n_cases} cases from {skulls} skulls ({layout}, {size}) to {out} "
                f"in {summary['seconds']:.1f} s")
 
 

@@ -22,6 +22,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Typer's standalone mode handles usage errors; UserError passes through to main().
 )
 
 
@@ -46,25 +47,9 @@ app.command("evaluate")(evaluate_command)
 
 
 def main() -> None:
-    """Entry point that turns user errors into one clear line."""
+    """Entry point: usage errors are click's (exit 2); user errors become one clear line (exit 2)."""
     try:
-        # Without standalone mode click returns typer.Exit's code instead of exiting.
-        code = app(standalone_mode=False)
-        sys.exit(code if isinstance(code, int) else 0)
+        app()
     except UserError as err:
         typer.secho(f"error: {err}", err=True, fg=typer.colors.RED)
         sys.exit(err.exit_code)
-    except typer.Abort:
-        typer.echo("aborted", err=True)
-        sys.exit(130)
-    except (typer.Exit,) as ex:
-        sys.exit(ex.exit_code)
-    except SystemExit:
-        raise
-    except Exception as ex:  # click usage errors come through here in non-standalone mode
-        import click
-
-        if isinstance(ex, click.ClickException):
-            ex.show()
-            sys.exit(ex.exit_code)
-        raise
