@@ -54,7 +54,7 @@ def _smooth_mesh(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     from scipy.ndimage import gaussian_filter
     from skimage.measure import marching_cubes
 
-    field = gaussian_filter(np.pad(mask.astype(np.float32), 2), sigma=0.8)
+    field = gaussian_filter(np.pad(mask.astype(np.float32), 2), sigma=1.0)
     if field.max() < 0.5:
         return volume_to_mesh(mask)
     verts, faces, _, _ = marching_cubes(field, level=0.5, allow_degenerate=False)
@@ -78,7 +78,7 @@ def render_preview(
     spacing: tuple[float, float, float] = (1.0, 1.0, 1.0),
     views=SURGICAL_VIEWS,
     title: str = "",
-    max_grid: int = 96,
+    max_grid: int = 128,
     dpi: int = 90,
 ) -> Path:
     """Write a PNG with one panel per view showing every layer's surface. Atomic."""
