@@ -45,6 +45,7 @@ __all__ = ["KNNResult", "BACKENDS", "knn", "knn_graph", "batch_ptr", "check_batc
 BACKENDS = ("auto", "kdtree", "torch")
 # 4M entries: ~64 MB of float32 differences and distances per chunk.
 DEFAULT_MAX_PAIRS = 1 << 22
+_PARALLEL_QUERIES = 16384
 
 
 class KNNResult(NamedTuple):
@@ -104,7 +105,7 @@ def _exact_dist2(ref: Tensor, query: Tensor, index: Tensor) -> Tensor:
     return d.masked_fill(index < 0, float("inf"))
 
 
-def _kdtree_cloud(ref: np.ndarray, query: np.ndarray, k: int, exclude_self: bool, workers: int) -> np.ndarray:
+def _kdtree_cloud(ref: np.ndarray, query: np.ndarray, k: int, exclude_self: bool, workers: Optional[int]) -> np.ndarray:
     """Local neighbour indices [nq, k] (-1 padded) of one cloud."""
     nq, nr = query.shape[0], ref.shape[0]
     out = np.full((nq, k), -1, dtype=np.int64)
@@ -113,6 +114,9 @@ def _kdtree_cloud(ref: np.ndarray, query: np.ndarray, k: int, exclude_self: bool
     if nq == 0 or k_eff <= 0:
         return out
     ask = min(k_eff + 1, nr) if exclude_self else k_eff
+    if workers is None:
+        # Thread start-up costs more than it saves on small clouds.
+        workers = -1 if nq >= _PARALLEL_QUERIES else 1
     _, idx = cKDTree(ref).query(query, k=ask, workers=workers)
     idx = np.asarray(idx, dtype=np.int64).reshape(nq, ask)
     if exclude_self:
@@ -166,13 +170,14 @@ def knn(
     *,
     exclude_self: bool = False,
     backend: str = "auto",
-    workers: int = -1,
+    workers: Optional[int] = None,
     max_pairs: int = DEFAULT_MAX_PAIRS,
 ) -> KNNResult:
     """The ``k`` nearest references of every query point, within its own cloud.
 
     ``ref`` ``[Nr, D]`` and ``query`` ``[Nq, D]`` with sorted batch vectors
-    (``None``: one cloud). Returns global indices into ``ref`` and squared
+    (``None``: one cloud). ``workers``: KD-tree query threads (``None``: all
+    cores for clouds of 16k+ queries, one below). Returns global indices into ``ref`` and squared
     distances, both ``[Nq, k]``, ordered and padded as the module docs say.
     No gradients flow through the search; gather the points yourself for that.
     """
@@ -231,7 +236,7 @@ def knn_graph(
     *,
     symmetric: bool = True,
     backend: str = "auto",
-    workers: int = -1,
+    workers: Optional[int] = None,
     max_pairs: int = DEFAULT_MAX_PAIRS,
 ) -> Tensor:
     """The k-NN graph of ``pos`` as ``edge_index [2, E]`` (row 0 source, row 1 target).
