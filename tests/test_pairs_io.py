@@ -104,6 +104,12 @@ def test_truncated_or_foreign_files_raise_one_line_data_errors(tmp_path):
     (tmp_path / "junk.laz").write_bytes(b"LASFgarbage")
     with pytest.raises(DataError, match="junk.laz"):
         read_points(tmp_path / "junk.laz")
+    for suffix in (".las", ".laz"):
+        data = write_points(tmp_path / f"whole{suffix}", _georeferenced(3000)).read_bytes()
+        for cut in (300, len(data) // 2):
+            (tmp_path / f"cut{suffix}").write_bytes(data[:cut])
+            with pytest.raises(DataError, match=f"cut{suffix}"):
+                read_points(tmp_path / f"cut{suffix}")
     with pytest.raises(DataError, match="unsupported point cloud format"):
         read_points(tmp_path / "cloud.xyz")
     with pytest.raises(DataError, match="no such point cloud"):

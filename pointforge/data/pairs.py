@@ -125,7 +125,7 @@ def read_manifest(path: str | os.PathLike) -> list[PairEntry]:
             point_format(p)
             if not p.is_file():
                 raise DataError(f"{path}: pair {n} lists {p}, which does not exist; fix the path or remove the row")
-        pair_id = str(row.get("id") or "").strip() or sparse.name.split(".")[0]
+        pair_id = str(row.get("id") or "").strip() or sparse.stem
         if pair_id in seen:
             raise DataError(f"{path}: pairs {seen[pair_id]} and {n} share the id {pair_id!r}; ids must be unique")
         seen[pair_id] = n
@@ -141,9 +141,10 @@ def write_manifest(path: str | os.PathLike, entries: Sequence[PairEntry]) -> Pat
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(["id", "sparse", "dense"])
+    folder = path.parent.resolve()
+    relative = lambda p: os.path.relpath(Path(p).resolve(), folder) if Path(p).is_absolute() else str(p)
     for e in entries:
-        rel = lambda p: os.path.relpath(Path(p).resolve(), path.parent.resolve()) if Path(p).is_absolute() else str(p)
-        writer.writerow([e.pair_id, rel(e.sparse), rel(e.dense)])
+        writer.writerow([e.pair_id, relative(e.sparse), relative(e.dense)])
     payload = buffer.getvalue().encode()
 
     def write(tmp):

@@ -121,6 +121,11 @@ def _storage_dtype(dtype: np.dtype) -> np.dtype:
 # --------------------------------------------------------------------------- reading
 
 
+def _is_format_error(err: Exception) -> bool:
+    # laspy and its LAZ backend lazrs raise their own types for damaged files.
+    return isinstance(err, (OSError, ValueError, EOFError, KeyError)) or type(err).__module__.split(".")[0] in ("laspy", "lazrs")
+
+
 def read_points(path: str | os.PathLike) -> PointCloud:
     """Read a point cloud (module docs); DataError naming the file on any problem."""
     fmt = point_format(path)
@@ -134,12 +139,10 @@ def read_points(path: str | os.PathLike) -> PointCloud:
             cloud = _read_las(path)
     except DataError:
         raise
-    except (OSError, ValueError, EOFError, KeyError) as err:
+    except Exception as err:
+        if not _is_format_error(err):
+            raise
         raise DataError(f"{path}: cannot read point cloud ({err}); is the file complete and a valid {fmt.upper()}?") from None
-    except Exception as err:  # laspy raises its own error types for corrupt files
-        if type(err).__module__.startswith("laspy"):
-            raise DataError(f"{path}: cannot read point cloud ({err}); is the file complete and a valid {fmt.upper()}?") from None
-        raise
     _finite_xyz(cloud.xyz, path)
     return cloud
 
@@ -163,6 +166,8 @@ def count_points(path: str | os.PathLike) -> int:
     except DataError:
         raise
     except Exception as err:
+        if not _is_format_error(err):
+            raise
         raise DataError(f"{path}: cannot read the point count ({err}); is the file a valid {fmt.upper()}?") from None
 
 
@@ -289,6 +294,8 @@ def _read_las(path: Path) -> PointCloud:
 
     las = laspy.read(path)
     header = las.header
+    if len(las.points) != header.point_count:
+        raise DataError(f"{path}: holds {len(las.points)} of the {header.point_count} points its header announces; the file is truncated")
     scales = np.asarray(header.scales, dtype=np.float64)
     offsets = np.asarray(header.offsets, dtype=np.float64)
     ints = np.stack([np.asarray(las.X), np.asarray(las.Y), np.asarray(las.Z)], axis=1).astype(np.float64)
