@@ -110,6 +110,15 @@ def test_truncated_or_foreign_files_raise_one_line_data_errors(tmp_path):
             (tmp_path / f"cut{suffix}").write_bytes(data[:cut])
             with pytest.raises(DataError, match=f"cut{suffix}"):
                 read_points(tmp_path / f"cut{suffix}")
+    # Cut exactly between two LAS records: readable, but fewer points than the header says.
+    import laspy
+
+    whole = tmp_path / "whole.las"
+    with laspy.open(whole) as reader:
+        start, record = reader.header.offset_to_point_data, reader.header.point_format.size
+    (tmp_path / "short.las").write_bytes(whole.read_bytes()[: start + 60 * record])
+    with pytest.raises(DataError, match="60 of the 3000 points"):
+        read_points(tmp_path / "short.las")
     with pytest.raises(DataError, match="unsupported point cloud format"):
         read_points(tmp_path / "cloud.xyz")
     with pytest.raises(DataError, match="no such point cloud"):

@@ -31,7 +31,6 @@ depend on its batch-mates. The module knows nothing about devices or ranks.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
