@@ -1,0 +1,237 @@
+"""Upsampler on the CPU: inference on a 100k-point cloud; point-budget vs fixed-count batches.
+
+1. Inference: one synthetic lidar tile of ``--infer-points`` sparse points
+   (default 100k), per model preset: kNN graph (KD-tree), normalisation, forward
+   pass in eval mode without gradients, and the process's peak memory.
+2. Training throughput (forward + Chamfer loss + backward, a plain loop, no
+   engine): ``--clouds`` clouds whose sizes spread log-uniformly from ``--min``
+   to ``--max`` points, batched once by a point budget (``--budget`` points per
+   batch, :class:`PointBudgetBatchSampler`) and once by a fixed number of
+   clouds per batch, chosen to give the same number of batches. Both see the
+   same clouds in one epoch; reported are input points per second, the
+   largest batch in points and the peak resident memory. The two schemes run
+   in ``--rounds`` interleaved rounds and the fastest round of each is kept.
+
+Every measurement runs in a fresh subprocess, so that each peak memory
+(``ru_maxrss``) belongs to that measurement alone; "baseline" is the peak
+after the data were built and before the measured work started.
+
+    python bench/upsampler.py [--presets tiny,small] [--threads 1] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from _common import machine, print_table, write_json
+from pointforge.data.batching import PointBudgetBatchSampler, collate_pairs
+from pointforge.data.pairs import CloudPair, pair_normalization, spread_sizes, synthetic_pair
+from pointforge.nn.knn import knn_graph
+from pointforge.nn.losses import chamfer_distance
+from pointforge.nn.upsampler import build_upsampler
+
+HERE = Path(__file__).resolve()
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def make_pair(n: int, seed: int, index: int, k: int = 10) -> CloudPair:
+    sparse, dense = synthetic_pair(n, seed=seed)
+    edges = knn_graph(torch.from_numpy(sparse - sparse.min(axis=0)), k)
+    norm = pair_normalization(sparse, "spacing", edges.numpy())
+    return CloudPair(
+        sparse=torch.from_numpy(norm.apply(sparse)),
+        dense=torch.from_numpy(norm.apply(dense)),
+        edge_index=edges,
+        center=norm.center,
+        scale=norm.scale,
+        pair_id=f"c{index}",
+        index=index,
+    )
+
+
+# --------------------------------------------------------------------------- workers (one per subprocess)
+
+
+def worker_inference(args) -> dict:
+    torch.manual_seed(0)
+    model = build_upsampler(args.preset).eval()
+    sparse, _ = synthetic_pair(args.infer_points, seed=1)
+    base = peak_rss_mb()
+    start = time.perf_counter()
+    edges = knn_graph(torch.from_numpy(sparse - sparse.min(axis=0)), model.config.k)
+    graph_s = time.perf_counter() - start
+    norm = pair_normalization(sparse, "spacing", edges.numpy())
+    pos = torch.from_numpy(norm.apply(sparse))
+    norm_s = time.perf_counter() - start - graph_s
+    with torch.no_grad():
+        model(pos[:2000], None, knn_graph(pos[:2000], model.config.k))  # warm-up: PyG builds its propagate code once
+        forward = []
+        for _ in range(args.repeats):
+            t = time.perf_counter()
+            out = model(pos, None, edges)
+            forward.append(time.perf_counter() - t)
+    result = norm.inverse(out.points)
+    assert result.shape == (model.config.ratio * len(sparse), 3)
+    return {
+        "preset": args.preset,
+        "points_in": len(sparse),
+        "points_out": len(result),
+        "edges": int(edges.shape[1]),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "graph_s": graph_s,
+        "normalise_s": norm_s,
+        "forward_s": min(forward),
+        "total_s": graph_s + norm_s + min(forward),
+        "baseline_rss_mb": base,
+        "peak_rss_mb": peak_rss_mb(),
+    }
+
+
+def fixed_count_batches(n: int, per_batch: int, seed: int) -> list[list[int]]:
+    order = np.random.default_rng(seed).permutation(n).tolist()
+    return [order[i : i + per_batch] for i in range(0, n, per_batch)]
+
+
+def worker_train(args) -> dict:
+    sizes = spread_sizes(args.clouds, args.min, args.max, seed=0)
+    items = [make_pair(n, seed=100 + i, index=i) for i, n in enumerate(sizes)]
+    budget = PointBudgetBatchSampler(np.array(sizes), args.budget, seed=0)
+    budget_batches = list(budget)
+    per_batch = math.ceil(len(sizes) / len(budget_batches))
+    batches = budget_batches if args.scheme == "budget" else fixed_count_batches(len(sizes), per_batch, seed=0)
+    torch.manual_seed(0)
+    model = build_upsampler(args.preset).train()
+    warm = collate_pairs([make_pair(500, seed=1, index=0)])
+    model(warm.sparse, warm.sparse_batch, warm.edge_index).points.sum().backward()  # PyG code generation, once
+    model.zero_grad(set_to_none=True)
+    base = peak_rss_mb()
+    step_s, batch_points = [], []
+    for indices in batches:
+        batch = collate_pairs([items[i] for i in indices])
+        t = time.perf_counter()
+        out = model(batch.sparse, batch.sparse_batch, batch.edge_index)
+        loss = chamfer_distance(out.points, batch.dense, out.batch, batch.dense_batch, num_clouds=batch.num_clouds)
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+        step_s.append(time.perf_counter() - t)
+        batch_points.append(batch.num_points)
+    total = sum(batch_points)
+    return {
+        "scheme": args.scheme,
+        "preset": args.preset,
+        "clouds": len(sizes),
+        "sizes": sizes,
+        "batches": len(batches),
+        "clouds_per_batch": per_batch if args.scheme == "fixed" else None,
+        "budget": args.budget if args.scheme == "budget" else None,
+        "points": total,
+        "seconds": sum(step_s),
+        "points_per_s": total / sum(step_s),
+        "max_batch_points": max(batch_points),
+        "slowest_step_s": max(step_s),
+        "baseline_rss_mb": base,
+        "peak_rss_mb": peak_rss_mb(),
+    }
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def run_worker(kind: str, common: list[str], extra: list[str]) -> dict:
+    cmd = [sys.executable, str(HERE), "--worker", kind, *common, *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr)
+        raise SystemExit(f"benchmark worker failed: {' '.join(cmd)}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--presets", default="tiny,small", help="model presets for inference (default tiny,small)")
+    parser.add_argument("--infer-points", type=int, default=100_000)
+    parser.add_argument("--repeats", type=int, default=2, help="timed inference passes; best is kept")
+    parser.add_argument("--train-preset", default="small")
+    parser.add_argument("--clouds", type=int, default=16)
+    parser.add_argument("--min", type=int, default=1_000)
+    parser.add_argument("--max", type=int, default=50_000)
+    parser.add_argument("--budget", type=int, default=64_000, help="points per batch for the point-budget scheme")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved training rounds per scheme; best is kept")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the reference machine is shared)")
+    parser.add_argument("--quick", action="store_true", help="a small smoke run (20k points, 6 clouds up to 8k)")
+    parser.add_argument("--worker", choices=["inference", "train"], help=argparse.SUPPRESS)
+    parser.add_argument("--preset", help=argparse.SUPPRESS)
+    parser.add_argument("--scheme", choices=["budget", "fixed"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.quick:
+        args.infer_points, args.clouds, args.max, args.budget, args.repeats, args.rounds = 20_000, 6, 8_000, 10_000, 1, 1
+    torch.set_num_threads(args.threads)
+
+    if args.worker:
+        result = worker_inference(args) if args.worker == "inference" else worker_train(args)
+        print(json.dumps(result))
+        return
+
+    common = [
+        "--infer-points", str(args.infer_points), "--repeats", str(args.repeats), "--clouds", str(args.clouds),
+        "--min", str(args.min), "--max", str(args.max), "--budget", str(args.budget), "--threads", str(args.threads),
+    ]  # fmt: skip
+    print(f"machine: {machine()}; torch {torch.__version__}, {args.threads} thread(s)")
+    inference = [run_worker("inference", common, ["--preset", p]) for p in args.presets.split(",")]
+    print(f"\ninference, one cloud of {args.infer_points} points (best of {args.repeats} forward passes):")
+    print_table(
+        ["preset", "params", "edges", "graph s", "forward s", "total s", "out pts/s", "peak MB", "baseline MB"],
+        [[r["preset"], r["parameters"], r["edges"], r["graph_s"], r["forward_s"], r["total_s"],
+          r["points_out"] / r["total_s"], r["peak_rss_mb"], r["baseline_rss_mb"]] for r in inference],
+    )  # fmt: skip
+
+    # Interleaved rounds, best kept per scheme: a shared machine's load drifts over minutes.
+    rounds = {"budget": [], "fixed": []}
+    for _ in range(args.rounds):
+        for scheme in rounds:
+            rounds[scheme].append(run_worker("train", common, ["--preset", args.train_preset, "--scheme", scheme]))
+    best = {s: min(runs, key=lambda r: r["seconds"]) for s, runs in rounds.items()}
+    for scheme, runs in rounds.items():
+        best[scheme]["seconds_all_rounds"] = [r["seconds"] for r in runs]
+    train = [best["budget"], best["fixed"]]
+    budget, fixed = train
+    print(
+        f"\ntraining step (forward + Chamfer + backward), preset {args.train_preset}, {budget['clouds']} clouds of "
+        f"{args.min}..{args.max} points ({budget['points']} in all), {budget['batches']} budget batches vs {fixed['batches']} fixed:"
+    )
+    print_table(
+        ["batching", "points/s", "seconds (rounds)", "largest batch pts", "slowest step s", "peak MB", "baseline MB"],
+        [[f"budget {args.budget} pts" if r["scheme"] == "budget" else f"fixed {r['clouds_per_batch']} clouds",
+          r["points_per_s"], " / ".join(f"{v:.1f}" for v in r["seconds_all_rounds"]), r["max_batch_points"],
+          r["slowest_step_s"], r["peak_rss_mb"], r["baseline_rss_mb"]] for r in train],
+    )  # fmt: skip
+    ratio = {
+        "throughput_budget_over_fixed": budget["points_per_s"] / fixed["points_per_s"],
+        "peak_growth_budget_over_fixed": (budget["peak_rss_mb"] - budget["baseline_rss_mb"])
+        / max(fixed["peak_rss_mb"] - fixed["baseline_rss_mb"], 1e-9),
+        "largest_batch_budget_over_fixed": budget["max_batch_points"] / fixed["max_batch_points"],
+    }
+    print("\nratios (budget / fixed): " + ", ".join(f"{k} {v:.3f}" for k, v in ratio.items()))
+    path = write_json("upsampler", {
+        "machine": machine(), "torch": torch.__version__, "threads": args.threads,
+        "inference": inference, "training": train, "ratios": ratio,
+    })  # fmt: skip
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

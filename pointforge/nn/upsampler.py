@@ -1,0 +1,238 @@
+"""Node-shuffle attention upsampler: a sparse cloud of N points in, r·N points out.
+
+Architecture (REFERENCE.md, "Point cloud upsampler"); all graph layers are
+PyG's, all clouds of a batch one disjoint graph (sorted ``batch`` vector):
+
+1. Graph: the k-NN graph of the sparse points (k = 10), symmetrised
+   (:func:`pointforge.nn.knn.knn_graph`); a dataset may pass it precomputed.
+2. Input features, translation-invariant so that georeferenced and
+   tile-sized coordinates do not matter: each point's offset from the centroid
+   of its neighbours and its mean distance to them, embedded linearly.
+3. Feature extraction: ``feature_layers`` pre-norm residual
+   :class:`~torch_geometric.nn.PointTransformerConv` blocks (vector attention
+   over relative positions).
+4. Node shuffle: one multi-head :class:`~torch_geometric.nn.TransformerConv`
+   maps each point's C features to r·C, reshaped to r children of C features
+   (child ``p·r + i`` is copy ``i`` of point ``p``, so each cloud's children stay
+   contiguous). A linear head gives each child a coarse offset.
+5. Refinement: children are joined to the same-numbered children of their
+   parent's neighbours and to their siblings; a relative-position MLP encodes
+   the coarse displacement along every such edge as the edge feature of a
+   final multi-head TransformerConv.
+6. Decoding: an MLP turns each child's features into a fine offset. Output =
+   repeated input points + coarse offset + fine offset.
+
+``heads``, ``concat``, ``beta`` and ``dropout`` configure both attention stages
+as in PyG's TransformerConv. Normalisation is LayerNorm (per point): batch
+statistics would couple the clouds of a batch and make one cloud's output
+depend on its batch-mates. The module knows nothing about devices or ranks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import NamedTuple, Optional
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch_geometric.nn import PointTransformerConv, TransformerConv
+
+from pointforge.errors import ConfigError, DataError
+from pointforge.nn.knn import check_batch, knn_graph
+
+__all__ = ["UpsamplerConfig", "PRESETS", "Upsampled", "NodeShuffleUpsampler", "build_upsampler", "child_graph", "upsample_cloud"]
+
+
+@dataclass(frozen=True)
+class UpsamplerConfig:
+    """Hyper-parameters; see :data:`PRESETS` for named sizes."""
+
+    ratio: int = 2  # r: output points per input point
+    k: int = 10  # neighbours per point before symmetrisation
+    hidden: int = 64  # C: feature width everywhere
+    feature_layers: int = 3  # PointTransformerConv blocks
+    heads: int = 4  # attention heads of the shuffle and refine stages
+    concat: bool = True  # heads concatenated (each C·r/heads or C/heads wide) or averaged (each full width)
+    beta: bool = True  # TransformerConv's gated skip connection
+    dropout: float = 0.0  # attention dropout of the shuffle and refine stages
+
+    def __post_init__(self):
+        for name in ("ratio", "k", "hidden", "feature_layers", "heads"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "feature_layers" else 1):
+                raise ConfigError(f"upsampler {name} must be a positive integer, got {value!r}")
+        if not 0.0 <= float(self.dropout) < 1.0:
+            raise ConfigError(f"upsampler dropout must be in [0, 1), got {self.dropout!r}")
+        if self.concat and (self.hidden % self.heads):
+            raise ConfigError(
+                f"upsampler hidden={self.hidden} is not divisible by heads={self.heads}; "
+                "with concat=True each head gets hidden/heads channels, so pick a multiple"
+            )
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "UpsamplerConfig":
+        if name not in PRESETS:
+            raise ConfigError(f"unknown upsampler preset {name!r}; choose one of {', '.join(PRESETS)}")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(overrides) - fields)
+        if unknown:
+            raise ConfigError(f"unknown upsampler setting(s) {unknown}; valid: {sorted(fields)}")
+        return dataclasses.replace(PRESETS[name], **overrides)
+
+
+# tiny: tests and CI, seconds. small: CPU training, minutes. paper: a GPU-sized
+# guess in the spirit of the published models (REFERENCE.md gives no widths).
+PRESETS: dict[str, UpsamplerConfig] = {
+    "tiny": UpsamplerConfig(hidden=16, feature_layers=1, heads=2),
+    "small": UpsamplerConfig(hidden=32, feature_layers=2, heads=4),
+    "paper": UpsamplerConfig(hidden=128, feature_layers=4, heads=8, dropout=0.1),
+}
+
+
+class Upsampled(NamedTuple):
+    points: Tensor  # [r·N, 3]
+    batch: Tensor  # [r·N] cloud id per output point, sorted
+
+
+def _mlp(sizes: list[int]) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for a, b in zip(sizes[:-1], sizes[1:]):
+        layers += [nn.Linear(a, b), nn.GELU()]
+    return nn.Sequential(*layers[:-1])
+
+
+def child_graph(edge_index: Tensor, num_points: int, ratio: int) -> Tensor:
+    """Edges among the ``ratio`` children of every point (module docs, step 5).
+
+    Child ``i`` of ``p`` receives from child ``i`` of each of ``p``'s neighbours and
+    from ``p``'s other children.
+    """
+    src, dst = edge_index
+    copies = torch.arange(ratio, device=edge_index.device)
+    inherited_src = (src.unsqueeze(1) * ratio + copies).reshape(-1)
+    inherited_dst = (dst.unsqueeze(1) * ratio + copies).reshape(-1)
+    pairs = torch.cartesian_prod(copies, copies) if ratio > 1 else torch.zeros(0, 2, dtype=torch.long, device=edge_index.device)
+    pairs = pairs[pairs[:, 0] != pairs[:, 1]]
+    parents = torch.arange(num_points, device=edge_index.device).unsqueeze(1) * ratio
+    sibling_src = (parents + pairs[:, 0]).reshape(-1)
+    sibling_dst = (parents + pairs[:, 1]).reshape(-1)
+    return torch.stack([torch.cat([inherited_src, sibling_src]), torch.cat([inherited_dst, sibling_dst])])
+
+
+class _PointTransformerBlock(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(channels)
+        self.conv = PointTransformerConv(
+            channels,
+            channels,
+            pos_nn=_mlp([3, channels, channels]),
+            attn_nn=_mlp([channels, channels, channels]),
+        )
+        self.act = nn.GELU()
+
+    def forward(self, x: Tensor, pos: Tensor, edge_index: Tensor) -> Tensor:
+        return x + self.act(self.conv(self.norm(x), pos, edge_index))
+
+
+class NodeShuffleUpsampler(nn.Module):
+    """See the module docs. ``forward(pos, batch, edge_index) -> Upsampled(points, batch)``."""
+
+    def __init__(self, config: Optional[UpsamplerConfig] = None):
+        super().__init__()
+        cfg = config or UpsamplerConfig()
+        self.config = cfg
+        c, r, h = cfg.hidden, cfg.ratio, cfg.heads
+        attention = dict(heads=h, concat=cfg.concat, beta=cfg.beta, dropout=float(cfg.dropout))
+        self.embed = nn.Linear(4, c)
+        self.blocks = nn.ModuleList(_PointTransformerBlock(c) for _ in range(cfg.feature_layers))
+        self.shuffle_norm = nn.LayerNorm(c)
+        # Per-head width that makes the attention's output exactly r·C wide (C % heads == 0 under concat).
+        self.shuffle = TransformerConv(c, r * c // h if cfg.concat else r * c, **attention)
+        self.child_norm = nn.LayerNorm(c)
+        self.coarse = nn.Linear(c, 3)
+        self.relpos = _mlp([4, c, c])
+        self.refine_norm = nn.LayerNorm(c)
+        self.refine = TransformerConv(c, c // h if cfg.concat else c, edge_dim=c, **attention)
+        self.decode = nn.Sequential(nn.LayerNorm(c), _mlp([c, c, 3]))
+        # Start from "every child sits on its parent" so early training only has to learn offsets.
+        for head in (self.coarse, self.decode[-1][-1]):
+            nn.init.normal_(head.weight, std=1e-3)
+            nn.init.zeros_(head.bias)
+
+    def forward(self, pos: Tensor, batch: Optional[Tensor] = None, edge_index: Optional[Tensor] = None) -> Upsampled:
+        if not isinstance(pos, Tensor) or pos.dim() != 2 or pos.shape[1] != 3 or not pos.is_floating_point():
+            desc = f"{tuple(pos.shape)} {pos.dtype}" if isinstance(pos, Tensor) else type(pos).__name__
+            raise DataError(f"upsampler input must be a floating-point [N, 3] tensor, got {desc}")
+        n, r = pos.shape[0], self.config.ratio
+        batch = check_batch(batch, n, "batch").to(pos.device)
+        if edge_index is None:
+            edge_index = knn_graph(pos, self.config.k, batch)
+        elif edge_index.dim() != 2 or edge_index.shape[0] != 2:
+            raise DataError(f"edge_index must be [2, E], got {tuple(edge_index.shape)}")
+        edge_index = edge_index.to(pos.device)
+        src, dst = edge_index
+
+        # Translation-invariant input: offset from the neighbours' centroid, mean neighbour distance.
+        degree = torch.zeros(n, dtype=pos.dtype, device=pos.device).index_add_(0, dst, torch.ones_like(dst, dtype=pos.dtype))
+        rel = pos[src] - pos[dst]
+        mean_rel = torch.zeros_like(pos).index_add_(0, dst, rel) / degree.clamp(min=1).unsqueeze(1)
+        mean_dist = torch.zeros(n, dtype=pos.dtype, device=pos.device).index_add_(0, dst, rel.norm(dim=1))
+        mean_dist = mean_dist / degree.clamp(min=1)
+        x = self.embed(torch.cat([-mean_rel, mean_dist.unsqueeze(1)], dim=1))
+        for block in self.blocks:
+            x = block(x, pos, edge_index)
+
+        children = self.shuffle(self.shuffle_norm(x), edge_index).reshape(n * r, self.config.hidden)
+        children = self.child_norm(children)
+        parent_pos = pos.repeat_interleave(r, dim=0)
+        coarse = self.coarse(children)
+        child_edges = child_graph(edge_index, n, r)
+        c_src, c_dst = child_edges
+        delta = (parent_pos + coarse)[c_src] - (parent_pos + coarse)[c_dst]
+        edge_attr = self.relpos(torch.cat([delta, delta.norm(dim=1, keepdim=True)], dim=1))
+        children = children + self.refine(self.refine_norm(children), child_edges, edge_attr=edge_attr)
+        fine = self.decode(children)
+        return Upsampled(points=parent_pos + coarse + fine, batch=batch.repeat_interleave(r))
+
+
+def build_upsampler(config: UpsamplerConfig | str | None = None, **overrides) -> NodeShuffleUpsampler:
+    """A model from a config, a preset name (with overrides), or the defaults."""
+    if isinstance(config, str):
+        config = UpsamplerConfig.preset(config, **overrides)
+    elif overrides:
+        config = dataclasses.replace(config or UpsamplerConfig(), **overrides)
+    return NodeShuffleUpsampler(config)
+
+
+@torch.no_grad()
+def upsample_cloud(
+    model: NodeShuffleUpsampler,
+    xyz: np.ndarray,
+    *,
+    normalization: str = "spacing",
+    device: torch.device | str = "cpu",
+) -> np.ndarray:
+    """Upsample one cloud in source coordinates: float64 ``[N, 3]`` in, float64 ``[r·N, 3]`` out.
+
+    Normalises as the training pairs are (:func:`pointforge.data.pairs.pair_normalization`),
+    builds the graph, runs the model in eval mode and maps the result back.
+    """
+    from pointforge.data.pairs import pair_normalization
+
+    xyz = np.asarray(xyz, dtype=np.float64)
+    if xyz.ndim != 2 or xyz.shape[1] != 3 or len(xyz) == 0:
+        raise DataError(f"cloud to upsample must be a non-empty [N, 3] array, got shape {xyz.shape}")
+    centred = torch.from_numpy(xyz - xyz.min(axis=0))
+    edges = knn_graph(centred, model.config.k)
+    norm = pair_normalization(xyz, normalization, edges.numpy())
+    was_training = model.training
+    model.eval()
+    try:
+        pos = torch.from_numpy(norm.apply(xyz)).to(device)
+        out = model(pos, None, edges.to(device))
+    finally:
+        model.train(was_training)
+    return norm.inverse(out.points)
