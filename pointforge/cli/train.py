@@ -156,7 +156,15 @@ def _main() -> None:
 
     if not any(getattr(c, "name", None) == "train" for c in root.app.registered_commands):
         register(root.app)
-    root.main()
+    try:
+        root.main()
+        code = 0
+    except SystemExit as ex:
+        code = ex.code if isinstance(ex.code, int) else (0 if ex.code is None else 1)
+    # Everything the run owns (loaders, logs, writers, process group) is closed
+    # by now; skipping the interpreter's slow module teardown lets torchrun see
+    # the exit, and restart or finish, a second sooner per rank.
+    _hard_exit(code)
 
 
 if __name__ == "__main__":

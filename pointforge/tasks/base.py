@@ -199,4 +199,4 @@ def split_step_output(out: Any) -> tuple[torch.Tensor, Mapping[str, Any]]:
             f"training_step must return a scalar loss tensor (optionally with a metrics dict), got {type(loss).__name__}"
             + (f" of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else "")
         )
-    return loss.reshape(()), dict(metrics or {})
+    return (loss if loss.dim() == 0 else loss.reshape(())), (metrics if isinstance(metrics, dict) else dict(metrics or {}))

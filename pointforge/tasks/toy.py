@@ -37,7 +37,8 @@ class ToyConfig:
     data_seed: int = 1234
     eval_on: Literal["all", "rank0"] = "all"
     # Fault injection for tests; all off by default.
-    test_drop_batches_on_rank: int = -1  # this rank gets one optimizer step fewer per epoch
+    test_drop_batches_on_rank: int = -1  # this rank gets one optimizer step fewer per epoch ...
+    test_drop_from_epoch: int = 0  # ... from this epoch on
     test_step_delay_s: float = 0.0  # sleep in every training step (to catch a run mid-epoch)
     test_nan_steps: list[int] = field(default_factory=list)  # global steps whose loss is NaN
     test_nan_rank: int = -1  # ... on this rank only (-1: all ranks)
@@ -110,7 +111,7 @@ class ToyTask(Task):
             len(dataset), global_batch=micro_batch * accumulation * world_size, micro_batch=micro_batch,
             accumulation=accumulation, world_size=world_size, rank=rank, seed=seed, epoch=epoch,
         )
-        if rank == cfg.test_drop_batches_on_rank:
+        if rank == cfg.test_drop_batches_on_rank and epoch >= cfg.test_drop_from_epoch:
             batches = batches[:-accumulation]
         return batches
 

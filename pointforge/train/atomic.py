@@ -30,10 +30,13 @@ def _fsync_dir(folder: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_writer(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO[Any]]:
+def atomic_writer(path: str | os.PathLike, mode: str = "wb", *, durable: bool = True) -> Iterator[IO[Any]]:
     """Open a temporary file next to ``path``; on success fsync and rename it over ``path``.
 
     On an exception the temporary file is removed and ``path`` is left untouched.
+    ``durable=False`` skips the fsyncs: readers still never see a partial file
+    (the rename is atomic), but a power cut may lose the latest version. That
+    suits status files rewritten every few seconds, not checkpoints.
     """
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_writer mode must be 'w' or 'wb', not {mode!r}")
@@ -45,17 +48,19 @@ def atomic_writer(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO[Any]
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as handle:
             yield handle
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
-    _fsync_dir(target.parent)
+    if durable:
+        _fsync_dir(target.parent)
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    with atomic_writer(path, "w") as handle:
+def atomic_write_text(path: str | os.PathLike, text: str, *, durable: bool = True) -> None:
+    with atomic_writer(path, "w", durable=durable) as handle:
         handle.write(text)
 
 
@@ -64,5 +69,5 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         handle.write(data)
 
 
-def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+def atomic_write_json(path: str | os.PathLike, obj: Any, *, durable: bool = True) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n", durable=durable)

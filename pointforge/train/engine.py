@@ -422,6 +422,11 @@ class _Trainer:
             torch.backends.cuda.matmul.allow_tf32 = perf.tf32
             torch.backends.cudnn.allow_tf32 = perf.tf32
         self.amp_dtype = self._amp_dtype()
+        if self.amp_dtype is None:
+            self._autocast = contextlib.nullcontext
+        else:
+            device_type, dtype = self.device.type, self.amp_dtype
+            self._autocast = lambda: torch.autocast(device_type, dtype=dtype)
 
         # Same seed on every rank for the weights and the data; per-rank seeds after.
         seed_everything(derive_seed(cfg.train.seed, "init"))
@@ -685,7 +690,7 @@ class _Trainer:
         cfg, env = self.cfg, self.env
         accum = self.batch.accumulation
         t0 = time.perf_counter()
-        loss_sum = torch.zeros((), device=self.device)
+        losses = []
         data_time = 0.0
         for micro in range(accum):
             td = time.perf_counter()
@@ -695,7 +700,8 @@ class _Trainer:
                 raise RuntimeError(
                     f"the data loader on rank {env.rank} ran out after {micro} of {accum} micro-batches in epoch {epoch}"
                 ) from None
-            batch = move_to_device(batch, self.device, non_blocking=pinned)
+            if self.device.type != "cpu":  # loader output is on the CPU already
+                batch = move_to_device(batch, self.device, non_blocking=pinned)
             data_time += time.perf_counter() - td
             ctx = StepContext(
                 epoch=epoch, global_step=self.global_step, micro_step=micro, accumulation=accum, device=self.device,
@@ -703,36 +709,46 @@ class _Trainer:
             )
             sync = self.train_model.no_sync() if env.distributed and micro < accum - 1 else contextlib.nullcontext()
             with sync:
-                with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32, enabled=self.amp_dtype is not None):
+                with self._autocast():
                     out = self.task.training_step(self.train_model, batch, ctx)
                 loss, metrics = split_step_output(out)
-                scaled = loss.float() / accum
+                if loss.dtype != torch.float32:
+                    loss = loss.float()
+                scaled = loss / accum if accum > 1 else loss
                 if self.scaler is not None:
                     self.scaler.scale(scaled).backward()
                 else:
                     scaled.backward()
-            loss_sum += loss.detach().float()
-            if env.is_main and metrics:
+            losses.append(loss.detach())
+            if metrics and env.is_main:
+                window = self.window_metrics
                 for name, value in metrics.items():
-                    value = value.detach().float() if isinstance(value, torch.Tensor) else torch.tensor(float(value))
-                    self.window_metrics[name] = self.window_metrics.get(name, 0.0) + value / accum
+                    if isinstance(value, torch.Tensor):
+                        value = value.detach()
+                        if value.dtype != torch.float32:  # bf16 sums drift
+                            value = value.float()
+                    else:
+                        value = float(value)
+                    window[name] = window.get(name, 0.0) + value
+        loss_sum = losses[0] if accum == 1 else torch.stack(losses).sum()
 
-        # Every rank-dependent decision rides on this one reduction, so all
-        # ranks skip, stop and save at the same step.
-        finite = torch.isfinite(loss_sum)
         due = (
             env.is_main and cfg.ckpt.every_minutes > 0
             and time.monotonic() - self.last_save_time >= cfg.ckpt.every_minutes * 60
         )
-        vector = torch.stack([
-            torch.where(finite, loss_sum / accum, torch.zeros_like(loss_sum)),
-            (~finite).float(),
-            torch.tensor(1.0 if stopper.requested else 0.0, device=self.device),
-            torch.tensor(1.0 if due else 0.0, device=self.device),
-        ])
-        total_loss, n_bad, n_stop, n_due = all_reduce_sum(env, vector).tolist()
+        if env.distributed:
+            # Every rank-dependent decision rides on this one reduction, so all
+            # ranks skip, stop and save at the same step. A NaN or inf on any
+            # rank makes the summed loss non-finite on every rank.
+            flags = torch.tensor([1.0 if stopper.requested else 0.0, 1.0 if due else 0.0], device=self.device)
+            total, n_stop, n_due = all_reduce_sum(env, torch.cat([loss_sum.reshape(1), flags])).tolist()
+            mean_loss = total / (accum * env.world_size)
+        else:
+            mean_loss = loss_sum.item() / accum
+            n_stop, n_due = (1.0 if stopper.requested else 0.0), (1.0 if due else 0.0)
+        loss_bad = not math.isfinite(mean_loss)
         lr_used = self.optimizer.param_groups[0]["lr"]
-        skip = n_bad > 0
+        skip = loss_bad
         grad_norm = None
         if not skip:
             if self.scaler is not None:
@@ -749,11 +765,10 @@ class _Trainer:
             self.skipped_steps += 1
             limit = cfg.train.max_nonfinite
             if env.is_main:
-                where = "loss" if n_bad > 0 else "gradient norm"
+                where = "loss" if loss_bad else "gradient norm"
                 log.warning(
-                    f"non-finite {where} at step {self.global_step} (epoch {epoch}"
-                    + (f", on {int(n_bad)} rank(s)" if env.distributed else "")
-                    + f"); step skipped ({self.nonfinite_streak} in a row, limit {limit})"
+                    f"non-finite {where} at step {self.global_step} (epoch {epoch}); "
+                    f"step skipped ({self.nonfinite_streak} in a row, limit {limit})"
                 )
             if self.nonfinite_streak >= limit:
                 raise TrainingDiverged(
@@ -778,7 +793,7 @@ class _Trainer:
 
         self.window_steps += 1
         if not skip:
-            self.window_loss += total_loss / env.world_size
+            self.window_loss += mean_loss
             self.window_good += 1
         self.window_lr = lr_used
         if grad_norm is not None and env.is_main:
@@ -820,7 +835,7 @@ class _Trainer:
         if self.window_grad_norm is not None:
             metrics["grad_norm"] = self.window_grad_norm
         for name, value in self.window_metrics.items():
-            metrics[name] = float(value) / max(1, self.window_steps)
+            metrics[name] = float(value) / max(1, self.window_steps * self.batch.accumulation)
         eta = (self.total_steps - self.global_step) / it_s if it_s and math.isfinite(it_s) and it_s > 0 else float("nan")
         epoch_pos = epoch + self.step_in_epoch / max(1, n_steps)
         self.writer.write(self.global_step, epoch_pos, metrics, prefix="train/")

@@ -47,6 +47,19 @@ class _RankFilter(logging.Filter):
         return True
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is now, so a live progress bar that
+    redirects stderr prints log lines above itself instead of through itself."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
 def _not_file_only(record: logging.LogRecord) -> bool:
     return not getattr(record, "file_only", False)
 
@@ -65,7 +78,7 @@ class LogSetup:
         self.logger.propagate = False
         flt = _RankFilter(rank)
         if console:
-            handler = logging.StreamHandler(sys.stderr)
+            handler = _StderrHandler()
             handler.setLevel(logging.INFO if rank == 0 else logging.WARNING)
             handler.setFormatter(logging.Formatter("%(rank_prefix)s%(message)s"))
             handler.addFilter(flt)
@@ -202,7 +215,9 @@ class RunStatus:
     def update(self, **changes: Any) -> None:
         self.data.update(changes)
         self.data["updated_at"] = time.time()
-        atomic_write_json(self.path, self.data)
+        # Rewritten at every log step: atomic for readers, but not worth an
+        # fsync each time (checkpoints, which matter after a crash, get one).
+        atomic_write_json(self.path, self.data, durable=False)
 
 
 def read_run_status(run_dir: str | os.PathLike) -> dict[str, Any] | None:
