@@ -128,3 +128,32 @@ def test_missing_file_and_non_checkpoint():
         ck.load_checkpoint("/nonexistent/x.pt")
     with pytest.raises(CheckpointError, match="no model weights"):
         ck.model_weights({"epoch": 3})
+
+
+def test_ckpt_cli_inspect_and_remap(tmp_path):
+    import typer
+    from typer.testing import CliRunner
+
+    from pointforge.cli.train import register
+
+    app = typer.Typer(add_completion=False)
+
+    @app.callback()
+    def _root() -> None:
+        """Test root."""
+
+    register(app)
+    model = _model()
+    upstream = tmp_path / "upstream.pt"
+    torch.save({"epoch": 7, "model_state": {f"model.module.{k}": v for k, v in model.state_dict().items()}}, upstream)
+    out = CliRunner().invoke(app, ["ckpt", "inspect", str(upstream)])
+    assert out.exit_code == 0, out.output
+    assert "foreign" in out.output and "parameters" in out.output
+    clean = tmp_path / "clean.pt"
+    out = CliRunner().invoke(app, ["ckpt", "remap", str(upstream), str(clean), "--strip-prefix", "model."])
+    assert out.exit_code == 0, out.output
+    weights = torch.load(clean, weights_only=True)
+    assert set(weights) == set(model.state_dict())
+    fresh = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    ck.load_model_state(fresh, weights)
+    assert torch.equal(fresh[0].weight, model[0].weight)

@@ -68,13 +68,37 @@ class Job:
         return time.monotonic() - self.started
 
     def stop(self) -> None:
+        # torchrun starts each worker in a session of its own, so killing our
+        # process group is not enough: kill every descendant by pid (only while
+        # the root is unreaped, so no pid can have been reused).
         if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            for pid in [*_descendants(self.proc.pid), self.proc.pid]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             self.proc.wait(timeout=30)
-        self._out.close()
+        if not self._out.closed:
+            self._out.close()
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def torchrun_job(tmp_path: Path, name: str, overrides: list[str], *, resume: str | None = None) -> Job:

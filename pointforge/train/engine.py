@@ -339,6 +339,7 @@ class _Trainer:
         self.last_saved_step: int | None = None
         self.last_checkpoint: Path | None = None
         self.resumed_from: Path | None = None
+        self._picked: dict[str, Any] | None = None
         # resources released in run()'s finally
         self.loader = None
         self.iterator = None
@@ -521,8 +522,9 @@ class _Trainer:
                 if found is None:
                     log.info(f"no checkpoint in {self.run_dir / 'checkpoints'}; starting from scratch")
                     return {"path": None}
+                self._picked = found[1]
                 return {"path": str(found[0])}
-            ckpt_io.load_checkpoint(arg)
+            self._picked = ckpt_io.load_checkpoint(arg)
             return {"path": arg}
         except UserError as err:
             return {"error": (type(err).__name__, str(err))}
@@ -539,7 +541,10 @@ class _Trainer:
             return
         path = Path(decision["path"])
         self.doing = f"loading checkpoint {path}"
-        state = ckpt_io.load_checkpoint(path)
+        # Rank 0 already holds the file it validated; the others read it now
+        # (on several nodes the run dir must be on a shared filesystem).
+        state = self._picked if self._picked is not None else ckpt_io.load_checkpoint(path)
+        self._picked = None
         if not ckpt_io.is_pointforge_checkpoint(state):
             raise CheckpointError(f"{path} is not a pointforge training checkpoint; to start from its weights, import it with pointforge ckpt remap")
         if state.get("task") != self.task.name:
@@ -647,7 +652,6 @@ class _Trainer:
             generator.manual_seed(derive_seed(cfg.train.seed, "loader", env.rank, epoch))
             self.iterator = iter(self.loader)
             ran = 0
-            step_in_epoch = start
             for step_in_epoch in range(start, n_steps):
                 if self.global_step >= self.total_steps:
                     break
@@ -666,8 +670,6 @@ class _Trainer:
                     self._save(end_of_epoch=False)
                 if stop:
                     return self._stopped(stopper)
-            else:
-                step_in_epoch = n_steps
             self.doing = f"finishing epoch {epoch}"
             check_equal(env, start + ran, f"the number of steps run in epoch {epoch}",
                         "a rank's data loader ended early; check the dataset and Task.batch_sampler")

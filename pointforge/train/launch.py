@@ -84,17 +84,16 @@ def launch(worker_args: Sequence[str], *, nproc: int, max_restarts: int, run_dir
     def relay(signum: int, _frame) -> None:
         nonlocal signals_seen
         signals_seen += 1
-        if signals_seen == 1:
-            pids = _local_worker_pids(run_dir, started)
-            print(f"pointforge: {signal.Signals(signum).name} received; asking {len(pids) or 'all'} worker(s) to save and stop "
-                  "(send it again to stop at once)", file=sys.stderr, flush=True)
-            if pids:
-                for pid in pids:
-                    try:
-                        os.kill(pid, signal.SIGTERM)
-                    except ProcessLookupError:
-                        pass
-                return
+        pids = _local_worker_pids(run_dir, started)
+        if signals_seen == 1 and pids:
+            print(f"pointforge: {signal.Signals(signum).name} received; asking {len(pids)} worker(s) to finish the step, "
+                  "save and stop (send it again to stop at once)", file=sys.stderr, flush=True)
+            _signal_all(pids, signal.SIGTERM)
+            return
+        # Second signal, or no workers yet: stop now. Workers live in sessions of
+        # their own, so they are killed by pid; torchrun then ends by itself.
+        print("pointforge: stopping now", file=sys.stderr, flush=True)
+        _signal_all(pids, signal.SIGKILL)
         try:
             proc.send_signal(signal.SIGTERM)
         except ProcessLookupError:
@@ -102,14 +101,24 @@ def launch(worker_args: Sequence[str], *, nproc: int, max_restarts: int, run_dir
 
     previous = {sig: signal.signal(sig, relay) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        while True:
-            try:
-                return proc.wait()
-            except KeyboardInterrupt:  # pragma: no cover - handler above normally catches it
-                relay(signal.SIGINT, None)
+        return proc.wait()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+            # We are leaving abnormally: let torchrun take its workers down with it.
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                _signal_all(_local_worker_pids(run_dir, started), signal.SIGKILL)
+                proc.kill()
+                proc.wait()
+
+
+def _signal_all(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
