@@ -61,7 +61,8 @@ class Job:
             pytest.fail(f"job did not end within {timeout} s; output:\n{self.output()[-3000:]}")
 
     def output(self) -> str:
-        self._out.flush()
+        if not self._out.closed:
+            self._out.flush()
         return self.out_path.read_text(errors="replace")
 
     def elapsed(self) -> float:

@@ -74,14 +74,16 @@ def train_command(
         status = _read_status(cfg.run.dir)
         if code == 0 and status.get("status") == "stopped":
             typer.echo(f"stopped at step {status.get('global_step')}; checkpoint {status.get('last_checkpoint')}; continue with --resume auto")
-        raise typer.Exit(code)
+        # sys.exit, not typer.Exit: a non-standalone Typer app returns an Exit's
+        # code instead of raising it, and the status would be lost.
+        sys.exit(code)
     try:
         result = train(task, cfg, resume=resume, wandb=wandb)
     except (TrainingDiverged, DistributedFailure) as err:
         typer.secho(f"error: {err}", err=True, fg=typer.colors.RED)
         if under_torchrun:
             _hard_exit(1)
-        raise typer.Exit(1)
+        sys.exit(1)
     if result.status == "stopped":
         typer.echo(
             f"stopped by {result.signal or 'a signal'} at epoch {result.epoch}, step {result.global_step}; "
@@ -152,15 +154,31 @@ def register(app: typer.Typer) -> None:
 
 def _main() -> None:
     """``python -m pointforge.cli.train``: the per-rank entry that torchrun runs."""
+    import traceback
+
     from pointforge.cli import main as root
 
     if not any(getattr(c, "name", None) == "train" for c in root.app.registered_commands):
         register(root.app)
+    # The same contract as pointforge.cli.main.main (user errors: one line, exit
+    # 2), handled here so a rank's exit status always reaches torchrun.
     try:
-        root.main()
-        code = 0
+        result = root.app(standalone_mode=False)
+        code = result if isinstance(result, int) else 0
+    except UserError as err:
+        typer.secho(f"error: {err}", err=True, fg=typer.colors.RED)
+        code = err.exit_code
     except SystemExit as ex:
         code = ex.code if isinstance(ex.code, int) else (0 if ex.code is None else 1)
+    except KeyboardInterrupt:
+        code = 130
+    except Exception as ex:
+        if callable(getattr(ex, "show", None)) and isinstance(getattr(ex, "exit_code", None), int):
+            ex.show()  # a usage error from the command-line parser
+            code = ex.exit_code
+        else:
+            traceback.print_exc()
+            code = 1
     # Everything the run owns (loaders, logs, writers, process group) is closed
     # by now; skipping the interpreter's slow module teardown lets torchrun see
     # the exit, and restart or finish, a second sooner per rank.

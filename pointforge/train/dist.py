@@ -177,7 +177,13 @@ def init_distributed(device: str, backend: str = "auto", timeout_s: float = 600.
         # with it the watchdog aborts the process group and the job ends.
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     if not dist.is_initialized():
-        kwargs: dict[str, Any] = {"backend": chosen, "timeout": _dt.timedelta(seconds=timeout_s)}
+        timeout = _dt.timedelta(seconds=timeout_s)
+        store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+        # torchrun's c10d rendezvous shares one store across restart rounds, so
+        # a restarted worker could read the previous attempt's addresses (gloo
+        # then dials a dead peer). A prefix per attempt keeps rounds apart.
+        store = dist.PrefixStore(f"pointforge/attempt-{info['restart_count']}", store)
+        kwargs: dict[str, Any] = {"backend": chosen, "timeout": timeout, "store": store, "rank": rank, "world_size": world_size}
         if chosen == "nccl":
             kwargs["device_id"] = dev
         dist.init_process_group(**kwargs)
