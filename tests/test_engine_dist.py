@@ -167,13 +167,20 @@ def reference_run(tmp_path_factory) -> Path:
 
 
 def test_two_ranks_equal_one_rank_with_double_batch(tmp_path):
-    """2 ranks × 4 per device (taken as 2 micro-batches under no_sync) == 1 rank × 8."""
-    common = ["train.epochs=2", "data.global_batch=8", "task.dropout=0.0", *QUIET]
-    out = run_to_end(torchrun_job(tmp_path, "ddp", ["train.epochs=2", "data.global_batch=8", "data.micro_batch=2",
-                                                     f"run.dir={tmp_path / 'ddp'}"]))
+    """2 ranks × 4 per device (taken as 2 micro-batches under no_sync) == 1 rank × 8, after k = 6 steps.
+
+    The run is ended by SIGTERM delivered to rank 1 alone during step 5: both
+    ranks must agree to stop after that step, save, and exit 0.
+    """
+    common = ["data.global_batch=8", "task.dropout=0.0", "sched.name=constant"]
+    out = run_to_end(torchrun_job(tmp_path, "ddp", [*common, "data.micro_batch=2", "task.test_sigterm_at_step=5",
+                                                     "task.test_sigterm_rank=1", f"run.dir={tmp_path / 'ddp'}"]))
     assert "global 8 = 2 rank(s) × 2 per device × 2 accumulation steps" in out and "world size       2 (gloo)" in out
-    single = load_train_config("toy", TINY, [*common, f"run.dir={tmp_path / 'single'}"])
-    train("toy", single, console=False)
+    status = run_json(tmp_path / "ddp")
+    assert status["status"] == "stopped" and status["global_step"] == 6, status
+    assert "stopped by SIGTERM at epoch 0, step 6" in out
+    single = load_train_config("toy", TINY, [*common, *QUIET, "train.max_steps=6", f"run.dir={tmp_path / 'single'}"])
+    assert train("toy", single, console=False).global_step == 6
     assert_equal_weights(weights(tmp_path / "ddp"), weights(tmp_path / "single"), exact=False)
     ranks = sorted(p.name for p in (tmp_path / "ddp" / "ranks").iterdir())
     assert ranks == ["rank0.json", "rank1.json"]
