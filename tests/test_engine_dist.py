@@ -144,6 +144,20 @@ def run_json(run_dir: Path) -> dict:
         return {}
 
 
+def logged_step(run_dir: Path) -> int:
+    """The last step rank 0 logged (metrics.jsonl is appended at every log step; run.json is rate-limited)."""
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    for line in reversed(lines):
+        try:
+            return int(json.loads(line)["step"])
+        except (ValueError, KeyError):
+            continue
+    return 0
+
+
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return ck.load_checkpoint(run_dir / "checkpoints" / "latest.pt")["model"]
 
@@ -220,7 +234,7 @@ def test_sigterm_saves_exits_zero_and_resume_matches_uninterrupted(tmp_path, ref
     run_dir = tmp_path / "run"
     job = launcher_job(tmp_path, "cut", [*REFERENCE, "task.test_step_delay_s=0.1", f"run.dir={run_dir}"])
     try:
-        wait_for(lambda: run_json(run_dir).get("global_step", 0) >= 3, 60, job, "step 3")
+        wait_for(lambda: logged_step(run_dir) >= 3, 60, job, "step 3")
         job.proc.send_signal(signal.SIGTERM)
         code = job.wait(60)
         out = job.output()
@@ -244,7 +258,7 @@ def test_killed_rank_restarts_and_resumes_under_max_restarts(tmp_path, reference
     job = launcher_job(tmp_path, "kill", [*REFERENCE, "task.test_step_delay_s=0.1", "ckpt.every_steps=2",
                                           f"run.dir={run_dir}"], max_restarts=1)
     try:
-        wait_for(lambda: (run_dir / "checkpoints" / "latest.pt").exists() and run_json(run_dir).get("global_step", 0) >= 5,
+        wait_for(lambda: (run_dir / "checkpoints" / "latest.pt").exists() and logged_step(run_dir) >= 5,
                  60, job, "a checkpoint at step 4")
         victim = json.loads((run_dir / "ranks" / "rank1.json").read_text())["pid"]
         os.kill(victim, signal.SIGKILL)

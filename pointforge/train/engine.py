@@ -849,7 +849,7 @@ class _Trainer:
         if self.progress is not None and self.progress.enabled:
             self.progress.update(self.global_step, f"loss {metrics['loss']:.4g} lr {metrics['lr']:.3g} {it_s:.2f} it/s")
         log.info(line)
-        self.status.update(epoch=epoch, global_step=self.global_step, metrics=_jsonable(self.last_metrics))
+        self.status.update(progress_only=True, epoch=epoch, global_step=self.global_step, metrics=_jsonable(self.last_metrics))
         self._window_reset()
 
     # ------------------------------------------------------------------ evaluation

@@ -211,12 +211,21 @@ class RunStatus:
             "updated_at": time.time(),
             **fixed,
         }
+        self._written_at = 0.0
 
-    def update(self, **changes: Any) -> None:
+    # Progress-only updates are written at most this often; a monitor does not
+    # need more, and fast steps would otherwise pay for the file on every log.
+    min_interval_s = 1.0
+
+    def update(self, *, progress_only: bool = False, **changes: Any) -> None:
         self.data.update(changes)
-        self.data["updated_at"] = time.time()
-        # Rewritten at every log step: atomic for readers, but not worth an
-        # fsync each time (checkpoints, which matter after a crash, get one).
+        now = time.time()
+        if progress_only and now - self._written_at < self.min_interval_s:
+            return
+        self.data["updated_at"] = now
+        self._written_at = now
+        # Atomic for readers, but not worth an fsync each time (checkpoints,
+        # which matter after a crash, get one).
         atomic_write_json(self.path, self.data, durable=False)
 
 
