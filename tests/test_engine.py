@@ -12,7 +12,7 @@ import typer
 from typer.testing import CliRunner
 
 from pointforge.config import load_train_config
-from pointforge.errors import ConfigError, DeviceError, UserError
+from pointforge.errors import CheckpointError, ConfigError, DeviceError, UserError
 from pointforge.train import checkpoint as ck
 from pointforge.train.engine import TrainingDiverged, train
 
@@ -98,6 +98,12 @@ def test_resume_auto_skips_a_truncated_latest(tmp_path):
     assert result.resumed_from.name == "epoch-0002.pt" and result.global_step == 24
     log = (tmp_path / "run" / "train.log").read_text()
     assert "latest.pt is truncated or corrupt" in log and "WARNING" in log
+    latest.write_bytes(latest.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match="latest.pt is truncated or corrupt"):
+        train("toy", make_cfg(tmp_path, "train.epochs=3"), resume=str(latest))
+    again = train("toy", make_cfg(tmp_path, "train.epochs=3", name="other"),
+                  resume=str(tmp_path / "run" / "checkpoints" / "epoch-0001.pt"))
+    assert again.resumed_from.name == "epoch-0001.pt" and again.global_step == 24
 
 
 def test_nonfinite_steps_are_skipped_then_abort(tmp_path):

@@ -84,7 +84,7 @@ def train_command(
         if under_torchrun:
             _hard_exit(1)
         sys.exit(1)
-    if result.status == "stopped":
+    if result.status == "stopped" and int(os.environ.get("RANK", "0")) == 0:
         typer.echo(
             f"stopped by {result.signal or 'a signal'} at epoch {result.epoch}, step {result.global_step}; "
             f"checkpoint {result.checkpoint}; continue with --resume auto"
