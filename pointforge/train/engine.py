@@ -383,21 +383,21 @@ class _Trainer:
             self.logs.close()
 
     def _failure(self, err: BaseException) -> str:
-        if isinstance(err, UserError):
-            # The CLI prints user errors itself; keep a copy in train.log only.
-            log.error(f"error: {err}", extra={"file_only": True})
-            return str(err)
+        """The one-paragraph account of a failure, recorded in train.log.
+
+        The console gets it from whoever handles the exception (the CLI prints
+        it once), so it is logged to the file only.
+        """
         if isinstance(err, KeyboardInterrupt):
-            return "interrupted"
-        if isinstance(err, (TrainingDiverged, DistributedFailure)):
-            log.error(str(err))
-            return str(err)
-        if self.env.distributed:
+            message = "interrupted"
+        elif isinstance(err, (UserError, TrainingDiverged, DistributedFailure)):
+            message = str(err)
+        elif self.env.distributed:
             message = failure_message(self.env, self.doing, err)
         else:
             first = str(err).strip().splitlines()
             message = f"failed while {self.doing}: {type(err).__name__}: {first[0] if first else ''}"
-        log.error(message)
+        log.error(f"error: {message}", extra={"file_only": True})
         return message
 
     def _write_rank_file(self) -> None:
