@@ -110,6 +110,7 @@ class DistEnv:
     host: str = field(default_factory=socket.gethostname)
     _store: Any = None
     _section: int = 0
+    _heartbeat: Any = None
 
     @property
     def distributed(self) -> bool:
@@ -191,10 +192,14 @@ def init_distributed(device: str, backend: str = "auto", timeout_s: float = 600.
     # The rendezvous store carries the heartbeats and the rank-0 hand-offs; it
     # lives in torchrun's agent, so it outlives a crashed worker.
     env._store = dist.distributed_c10d._get_default_store()
+    env._heartbeat = Heartbeat(env).start()
     return env
 
 
 def shutdown_distributed(env: DistEnv) -> None:
+    if env._heartbeat is not None:
+        env._heartbeat.stop()
+        env._heartbeat = None
     if env.distributed and dist.is_initialized():
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
@@ -203,19 +208,63 @@ def shutdown_distributed(env: DistEnv) -> None:
 # --------------------------------------------------------------------------- heartbeat / diagnostics
 
 
+class Heartbeat:
+    """A daemon thread that publishes this rank's phase to the store every ``interval_s``.
+
+    The training loop only assigns a tuple (:meth:`set`, no I/O); the thread
+    does the writing. Collectives release the GIL, so a rank waiting in one
+    keeps beating, while a dead rank's beat stops: the failure message can
+    tell "stuck in forward/backward for 40 s" from "gone 40 s ago".
+    """
+
+    def __init__(self, env: "DistEnv", interval_s: float = 1.0):
+        self._env = env
+        self._interval = interval_s
+        self._state: tuple[str, dict[str, Any], float] = ("starting", {}, time.time())
+        self._written: tuple[str, dict[str, Any], float] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pointforge-heartbeat", daemon=True)
+
+    def start(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def set(self, phase: str, **info: Any) -> None:
+        if self._state[0] != phase or self._state[1] != info:
+            self._state = (phase, info, time.time())
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.beat()
+            self._stop.wait(self._interval)
+
+    def beat(self) -> None:
+        phase, info, since = self._state
+        payload = json.dumps({"phase": phase, "since": since, "time": time.time(), "pid": os.getpid(),
+                              "host": self._env.host, **info})
+        try:
+            self._env._store.set(self._env.key("phase", self._env.rank), payload)
+        except Exception:
+            self._stop.set()  # the store is gone: the job is ending
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2 * self._interval)
+
+
 def report(env: DistEnv, phase: str, **info: Any) -> None:
-    """Record what this rank is doing, for error messages on other ranks."""
-    if env._store is None:
-        return
-    payload = json.dumps({"phase": phase, "time": time.time(), "pid": os.getpid(), "host": env.host, **info})
-    with contextlib.suppress(Exception):
-        env._store.set(env.key("phase", env.rank), payload)
+    """Record what this rank is doing, for error messages on other ranks (no I/O here)."""
+    if env._heartbeat is not None:
+        env._heartbeat.set(phase, **info)
 
 
 def peer_reports(env: DistEnv) -> list[str]:
-    """One line per rank: its last recorded phase and how long ago."""
+    """One line per rank: what it was doing, for how long, and when it last showed signs of life."""
     if env._store is None:
         return []
+    if env._heartbeat is not None:
+        env._heartbeat.beat()  # our own entry, current
     lines = []
     now = time.time()
     for rank in range(env.world_size):
@@ -229,8 +278,11 @@ def peer_reports(env: DistEnv) -> list[str]:
             lines.append(f"rank {rank}: unknown (the store could not be read)")
             continue
         where = ", ".join(f"{k} {v}" for k, v in data.items() if k in ("epoch", "step"))
-        lines.append(f"rank {rank} (pid {data.get('pid')} on {data.get('host')}): {data.get('phase')}"
-                     f"{' at ' + where if where else ''}, {now - data.get('time', now):.0f} s ago")
+        lines.append(
+            f"rank {rank} (pid {data.get('pid')} on {data.get('host')}): {data.get('phase')}"
+            f"{' at ' + where if where else ''} for {now - data.get('since', now):.0f} s, "
+            f"last heartbeat {now - data.get('time', now):.0f} s ago"
+        )
     return lines
 
 
@@ -239,7 +291,7 @@ def failure_message(env: DistEnv, doing: str, err: BaseException) -> str:
     lines = [f"rank {env.rank} failed while {doing}: {first}"]
     peers = peer_reports(env)
     if peers:
-        lines.append("last reports: " + "; ".join(peers))
+        lines.append("ranks: " + "; ".join(peers))
     return "\n".join(lines)
 
 

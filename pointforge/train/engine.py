@@ -472,6 +472,12 @@ class _Trainer:
                 ddp_kwargs["device_ids"] = [self.device.index]
                 ddp_kwargs["output_device"] = self.device.index
             self.train_model = nn.parallel.DistributedDataParallel(self.model, **ddp_kwargs)
+            # Marks the moment a rank leaves its forward pass, so a timeout can
+            # tell a rank stuck computing from one waiting in the gradient all-reduce.
+            # (Not under torch.compile, which would have to trace the hook.)
+            self._where: dict[str, int] = {}
+            if not perf.compile:
+                self.model.register_forward_hook(lambda *_: report(env, "in backward (gradient all-reduce)", **self._where))
         if perf.compile:
             self.train_model = torch.compile(self.train_model)
 
@@ -641,7 +647,7 @@ class _Trainer:
             self.doing = f"preparing epoch {epoch}"
             batches = self._epoch_batches(epoch)
             n_steps = len(batches) // accum
-            report(env, "starting epoch", epoch=epoch, step=self.global_step)
+            report(env, "comparing step counts", epoch=epoch, step=self.global_step)
             check_equal(
                 env, n_steps, f"the number of optimizer steps in epoch {epoch}",
                 "every rank must get the same number of batches: use the engine's sampler (drop_last by construction) "
@@ -692,6 +698,8 @@ class _Trainer:
         cfg, env = self.cfg, self.env
         accum = self.batch.accumulation
         t0 = time.perf_counter()
+        self._where = {"epoch": epoch, "step": self.global_step}
+        report(env, "in training_step (forward)", **self._where)
         losses = []
         data_time = 0.0
         for micro in range(accum):
@@ -739,6 +747,7 @@ class _Trainer:
             and time.monotonic() - self.last_save_time >= cfg.ckpt.every_minutes * 60
         )
         if env.distributed:
+            report(env, "in the step's all-reduce", epoch=epoch, step=self.global_step)
             # Every rank-dependent decision rides on this one reduction, so all
             # ranks skip, stop and save at the same step. A NaN or inf on any
             # rank makes the summed loss non-finite on every rank.
@@ -818,7 +827,6 @@ class _Trainer:
 
     def _log_window(self, epoch: int, n_steps: int) -> None:
         env = self.env
-        report(env, "training", epoch=epoch, step=self.global_step)
         if not env.is_main or self.window_steps == 0:
             self._window_reset()
             return
@@ -883,6 +891,7 @@ class _Trainer:
                 shutdown_loader(loader)
             return {k: float(v) for k, v in dict(result or {}).items()}, n
 
+        report(env, "evaluating", epoch=epoch)
         if placement == "rank0":
             def work() -> dict[str, float]:
                 metrics, _ = run_on(eval_shard(len(self.val_ds), rank=0, world_size=1, batch=micro), out_dir)
@@ -935,7 +944,7 @@ class _Trainer:
     def _save(self, *, end_of_epoch: bool, eval_metrics: Mapping[str, float] | None = None) -> None:
         env, cfg = self.env, self.cfg
         self.doing = "saving a checkpoint"
-        report(env, "saving a checkpoint", epoch=self.epoch, step=self.global_step)
+        report(env, "gathering RNG states for a checkpoint", epoch=self.epoch, step=self.global_step)
         rngs = all_gather_objects(env, ckpt_io.capture_rng(self.device))
 
         def write() -> str:
