@@ -177,3 +177,53 @@ def test_cli_config_errors_are_user_errors(tmp_path):
     assert "did you mean 'data.global_batch'" in str(out.exception)
     out = CliRunner().invoke(_cli(), ["train", "toy", "--config", str(TINY), "--dry-run", "--nproc", "3"])
     assert isinstance(out.exception, UserError) and "global_batch=6 or 9" in str(out.exception)
+
+
+def _two_rank_envs():
+    import datetime
+
+    import torch.distributed as dist
+
+    from pointforge.train.dist import DistEnv
+
+    server = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=10))
+    envs = []
+    for rank in (0, 1):
+        client = dist.TCPStore("127.0.0.1", server.port, 1, False, timeout=datetime.timedelta(seconds=10))
+        envs.append(DistEnv(rank=rank, world_size=2, backend="gloo", _store=client))
+    return server, envs
+
+
+def test_rank0_section_shares_results_and_failures_without_collectives():
+    import threading
+
+    from pointforge.train.dist import DistributedFailure, rank0_section
+
+    server, (env0, env1) = _two_rank_envs()
+    results = {}
+
+    def rank0(fn):
+        try:
+            results["rank0"] = rank0_section(env0, "evaluating", fn, timeout_s=5)
+        except Exception as err:  # noqa: BLE001 - recorded for the assertion
+            results["rank0"] = err
+
+    thread = threading.Thread(target=rank0, args=(lambda: {"val_loss": 0.25},))
+    thread.start()
+    assert rank0_section(env1, "evaluating", lambda: pytest.fail("rank 1 must not run it"), timeout_s=5) == {"val_loss": 0.25}
+    thread.join()
+    assert results["rank0"] == {"val_loss": 0.25}
+
+    def boom():
+        raise ValueError("disk full")
+
+    thread = threading.Thread(target=rank0, args=(boom,))
+    thread.start()
+    with pytest.raises(DistributedFailure, match="rank 0 failed while evaluating: ValueError: disk full"):
+        rank0_section(env1, "evaluating", boom, timeout_s=5)
+    thread.join()
+    assert isinstance(results["rank0"], ValueError)
+    # Rank 0 never gets there: rank 1 gives up after its own timeout, not a collective's.
+    with pytest.raises(DistributedFailure, match="rank 0 is stuck or gone"):
+        rank0_section(env1, "saving a checkpoint", boom, timeout_s=0.3)
+    del server

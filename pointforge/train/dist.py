@@ -365,13 +365,16 @@ def rank0_section(env: DistEnv, doing: str, fn: Callable[[], T], *, timeout_s: f
         env._store.set(key, json.dumps({"ok": True, "result": result}, default=str))
         return result
     report(env, f"waiting for rank 0 ({doing})")
-    try:
-        env._store.wait([key], _dt.timedelta(seconds=timeout_s))
-    except Exception as err:
-        raise DistributedFailure(
-            f"rank {env.rank} waited {timeout_s:.0f} s for rank 0 to finish {doing} (dist.rank0_timeout_s); "
-            f"rank 0 is stuck or gone ({str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__})"
-        ) from None
+    # Poll rather than store.wait(): a blocking wait holds the store client's
+    # lock for its whole duration and would silence this rank's heartbeat.
+    deadline = time.monotonic() + timeout_s
+    while not env._store.check([key]):
+        if time.monotonic() > deadline:
+            raise DistributedFailure(
+                f"rank {env.rank} waited {timeout_s:.0f} s for rank 0 to finish {doing} (dist.rank0_timeout_s); "
+                "rank 0 is stuck or gone\n" + "ranks: " + "; ".join(peer_reports(env))
+            )
+        time.sleep(0.05)
     answer = json.loads(env._store.get(key).decode())
     if not answer.get("ok"):
         raise DistributedFailure(f"rank 0 failed while {doing}: {answer.get('error')}")
