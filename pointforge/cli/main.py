@@ -14,6 +14,7 @@ from pointforge import __version__
 from pointforge.cli import data as data_cli
 from pointforge.cli.demo import demo as demo_command
 from pointforge.cli.evaluate import evaluate as evaluate_command
+from pointforge.cli import train as _train_cli
 from pointforge.errors import UserError
 
 app = typer.Typer(
@@ -42,6 +43,7 @@ def _root(
 app.add_typer(data_cli.app, name="data")
 app.command("demo")(demo_command)
 app.command("evaluate")(evaluate_command)
+_train_cli.register(app)
 
 
 
