@@ -227,3 +227,30 @@ def test_rank0_section_shares_results_and_failures_without_collectives():
     with pytest.raises(DistributedFailure, match="rank 0 is stuck or gone"):
         rank0_section(env1, "saving a checkpoint", boom, timeout_s=0.3)
     del server
+
+
+class _EpochRecordingTask:
+    """The toy task with a training set that records the engine's set_epoch calls."""
+
+    calls: list = []
+
+    @classmethod
+    def make(cls):
+        from pointforge.tasks.toy import ToyTask
+
+        class Recording(ToyTask):
+            def build_datasets(self, cfg):
+                train_ds, val_ds = super().build_datasets(cfg)
+                train_ds.set_epoch = cls.calls.append
+                return train_ds, val_ds
+
+        return Recording()
+
+
+def test_engine_calls_set_epoch_before_each_epoch_also_on_resume(tmp_path):
+    _EpochRecordingTask.calls.clear()
+    train(_EpochRecordingTask.make(), make_cfg(tmp_path, "train.epochs=2"))
+    assert _EpochRecordingTask.calls == [0, 1]
+    _EpochRecordingTask.calls.clear()
+    train(_EpochRecordingTask.make(), make_cfg(tmp_path, "train.epochs=3"), resume="auto")
+    assert _EpochRecordingTask.calls == [2]

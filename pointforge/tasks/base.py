@@ -43,7 +43,12 @@ and register it (``pointforge.tasks.register_task`` or the built-in table in
 ``build_datasets(cfg)``
     Returns ``(train_dataset, val_dataset_or_None)``: map-style datasets
     (``__len__`` and ``__getitem__``). Called on every rank; must be
-    deterministic (same items in the same order on every rank).
+    deterministic (same items in the same order on every rank). A training
+    dataset with a ``set_epoch(epoch)`` method gets it called before each
+    epoch's batches are loaded; drawing per-item randomness from
+    ``(seed, epoch, index)`` then makes augmentation identical on any worker
+    count and on resume (persistent workers hold their own copy of the
+    dataset, so keep the epoch in shared memory, as ``data.skulls`` does).
 
 ``batch_sampler(dataset, *, rank, world_size, micro_batch, accumulation, seed, epoch)``
     Optional. Return ``None`` (the default) to let the engine batch: shuffle

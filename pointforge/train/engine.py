@@ -656,6 +656,9 @@ class _Trainer:
             start = self.step_in_epoch if epoch == self.epoch else 0
             sampler.set(batches[start * accum : n_steps * accum])
             generator.manual_seed(derive_seed(cfg.train.seed, "loader", env.rank, epoch))
+            set_epoch = getattr(self.train_ds, "set_epoch", None)
+            if callable(set_epoch):
+                set_epoch(epoch)  # per-epoch augmentation from (seed, epoch, index): exact on resume
             self.iterator = iter(self.loader)
             ran = 0
             for step_in_epoch in range(start, n_steps):
