@@ -1,0 +1,189 @@
+"""``pointforge train`` and ``pointforge ckpt``: parse, call the engine, print.
+
+Register with the root app::
+
+    from pointforge.cli import train as train_cli
+    train_cli.register(app)
+
+Under torchrun each rank runs ``python -m pointforge.cli.train train ...``
+(what ``--nproc`` starts), or ``torchrun --no-python pointforge train ...``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from pointforge.errors import ConfigError, UserError
+
+ckpt_app = typer.Typer(help="Inspect and convert checkpoints.", no_args_is_help=True, add_completion=False)
+
+
+def _worker_args(task: str, config: Optional[Path], overrides: List[str], resume: Optional[str], wandb: bool) -> list[str]:
+    args = ["train", task]
+    if config is not None:
+        args += ["--config", str(config)]
+    if resume:
+        args += ["--resume", resume]
+    if wandb:
+        args.append("--wandb")
+    return args + list(overrides)
+
+
+def train_command(
+    task: str = typer.Argument(..., help="Task name: toy, pcdiff, voxelizer, upsampler."),
+    overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides, e.g. optim.lr=1e-4 data.global_batch=16."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML preset (e.g. configs/toy/tiny.yaml)."),
+    resume: Optional[str] = typer.Option(None, "--resume", help="'auto' (newest good checkpoint in the run dir) or a checkpoint path."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved plan (batch split, LR, steps, run dir) and exit."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", min=1, help="Start torchrun with this many processes on this node."),
+    max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="With --nproc: restarts after a crash (each resumes from the latest checkpoint)."),
+    wandb: bool = typer.Option(False, "--wandb", help="Also log to Weights & Biases (needs `pip install wandb`; WANDB_MODE=offline works)."),
+) -> None:
+    """Train TASK on one device, or data-parallel under torchrun / --nproc."""
+    from pointforge.config import load_train_config
+    from pointforge.train.dist import DistributedFailure
+    from pointforge.train.engine import TrainingDiverged, dry_run_plan, train
+
+    overrides = list(overrides or [])
+    cfg = load_train_config(task, config, overrides)
+    under_torchrun = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if nproc is not None and under_torchrun:
+        raise ConfigError("--nproc starts torchrun itself; under torchrun leave it out")
+    if max_restarts and nproc is None:
+        raise ConfigError("--max-restarts needs --nproc (or pass --max-restarts to torchrun yourself)")
+    if dry_run:
+        plan = dry_run_plan(task, cfg, world_size=nproc)
+        if int(os.environ.get("RANK", "0")) == 0:
+            typer.echo(plan.text())
+        return
+    if nproc is not None:
+        from pointforge.train.launch import launch
+        from pointforge.train.engine import dry_run_plan as _plan
+
+        # Check the batch split before starting processes: config errors
+        # should cost a second, not a torchrun start-up.
+        _plan(task, cfg, world_size=nproc)
+        code = launch(_worker_args(task, config, overrides, resume, wandb), nproc=nproc, max_restarts=max_restarts, run_dir=cfg.run.dir)
+        status = _read_status(cfg.run.dir)
+        if code == 0 and status.get("status") == "stopped":
+            typer.echo(f"stopped at step {status.get('global_step')}; checkpoint {status.get('last_checkpoint')}; continue with --resume auto")
+        # sys.exit, not typer.Exit: a non-standalone Typer app returns an Exit's
+        # code instead of raising it, and the status would be lost.
+        sys.exit(code)
+    try:
+        result = train(task, cfg, resume=resume, wandb=wandb)
+    except (TrainingDiverged, DistributedFailure) as err:
+        typer.secho(f"error: {err}", err=True, fg=typer.colors.RED)
+        if under_torchrun:
+            _hard_exit(1)
+        sys.exit(1)
+    if result.status == "stopped" and int(os.environ.get("RANK", "0")) == 0:
+        typer.echo(
+            f"stopped by {result.signal or 'a signal'} at epoch {result.epoch}, step {result.global_step}; "
+            f"checkpoint {result.checkpoint}; continue with --resume auto"
+        )
+
+
+def _hard_exit(code: int) -> None:
+    # After a failed collective, torch's process-group destructors can block or
+    # abort; the job must end now with this code, not hang on the way out.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _read_status(run_dir: str) -> dict:
+    from pointforge.train.tracking import read_run_status
+
+    return read_run_status(run_dir) or {}
+
+
+@ckpt_app.command("inspect")
+def ckpt_inspect(
+    path: Path = typer.Argument(..., help="A checkpoint file, or a run dir (lists its checkpoints)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Show what a checkpoint holds: task, progress, sizes, prefixes, metrics."""
+    from pointforge.train.checkpoint import load_checkpoint, resume_candidates, summarize
+
+    if path.is_dir():
+        files = resume_candidates(path)
+        if not files:
+            raise ConfigError(f"{path} holds no checkpoints (looked in {path / 'checkpoints'})")
+        for file in files:
+            typer.echo(str(file))
+        return
+    summary = summarize(load_checkpoint(path))
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2, default=str))
+        return
+    for key, value in summary.items():
+        typer.echo(f"{key:20s} {value}")
+
+
+@ckpt_app.command("remap")
+def ckpt_remap(
+    source: Path = typer.Argument(..., help="Checkpoint to read (ours, DDP-saved, or a bare/upstream state dict)."),
+    target: Path = typer.Argument(..., help="Where to write the cleaned weights."),
+    strip_prefix: Optional[List[str]] = typer.Option(None, "--strip-prefix", help="Extra key prefix to remove, e.g. model. (repeatable)."),
+    use_ema: bool = typer.Option(False, "--ema", help="Take the EMA weights when the checkpoint has them."),
+    trust: bool = typer.Option(False, "--trust", help="Allow files that need code to unpickle (only for files you trust)."),
+) -> None:
+    """Write a checkpoint's model weights as a plain state dict: CPU tensors, no wrapper prefixes."""
+    from pointforge.train.checkpoint import WRAPPER_PREFIXES, load_checkpoint, model_weights, save_weights, strip_prefixes
+
+    weights = model_weights(load_checkpoint(source, weights_only=not trust), use_ema=use_ema)
+    cleaned = strip_prefixes(weights, WRAPPER_PREFIXES + tuple(strip_prefix or ()))
+    save_weights(target, cleaned)
+    typer.echo(f"wrote {len(cleaned)} tensors to {target}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``train`` and the ``ckpt`` group to the root ``pointforge`` app."""
+    app.command("train", context_settings={"allow_interspersed_args": True})(train_command)
+    app.add_typer(ckpt_app, name="ckpt")
+
+
+def _main() -> None:
+    """``python -m pointforge.cli.train``: the per-rank entry that torchrun runs."""
+    import traceback
+
+    from pointforge.cli import main as root
+
+    if not any(getattr(c, "name", None) == "train" for c in root.app.registered_commands):
+        register(root.app)
+    # The same contract as pointforge.cli.main.main (user errors: one line, exit
+    # 2), handled here so a rank's exit status always reaches torchrun.
+    try:
+        result = root.app(standalone_mode=False)
+        code = result if isinstance(result, int) else 0
+    except UserError as err:
+        typer.secho(f"error: {err}", err=True, fg=typer.colors.RED)
+        code = err.exit_code
+    except SystemExit as ex:
+        code = ex.code if isinstance(ex.code, int) else (0 if ex.code is None else 1)
+    except KeyboardInterrupt:
+        code = 130
+    except Exception as ex:
+        if callable(getattr(ex, "show", None)) and isinstance(getattr(ex, "exit_code", None), int):
+            ex.show()  # a usage error from the command-line parser
+            code = ex.exit_code
+        else:
+            traceback.print_exc()
+            code = 1
+    # Everything the run owns (loaders, logs, writers, process group) is closed
+    # by now; skipping the interpreter's slow module teardown lets torchrun see
+    # the exit, and restart or finish, a second sooner per rank.
+    _hard_exit(code)
+
+
+if __name__ == "__main__":
+    _main()

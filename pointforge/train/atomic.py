@@ -1,0 +1,73 @@
+"""Atomic file writes: a temporary file in the same folder, fsync, then rename.
+
+A reader (a monitor, a resumed run, a crashed run's successor) sees either the
+old file or the complete new one, never a half-written file that looks whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import IO, Any, Iterator
+
+
+def _fsync_dir(folder: Path) -> None:
+    # The rename itself lives in the directory entry; without this a power loss
+    # can forget the rename even though the file's data reached the disk.
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_writer(path: str | os.PathLike, mode: str = "wb", *, durable: bool = True) -> Iterator[IO[Any]]:
+    """Open a temporary file next to ``path``; on success fsync and rename it over ``path``.
+
+    On an exception the temporary file is removed and ``path`` is left untouched.
+    ``durable=False`` skips the fsyncs: readers still never see a partial file
+    (the rename is atomic), but a power cut may lose the latest version. That
+    suits status files rewritten every few seconds, not checkpoints.
+    """
+    if mode not in ("w", "wb"):
+        raise ValueError(f"atomic_writer mode must be 'w' or 'wb', not {mode!r}")
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as handle:
+            yield handle
+            handle.flush()
+            if durable:
+                os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+    if durable:
+        _fsync_dir(target.parent)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, *, durable: bool = True) -> None:
+    with atomic_writer(path, "w", durable=durable) as handle:
+        handle.write(text)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    with atomic_writer(path, "wb") as handle:
+        handle.write(data)
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any, *, durable: bool = True) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n", durable=durable)

@@ -1,0 +1,1053 @@
+"""The training engine: one loop for every task, from one CPU to many GPUs.
+
+Entry point: :func:`train` (and :func:`dry_run_plan` for ``--dry-run``).
+
+What a step does, on every rank, in lockstep:
+
+1. ``accumulation`` micro-batches: forward under autocast, ``loss / accumulation``
+   backward; DDP's ``no_sync`` on all but the last, so gradients are reduced once.
+2. One small all-reduce of ``[loss, non-finite?, stop requested?, checkpoint due?]``.
+   Every decision that could otherwise differ between ranks (skip this step,
+   stop, save) is taken from that shared vector, so no rank can take a path
+   the others do not.
+3. Unless the loss was non-finite somewhere: unscale, clip, optimizer step,
+   EMA update. The scheduler advances either way.
+
+Before each epoch the ranks compare their step counts (a mismatch fails at
+once, naming ranks and counts); after it they compare the steps they ran.
+Evaluation and checkpoint writing are rank-0 work in ``rank0_section``; the
+other ranks never wait for them inside a collective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from pointforge import __version__
+from pointforge.config import TrainConfig, to_dict
+from pointforge.errors import CheckpointError, ConfigError, DeviceError, UserError
+from pointforge.tasks import get_task
+from pointforge.tasks.base import EvalContext, StepContext, Task, split_step_output
+from pointforge.train import checkpoint as ckpt_io
+from pointforge.train.atomic import atomic_write_json
+from pointforge.train.data import (
+    EpochBatches,
+    build_loader,
+    derive_seed,
+    eval_shard,
+    global_batches,
+    move_to_device,
+    seed_everything,
+    shutdown_loader,
+)
+from pointforge.train.dist import (
+    DistEnv,
+    DistributedFailure,
+    all_gather_objects,
+    all_reduce_sum,
+    broadcast_object,
+    check_equal,
+    failure_message,
+    init_distributed,
+    probe_env,
+    rank0_section,
+    report,
+    shutdown_distributed,
+    stop_signals,
+)
+from pointforge.train.ema import EMA
+from pointforge.train.schedule import BatchPlan, build_optimizer, build_scheduler, plan_batches, restore_scheduler, scale_lr
+from pointforge.train.tracking import LogSetup, MetricsWriter, Progress, RunStatus, format_duration, get_logger
+
+log = get_logger("train")
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss was non-finite for ``train.max_nonfinite`` steps in a row."""
+
+
+@dataclass
+class RunPlan:
+    """Everything ``--dry-run`` prints: the run as it will happen."""
+
+    task: str
+    run_dir: Path
+    world_size: int
+    backend: str
+    devices: list[str]
+    batch: BatchPlan
+    lr: float
+    lr_scaled: float
+    lr_scaling: str
+    base_batch: int | None
+    schedule: str
+    train_size: int
+    val_size: int | None
+    steps_per_epoch: int
+    epochs: int
+    total_steps: int
+    samples_dropped: int
+    amp: str
+    compile: bool
+    tf32: bool
+    ema_decay: float | None
+    eval_on: str
+    eval_every: int
+    checkpoints: str
+    workers: int
+    existing_checkpoints: int = 0
+
+    def lines(self) -> list[str]:
+        b = self.batch
+        accum = f" × {b.accumulation} accumulation steps" if b.accumulation > 1 else ""
+        if self.lr_scaling == "none" or self.base_batch is None:
+            lr = f"{self.lr:g} (no scaling)"
+        else:
+            lr = f"{self.lr:g} tuned for batch {self.base_batch}, {self.lr_scaling} scaling to batch {b.global_batch} → {self.lr_scaled:g}"
+        devices = ", ".join(self.devices) if len(set(self.devices)) > 1 or len(self.devices) == 1 else f"{self.devices[0]} ×{len(self.devices)}"
+        val = f"{self.val_size} validation" if self.val_size is not None else "no validation set"
+        dropped = f", {self.samples_dropped} dropped per epoch to keep batches whole" if self.samples_dropped else ""
+        existing = (
+            f" (holds {self.existing_checkpoints} checkpoint(s): add --resume auto to continue)" if self.existing_checkpoints else " (new)"
+        )
+        return [
+            f"pointforge train {self.task} — plan",
+            f"  run dir          {self.run_dir}{existing}",
+            f"  world size       {self.world_size} ({self.backend}); devices: {devices}",
+            f"  batch            global {b.global_batch} = {b.world_size} rank(s) × {b.micro_batch} per device{accum}",
+            f"  effective batch  {b.effective_batch} samples per optimizer step",
+            f"  learning rate    {lr}",
+            f"  schedule         {self.schedule}",
+            f"  data             {self.train_size} training samples, {val}; {self.steps_per_epoch} steps per epoch{dropped}",
+            f"  length           {self.epochs} epoch(s) = {self.total_steps} optimizer steps",
+            f"  precision        amp {self.amp}, compile {'on' if self.compile else 'off'}, tf32 {'on' if self.tf32 else 'off'}"
+            + (f", EMA {self.ema_decay}" if self.ema_decay else ""),
+            f"  evaluation       {'every ' + str(self.eval_every) + ' epoch(s) on ' + ('all ranks' if self.eval_on == 'all' else 'rank 0') if self.eval_every and self.val_size else 'off'}",
+            f"  checkpoints      {self.checkpoints}",
+            f"  loader workers   {self.workers} per rank",
+        ]
+
+    def text(self) -> str:
+        return "\n".join(self.lines())
+
+
+@dataclass
+class TrainResult:
+    status: str  # "finished" or "stopped"
+    run_dir: Path
+    epoch: int
+    global_step: int
+    checkpoint: Path | None
+    metrics: dict[str, float] = field(default_factory=dict)
+    best: dict[str, Any] | None = None
+    signal: str | None = None
+    resumed_from: Path | None = None
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def _schedule_text(cfg: TrainConfig) -> str:
+    s = cfg.sched
+    warm = f"linear warm-up over {s.warmup_steps} steps, then " if s.warmup_steps else ""
+    body = {
+        "constant": "constant",
+        "cosine": f"cosine decay to {s.min_lr_ratio:g}×lr",
+        "exponential": f"exponential decay ×{s.gamma:g} per step",
+    }[s.name]
+    return warm + body
+
+
+def _ckpt_text(cfg: TrainConfig, best_metric: str | None, best_mode: str) -> str:
+    c = cfg.ckpt
+    when = []
+    if c.every_steps:
+        when.append(f"every {c.every_steps} steps")
+    if c.every_minutes:
+        when.append(f"every {c.every_minutes:g} min")
+    when.append("at each epoch end")
+    parts = [f"latest {', '.join(when)}"]
+    if c.every_epochs:
+        parts.append(f"epoch-NNNN every {c.every_epochs} epoch(s), keep {c.keep_last or 'all'}")
+    if best_metric:
+        parts.append(f"best by {best_metric} ({best_mode})")
+    return "; ".join(parts)
+
+
+def _steps_per_epoch(task: Task, cfg: TrainConfig, train_ds: Any, batch: BatchPlan, rank: int, epoch: int = 0) -> tuple[int, list[list[int]] | None]:
+    custom = task.batch_sampler(
+        train_ds, rank=rank, world_size=batch.world_size, micro_batch=batch.micro_batch,
+        accumulation=batch.accumulation, seed=cfg.train.seed, epoch=epoch,
+    )
+    if custom is not None:
+        batches = [list(b) for b in custom]
+        return len(batches) // batch.accumulation, batches
+    if len(train_ds) < batch.global_batch:
+        from pointforge.errors import DataError
+
+        raise DataError(
+            f"the training set has {len(train_ds)} samples, fewer than data.global_batch={batch.global_batch}; lower data.global_batch or add data"
+        )
+    return len(train_ds) // batch.global_batch, None
+
+
+def _best(task: Task, cfg: TrainConfig) -> tuple[str | None, str]:
+    return (cfg.ckpt.best_metric or task.best_metric, cfg.ckpt.best_mode or task.best_mode)
+
+
+def _make_plan(task: Task, cfg: TrainConfig, *, world_size: int, backend: str, devices: list[str], train_ds: Any, val_ds: Any, rank: int) -> RunPlan:
+    batch = plan_batches(cfg.data.global_batch, world_size, cfg.data.micro_batch)
+    steps, custom = _steps_per_epoch(task, cfg, train_ds, batch, rank)
+    if steps < 1:
+        raise ConfigError(f"an epoch would have no optimizer steps ({len(train_ds)} samples, global batch {batch.global_batch}); lower data.global_batch")
+    total = steps * cfg.train.epochs
+    if cfg.train.max_steps is not None:
+        total = min(total, cfg.train.max_steps)
+    best_metric, best_mode = _best(task, cfg)
+    return RunPlan(
+        task=task.name,
+        run_dir=Path(cfg.run.dir),
+        world_size=world_size,
+        backend=backend,
+        devices=devices,
+        batch=batch,
+        lr=cfg.optim.lr,
+        lr_scaled=scale_lr(cfg.optim.lr, cfg.optim.lr_scaling, batch.global_batch, cfg.optim.base_batch),
+        lr_scaling=cfg.optim.lr_scaling,
+        base_batch=cfg.optim.base_batch,
+        schedule=_schedule_text(cfg),
+        train_size=len(train_ds),
+        val_size=len(val_ds) if val_ds is not None else None,
+        steps_per_epoch=steps,
+        epochs=cfg.train.epochs,
+        total_steps=total,
+        samples_dropped=(len(train_ds) - steps * batch.global_batch) if custom is None else 0,
+        amp=cfg.perf.amp,
+        compile=cfg.perf.compile,
+        tf32=cfg.perf.tf32,
+        ema_decay=cfg.train.ema_decay,
+        eval_on=getattr(task, "eval_on", "all"),
+        eval_every=cfg.train.eval_every,
+        checkpoints=_ckpt_text(cfg, best_metric, best_mode),
+        workers=cfg.data.num_workers,
+        existing_checkpoints=len(ckpt_io.resume_candidates(cfg.run.dir)),
+    )
+
+
+def dry_run_plan(task: Task | str, cfg: TrainConfig, *, world_size: int | None = None) -> RunPlan:
+    """The plan for ``cfg`` without training (``world_size`` overrides the torchrun environment)."""
+    task = get_task(task)
+    task.configure(cfg.task)
+    env = probe_env(cfg.run.device) if world_size is None else None
+    if env is None:
+        from pointforge.train.dist import resolve_device
+
+        first = resolve_device(cfg.run.device, local_rank=0, world_size=world_size)
+        if first.type == "cuda":
+            count = torch.cuda.device_count()
+            if world_size > count:
+                raise DeviceError(f"--nproc {world_size} asks for {world_size} GPUs but {count} are visible; use --nproc {count} or fewer")
+            devices = [f"cuda:{i}" for i in range(world_size)]
+        else:
+            devices = ["cpu"] * world_size
+        size = world_size
+    else:
+        devices = [str(env.device)] if env.world_size == 1 else [str(env.device.type)] * env.world_size
+        size = env.world_size
+    backend = cfg.dist.backend if cfg.dist.backend != "auto" else ("nccl" if devices[0].startswith("cuda") else "gloo")
+    if size == 1:
+        backend = "single process"
+    seed_everything(derive_seed(cfg.train.seed, "init"))
+    train_ds, val_ds = task.build_datasets(cfg.task)
+    return _make_plan(task, cfg, world_size=size, backend=backend, devices=devices, train_ds=train_ds, val_ds=val_ds, rank=0)
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def train(
+    task: Task | str,
+    cfg: TrainConfig,
+    *,
+    resume: str | os.PathLike | None = None,
+    wandb: bool | None = None,
+    console: bool = True,
+) -> TrainResult:
+    """Train ``task`` with ``cfg`` on this process's share of the job.
+
+    Works the same in one process and under torchrun (one call per rank).
+    ``resume``: ``None`` (start fresh; refuses a run dir that already holds
+    checkpoints), ``"auto"`` (the newest loadable checkpoint in the run dir, or
+    a fresh start if there is none) or a checkpoint path. After a torchrun
+    restart (``--max-restarts``) ``"auto"`` is implied.
+
+    Returns a :class:`TrainResult` with ``status`` ``"finished"`` or
+    ``"stopped"`` (SIGINT/SIGTERM: checkpoint written, safe to exit 0).
+    Raises :class:`~pointforge.errors.UserError` subclasses for problems a user
+    can fix, :class:`TrainingDiverged` and
+    :class:`~pointforge.train.dist.DistributedFailure` for failed runs.
+    """
+    task = get_task(task)
+    if cfg.run.task and cfg.run.task != task.name:
+        raise ConfigError(f"this config is for task '{cfg.run.task}', not '{task.name}'")
+    cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, task=task.name))
+    if wandb:
+        cfg = dataclasses.replace(cfg, log=dataclasses.replace(cfg.log, wandb=True))
+    task.configure(cfg.task)
+    env = init_distributed(cfg.run.device, cfg.dist.backend, cfg.dist.timeout_s)
+    try:
+        return _Trainer(task, cfg, env, resume=resume, console=console).run()
+    finally:
+        shutdown_distributed(env)
+
+
+# --------------------------------------------------------------------------- the trainer
+
+
+class _Trainer:
+    def __init__(self, task: Task, cfg: TrainConfig, env: DistEnv, *, resume: Any, console: bool):
+        self.task = task
+        self.cfg = cfg
+        self.env = env
+        self.resume_arg = str(resume) if resume is not None else None
+        if self.resume_arg is None and env.restart_count > 0:
+            self.resume_arg = "auto"
+        self.console = console
+        self.run_dir = Path(cfg.run.dir)
+        self.device = env.device
+        self.doing = "starting up"
+        # progress
+        self.epoch = 0
+        self.step_in_epoch = 0
+        self.global_step = 0
+        self.samples_seen = 0
+        self.nonfinite_streak = 0
+        self.skipped_steps = 0
+        self.best_value: float | None = None
+        self.best_step: int | None = None
+        self.last_metrics: dict[str, float] = {}
+        self.last_saved_step: int | None = None
+        self.last_checkpoint: Path | None = None
+        self.resumed_from: Path | None = None
+        self._picked: dict[str, Any] | None = None
+        # resources released in run()'s finally
+        self.loader = None
+        self.iterator = None
+        self.status: RunStatus | None = None
+        self.writer: MetricsWriter | None = None
+        self.progress: Progress | None = None
+        self.logs: LogSetup | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def run(self) -> TrainResult:
+        env = self.env
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.logs = LogSetup(self.run_dir, env.rank, console=self.console)
+        failed = False
+        try:
+            self._write_rank_file()
+            self._setup()
+            with stop_signals() as stopper:
+                result = self._loop(stopper)
+            return result
+        except BaseException as err:
+            failed = True
+            message = self._failure(err)
+            if self.status is not None:
+                with contextlib.suppress(Exception):
+                    self.status.update(status="failed", error=message.splitlines()[0][:500])
+            if isinstance(err, (UserError, TrainingDiverged, DistributedFailure, KeyboardInterrupt)):
+                raise
+            if env.distributed:
+                raise DistributedFailure(message) from err
+            raise
+        finally:
+            shutdown_loader(self.loader, self.iterator)
+            self.iterator = None
+            if self.progress is not None:
+                self.progress.close()
+            if self.writer is not None:
+                with contextlib.suppress(Exception):
+                    self.writer.close(failed=failed)
+            self.logs.close()
+
+    def _failure(self, err: BaseException) -> str:
+        """The one-paragraph account of a failure, recorded in train.log.
+
+        The console gets it from whoever handles the exception (the CLI prints
+        it once), so it is logged to the file only.
+        """
+        if isinstance(err, KeyboardInterrupt):
+            message = "interrupted"
+        elif isinstance(err, (UserError, TrainingDiverged, DistributedFailure)):
+            message = str(err)
+        elif self.env.distributed:
+            message = failure_message(self.env, self.doing, err)
+        else:
+            first = str(err).strip().splitlines()
+            message = f"failed while {self.doing}: {type(err).__name__}: {first[0] if first else ''}"
+        log.error(f"error: {message}", extra={"file_only": True})
+        return message
+
+    def _write_rank_file(self) -> None:
+        env = self.env
+        atomic_write_json(
+            self.run_dir / "ranks" / f"rank{env.rank}.json",
+            {
+                "pid": os.getpid(), "host": env.host, "rank": env.rank, "local_rank": env.local_rank,
+                "world_size": env.world_size, "device": str(env.device), "restart_count": env.restart_count,
+                "started_at": time.time(),
+            },
+        )
+
+    # ------------------------------------------------------------------ setup
+
+    def _setup(self) -> None:
+        cfg, env, task = self.cfg, self.env, self.task
+        self.doing = "setting up"
+        perf = cfg.perf
+        if perf.threads:
+            torch.set_num_threads(perf.threads)
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = perf.tf32
+            torch.backends.cudnn.allow_tf32 = perf.tf32
+        self.amp_dtype = self._amp_dtype()
+        if self.amp_dtype is None:
+            self._autocast = contextlib.nullcontext
+        else:
+            device_type, dtype = self.device.type, self.amp_dtype
+            self._autocast = lambda: torch.autocast(device_type, dtype=dtype)
+
+        # Same seed on every rank for the weights and the data; per-rank seeds after.
+        seed_everything(derive_seed(cfg.train.seed, "init"))
+        model = task.build_model(cfg.task)
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"task {task.name!r} build_model returned {type(model).__name__}, not an nn.Module")
+        if perf.channels_last:
+            _to_channels_last(model)
+        self.model = model.to(self.device)
+        self.train_ds, self.val_ds = task.build_datasets(cfg.task)
+        seed_everything(derive_seed(cfg.train.seed, "rank", env.rank))
+
+        devices = [str(self.device)] * env.world_size if env.world_size > 1 else [str(self.device)]
+        self.plan = _make_plan(
+            task, cfg, world_size=env.world_size, backend=env.backend or "single process",
+            devices=devices, train_ds=self.train_ds, val_ds=self.val_ds, rank=env.rank,
+        )
+        if env.world_size > 1:
+            # The plan each rank prints must agree; a rank whose view differs is
+            # caught here rather than mid-epoch.
+            check_equal(env, self.plan.steps_per_epoch, "the number of steps per epoch",
+                        "the task's batch_sampler must give every rank the same number of batches")
+        self.batch = self.plan.batch
+        self.total_steps = self.plan.total_steps
+        self.peak_lr = self.plan.lr_scaled
+        self.optimizer = build_optimizer(task.parameters(self.model), cfg.optim, self.peak_lr)
+        self.scheduler = build_scheduler(self.optimizer, cfg.sched, self.total_steps)
+        self.scaler = torch.amp.GradScaler("cuda") if cfg.perf.amp == "fp16" else None
+        self.ema = EMA(self.model, cfg.train.ema_decay) if cfg.train.ema_decay else None
+        self.best_metric, self.best_mode = _best(task, cfg)
+        self.files = ckpt_io.CheckpointFiles(self.run_dir, cfg.ckpt.keep_last)
+
+        if env.is_main:
+            for line in self.plan.lines():
+                log.info(line)
+        self._resume()
+
+        self.train_model: nn.Module = self.model
+        if env.distributed:
+            ddp_kwargs: dict[str, Any] = {"find_unused_parameters": cfg.dist.find_unused_parameters}
+            if self.device.type == "cuda":
+                ddp_kwargs["device_ids"] = [self.device.index]
+                ddp_kwargs["output_device"] = self.device.index
+            self.train_model = nn.parallel.DistributedDataParallel(self.model, **ddp_kwargs)
+            # Marks the moment a rank leaves its forward pass, so a timeout can
+            # tell a rank stuck computing from one waiting in the gradient all-reduce.
+            # (Not under torch.compile, which would have to trace the hook.)
+            self._where: dict[str, int] = {}
+            if not perf.compile:
+                self.model.register_forward_hook(lambda *_: report(env, "in backward (gradient all-reduce)", **self._where))
+        if perf.compile:
+            self.train_model = torch.compile(self.train_model)
+
+        if env.is_main:
+            from pointforge.config import save_yaml
+
+            save_yaml(cfg, self.run_dir / "config.yaml")
+            self.status = RunStatus(
+                self.run_dir / "run.json",
+                task=task.name, run_dir=str(self.run_dir), world_size=env.world_size,
+                restarts=env.restart_count, pointforge_version=__version__,
+                total_steps=self.total_steps, steps_per_epoch=self.plan.steps_per_epoch, epochs=cfg.train.epochs,
+            )
+            self.status.update(
+                status="running", epoch=self.epoch, global_step=self.global_step,
+                resumed_from=str(self.resumed_from) if self.resumed_from else None,
+                last_checkpoint=str(self.last_checkpoint) if self.last_checkpoint else None, error=None,
+            )
+            self.writer = MetricsWriter(self.run_dir, cfg.log, config=to_dict(cfg), run_name=f"{task.name}:{self.run_dir.name}", resume=self.resumed_from is not None)
+            self.progress = Progress(cfg.log.progress, self.total_steps, self.global_step)
+
+    def _amp_dtype(self) -> torch.dtype | None:
+        amp = self.cfg.perf.amp
+        if amp == "none":
+            return None
+        if amp == "fp16":
+            if self.device.type != "cuda":
+                raise ConfigError("perf.amp=fp16 needs a CUDA device (it relies on a GradScaler); use perf.amp=bf16 on the CPU")
+            return torch.float16
+        if self.device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise DeviceError(f"perf.amp=bf16 is not supported by {torch.cuda.get_device_name(self.device)}; use perf.amp=fp16")
+        return torch.bfloat16
+
+    # ------------------------------------------------------------------ resume
+
+    def _pick_checkpoint(self) -> dict[str, Any]:
+        """Rank 0's decision, shared with every rank: which checkpoint (or an error)."""
+        arg = self.resume_arg
+        try:
+            if arg is None:
+                existing = ckpt_io.resume_candidates(self.run_dir)
+                if existing:
+                    return {"error": ("ConfigError", f"run dir {self.run_dir} already holds checkpoints ({existing[0].name}, ...) from an earlier run; "
+                                      "add --resume auto to continue it, or choose a new run.dir")}
+                return {"path": None}
+            if arg == "auto":
+                found = ckpt_io.find_resume_checkpoint(self.run_dir, warn=log.warning)
+                if found is None:
+                    log.info(f"no checkpoint in {self.run_dir / 'checkpoints'}; starting from scratch")
+                    return {"path": None}
+                self._picked = found[1]
+                return {"path": str(found[0])}
+            self._picked = ckpt_io.load_checkpoint(arg)
+            return {"path": arg}
+        except UserError as err:
+            return {"error": (type(err).__name__, str(err))}
+
+    def _resume(self) -> None:
+        env = self.env
+        self.doing = "choosing a checkpoint to resume from"
+        decision = self._pick_checkpoint() if env.is_main else None
+        decision = broadcast_object(env, decision)
+        if "error" in decision:
+            kind, message = decision["error"]
+            raise (CheckpointError if kind == "CheckpointError" else ConfigError)(message)
+        if decision["path"] is None:
+            return
+        path = Path(decision["path"])
+        self.doing = f"loading checkpoint {path}"
+        # Rank 0 already holds the file it validated; the others read it now
+        # (on several nodes the run dir must be on a shared filesystem).
+        state = self._picked if self._picked is not None else ckpt_io.load_checkpoint(path)
+        self._picked = None
+        if not ckpt_io.is_pointforge_checkpoint(state):
+            raise CheckpointError(f"{path} is not a pointforge training checkpoint; to start from its weights, import it with pointforge ckpt remap")
+        if state.get("task") != self.task.name:
+            raise CheckpointError(f"checkpoint {path} was written by task '{state.get('task')}', not '{self.task.name}'")
+        self._restore(state, path)
+
+    def _restore(self, state: Mapping[str, Any], path: Path) -> None:
+        cfg, env = self.cfg, self.env
+        old_cfg = state.get("config") or {}
+        changed = _config_changes(old_cfg, to_dict(cfg))
+        if changed and env.is_main:
+            log.warning("config differs from the checkpoint's: " + "; ".join(changed[:8]) + (" ..." if len(changed) > 8 else ""))
+        ckpt_io.load_model_state(self.model, state["model"])
+        if self.ema is not None:
+            if state.get("ema") is not None:
+                self.ema.load_state_dict(state["ema"])
+            else:
+                self.ema = EMA(self.model, cfg.train.ema_decay)
+        same_optimizer = (old_cfg.get("optim") or {}).get("name", cfg.optim.name) == cfg.optim.name
+        if same_optimizer:
+            try:
+                self.optimizer.load_state_dict(state["optimizer"])
+            except (ValueError, KeyError, RuntimeError) as err:
+                raise CheckpointError(f"the optimizer state in {path} does not fit this model ({ckpt_io._short(err)}); check the task config") from None
+        elif env.is_main:
+            log.warning(f"optim.name changed from {(old_cfg.get('optim') or {}).get('name')} to {cfg.optim.name}; starting the optimizer state afresh")
+        restore_scheduler(self.scheduler, state["scheduler"], [self.peak_lr] * len(self.optimizer.param_groups))
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        progress = dict(state.get("progress") or {})
+        self.epoch = int(progress.get("epoch", 0))
+        self.step_in_epoch = int(progress.get("step_in_epoch", 0))
+        self.global_step = int(progress.get("global_step", 0))
+        self.samples_seen = int(progress.get("samples_seen", 0))
+        self.nonfinite_streak = int(progress.get("nonfinite_streak", 0))
+        self.skipped_steps = int(progress.get("skipped_steps", 0))
+        self.best_value = progress.get("best_value")
+        self.best_step = progress.get("best_step")
+        self.last_metrics = dict(state.get("metrics") or {})
+        old_batch = int(progress.get("global_batch", self.batch.global_batch))
+        if self.step_in_epoch and old_batch != self.batch.global_batch:
+            # Keep the samples already seen this epoch behind us as nearly as whole batches allow.
+            self.step_in_epoch = (self.step_in_epoch * old_batch) // self.batch.global_batch
+            if env.is_main:
+                log.warning(f"data.global_batch changed from {old_batch} to {self.batch.global_batch}; resuming epoch {self.epoch} at step {self.step_in_epoch}")
+        rng = state.get("rng") or {}
+        if rng.get("world_size") == env.world_size and len(rng.get("per_rank") or []) == env.world_size:
+            ckpt_io.restore_rng(rng["per_rank"][env.rank], self.device)
+        else:
+            seed_everything(derive_seed(cfg.train.seed, "rank", env.rank, "resume", self.global_step))
+            if env.is_main:
+                log.warning(
+                    f"checkpoint was written by {rng.get('world_size')} rank(s), this run has {env.world_size}: "
+                    "weights, optimizer and schedule continue exactly, random streams are re-seeded"
+                )
+        self.last_saved_step = self.global_step
+        self.last_checkpoint = path
+        self.resumed_from = path
+        if env.is_main:
+            log.info(f"resumed from {path} at epoch {self.epoch}, step {self.global_step} (step {self.step_in_epoch} of the epoch)")
+
+    # ------------------------------------------------------------------ the loop
+
+    def _epoch_batches(self, epoch: int) -> list[list[int]]:
+        b = self.batch
+        custom = self.task.batch_sampler(
+            self.train_ds, rank=self.env.rank, world_size=b.world_size, micro_batch=b.micro_batch,
+            accumulation=b.accumulation, seed=self.cfg.train.seed, epoch=epoch,
+        )
+        if custom is not None:
+            return [list(x) for x in custom]
+        return global_batches(
+            len(self.train_ds), global_batch=b.global_batch, micro_batch=b.micro_batch, accumulation=b.accumulation,
+            world_size=b.world_size, rank=self.env.rank, seed=self.cfg.train.seed, epoch=epoch,
+        )
+
+    def _loop(self, stopper) -> TrainResult:
+        cfg, env = self.cfg, self.env
+        accum = self.batch.accumulation
+        sampler = EpochBatches()
+        generator = torch.Generator()
+        pinned = bool(cfg.data.pin_memory and self.device.type == "cuda")
+        self.loader = build_loader(
+            self.train_ds, sampler, collate_fn=self.task.collate, data_cfg=cfg.data, pin_memory=pinned, generator=generator,
+        )
+        self._window_reset()
+        self.last_save_time = time.monotonic()
+        self.train_model.train()
+        stop_noted = False
+
+        for epoch in range(self.epoch, cfg.train.epochs):
+            if self.global_step >= self.total_steps:
+                break
+            self.doing = f"preparing epoch {epoch}"
+            batches = self._epoch_batches(epoch)
+            n_steps = len(batches) // accum
+            report(env, "comparing step counts", epoch=epoch, step=self.global_step)
+            check_equal(
+                env, n_steps, f"the number of optimizer steps in epoch {epoch}",
+                "every rank must get the same number of batches: use the engine's sampler (drop_last by construction) "
+                "or make Task.batch_sampler return equal counts",
+            )
+            start = self.step_in_epoch if epoch == self.epoch else 0
+            sampler.set(batches[start * accum : n_steps * accum])
+            generator.manual_seed(derive_seed(cfg.train.seed, "loader", env.rank, epoch))
+            self.iterator = iter(self.loader)
+            ran = 0
+            for step_in_epoch in range(start, n_steps):
+                if self.global_step >= self.total_steps:
+                    break
+                self.doing = f"training (epoch {epoch}, step {self.global_step})"
+                flags = self._train_step(epoch, pinned, stopper)
+                ran += 1
+                self.step_in_epoch = step_in_epoch + 1
+                stop = flags["stop"]
+                if stop and not stop_noted and env.is_main:
+                    stop_noted = True
+                    log.info(f"stop requested ({stopper.requested or 'signal on another rank'}): saving a checkpoint and exiting")
+                if self.global_step % cfg.log.every_steps == 0:
+                    self._log_window(epoch, n_steps)
+                due = flags["ckpt_due"] or (cfg.ckpt.every_steps and self.global_step % cfg.ckpt.every_steps == 0)
+                if stop or (due and self.step_in_epoch < n_steps):
+                    self._save(end_of_epoch=False)
+                if stop:
+                    return self._stopped(stopper)
+            self.doing = f"finishing epoch {epoch}"
+            check_equal(env, start + ran, f"the number of steps run in epoch {epoch}",
+                        "a rank's data loader ended early; check the dataset and Task.batch_sampler")
+            if self.step_in_epoch < n_steps:
+                break  # max_steps reached mid-epoch
+            self.iterator = None
+            self.epoch = epoch + 1
+            self.step_in_epoch = 0
+            metrics = {}
+            every = cfg.train.eval_every
+            if self.val_ds is not None and every and ((epoch + 1) % every == 0 or epoch + 1 == cfg.train.epochs):
+                metrics = self._evaluate(epoch)
+            self._save(end_of_epoch=True, eval_metrics=metrics)
+
+        if self.last_saved_step != self.global_step:
+            self._save(end_of_epoch=False)
+        return self._finished()
+
+    def _train_step(self, epoch: int, pinned: bool, stopper) -> dict[str, bool]:
+        cfg, env = self.cfg, self.env
+        accum = self.batch.accumulation
+        t0 = time.perf_counter()
+        self._where = {"epoch": epoch, "step": self.global_step}
+        report(env, "in training_step (forward)", **self._where)
+        losses = []
+        data_time = 0.0
+        for micro in range(accum):
+            td = time.perf_counter()
+            try:
+                batch = next(self.iterator)
+            except StopIteration:
+                raise RuntimeError(
+                    f"the data loader on rank {env.rank} ran out after {micro} of {accum} micro-batches in epoch {epoch}"
+                ) from None
+            if self.device.type != "cpu":  # loader output is on the CPU already
+                batch = move_to_device(batch, self.device, non_blocking=pinned)
+            data_time += time.perf_counter() - td
+            ctx = StepContext(
+                epoch=epoch, global_step=self.global_step, micro_step=micro, accumulation=accum, device=self.device,
+                rank=env.rank, world_size=env.world_size, amp_dtype=self.amp_dtype,
+            )
+            sync = self.train_model.no_sync() if env.distributed and micro < accum - 1 else contextlib.nullcontext()
+            with sync:
+                with self._autocast():
+                    out = self.task.training_step(self.train_model, batch, ctx)
+                loss, metrics = split_step_output(out)
+                if loss.dtype != torch.float32:
+                    loss = loss.float()
+                scaled = loss / accum if accum > 1 else loss
+                if self.scaler is not None:
+                    self.scaler.scale(scaled).backward()
+                else:
+                    scaled.backward()
+            losses.append(loss.detach())
+            if metrics and env.is_main:
+                window = self.window_metrics
+                for name, value in metrics.items():
+                    if isinstance(value, torch.Tensor):
+                        value = value.detach()
+                        if value.dtype != torch.float32:  # bf16 sums drift
+                            value = value.float()
+                    else:
+                        value = float(value)
+                    window[name] = window.get(name, 0.0) + value
+        loss_sum = losses[0] if accum == 1 else torch.stack(losses).sum()
+
+        due = (
+            env.is_main and cfg.ckpt.every_minutes > 0
+            and time.monotonic() - self.last_save_time >= cfg.ckpt.every_minutes * 60
+        )
+        if env.distributed:
+            report(env, "in the step's all-reduce", epoch=epoch, step=self.global_step)
+            # Every rank-dependent decision rides on this one reduction, so all
+            # ranks skip, stop and save at the same step. A NaN or inf on any
+            # rank makes the summed loss non-finite on every rank.
+            flags = torch.tensor([1.0 if stopper.requested else 0.0, 1.0 if due else 0.0], device=self.device)
+            total, n_stop, n_due = all_reduce_sum(env, torch.cat([loss_sum.reshape(1), flags])).tolist()
+            mean_loss = total / (accum * env.world_size)
+        else:
+            mean_loss = loss_sum.item() / accum
+            n_stop, n_due = (1.0 if stopper.requested else 0.0), (1.0 if due else 0.0)
+        loss_bad = not math.isfinite(mean_loss)
+        lr_used = self.optimizer.param_groups[0]["lr"]
+        skip = loss_bad
+        grad_norm = None
+        if not skip:
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)
+            if cfg.train.grad_clip:
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.train.grad_clip)
+                # Gradients are identical on every rank after DDP's all-reduce, so
+                # this check agrees everywhere without another collective.
+                if self.scaler is None and not bool(torch.isfinite(grad_norm)):
+                    skip = True
+        if skip:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.nonfinite_streak += 1
+            self.skipped_steps += 1
+            limit = cfg.train.max_nonfinite
+            if env.is_main:
+                where = "loss" if loss_bad else "gradient norm"
+                log.warning(
+                    f"non-finite {where} at step {self.global_step} (epoch {epoch}); "
+                    f"step skipped ({self.nonfinite_streak} in a row, limit {limit})"
+                )
+            if self.nonfinite_streak >= limit:
+                raise TrainingDiverged(
+                    f"training diverged: non-finite loss for {self.nonfinite_streak} steps in a row "
+                    f"(train.max_nonfinite={limit}) at epoch {epoch}, step {self.global_step}; "
+                    "lower optim.lr, add train.grad_clip, or check the data; the last good checkpoint is "
+                    f"{self.last_checkpoint or 'not written yet'}"
+                )
+        else:
+            self.nonfinite_streak = 0
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.ema is not None:
+                self.ema.update(self.model)
+        self.scheduler.step()
+        self.global_step += 1
+        self.samples_seen += self.batch.global_batch
+
+        self.window_steps += 1
+        if not skip:
+            self.window_loss += mean_loss
+            self.window_good += 1
+        self.window_lr = lr_used
+        if grad_norm is not None and env.is_main:
+            self.window_grad_norm = float(grad_norm)
+        self.window_data_time += data_time
+        self.window_time += time.perf_counter() - t0
+        return {"stop": n_stop > 0, "ckpt_due": n_due > 0}
+
+    # ------------------------------------------------------------------ logging
+
+    def _window_reset(self) -> None:
+        self.window_steps = 0
+        self.window_good = 0
+        self.window_loss = 0.0
+        self.window_time = 0.0
+        self.window_data_time = 0.0
+        self.window_lr = self.optimizer.param_groups[0]["lr"]
+        self.window_grad_norm: float | None = None
+        self.window_metrics: dict[str, Any] = {}
+
+    def _log_window(self, epoch: int, n_steps: int) -> None:
+        env = self.env
+        if not env.is_main or self.window_steps == 0:
+            self._window_reset()
+            return
+        # Step time only: evaluation and checkpoint pauses would otherwise
+        # read as a slowdown of training itself.
+        elapsed = self.window_time
+        it_s = self.window_steps / elapsed if elapsed > 0 else float("nan")
+        metrics: dict[str, float] = {
+            "loss": self.window_loss / self.window_good if self.window_good else float("nan"),
+            "lr": self.window_lr,
+            "it_per_s": it_s,
+            "samples_per_s": it_s * self.batch.global_batch,
+            "data_wait_frac": self.window_data_time / elapsed if elapsed > 0 else 0.0,
+            "skipped_steps": float(self.skipped_steps),
+        }
+        if self.window_grad_norm is not None:
+            metrics["grad_norm"] = self.window_grad_norm
+        for name, value in self.window_metrics.items():
+            metrics[name] = float(value) / max(1, self.window_steps * self.batch.accumulation)
+        eta = (self.total_steps - self.global_step) / it_s if it_s and math.isfinite(it_s) and it_s > 0 else float("nan")
+        epoch_pos = epoch + self.step_in_epoch / max(1, n_steps)
+        self.writer.write(self.global_step, epoch_pos, metrics, prefix="train/")
+        self.last_metrics.update({f"train/{k}": v for k, v in metrics.items()})
+        line = (
+            f"epoch {epoch} step {self.global_step}/{self.total_steps}  loss {metrics['loss']:.4g}  lr {metrics['lr']:.3g}  "
+            f"{it_s:.2f} it/s  eta {format_duration(eta)}"
+        )
+        if self.progress is not None and self.progress.enabled:
+            self.progress.update(self.global_step, f"loss {metrics['loss']:.4g} lr {metrics['lr']:.3g} {it_s:.2f} it/s")
+        log.info(line)
+        self.status.update(progress_only=True, epoch=epoch, global_step=self.global_step, metrics=_jsonable(self.last_metrics))
+        self._window_reset()
+
+    # ------------------------------------------------------------------ evaluation
+
+    def _evaluate(self, epoch: int) -> dict[str, float]:
+        env, cfg = self.env, self.cfg
+        self.doing = f"evaluating epoch {epoch}"
+        model = self.ema.module if (self.ema is not None and cfg.train.eval_ema) else self.model
+        out_dir = self.run_dir / "eval" / f"epoch-{epoch:04d}"
+        micro = self.batch.micro_batch
+        placement = getattr(self.task, "eval_on", "all")
+
+        def run_on(indices_batches: list[list[int]], rank_dir: Path) -> tuple[dict[str, float], int]:
+            n = sum(len(b) for b in indices_batches)
+            gen = torch.Generator().manual_seed(derive_seed(cfg.train.seed, "eval", env.rank, epoch))
+            loader = build_loader(
+                self.val_ds, indices_batches, collate_fn=self.task.collate, data_cfg=cfg.data,
+                pin_memory=bool(cfg.data.pin_memory and self.device.type == "cuda"), generator=gen, persistent=False,
+            )
+            ctx = EvalContext(
+                epoch=epoch, global_step=self.global_step, device=self.device, rank=env.rank, world_size=env.world_size,
+                amp_dtype=self.amp_dtype, out_dir=rank_dir, micro_batch=micro,
+            )
+            was_training = model.training
+            model.eval()
+            try:
+                with torch.no_grad(), torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32, enabled=self.amp_dtype is not None):
+                    result = self.task.evaluate(model, loader, ctx) if n else {}
+            finally:
+                model.train(was_training)
+                shutdown_loader(loader)
+            return {k: float(v) for k, v in dict(result or {}).items()}, n
+
+        report(env, "evaluating", epoch=epoch)
+        if placement == "rank0":
+            def work() -> dict[str, float]:
+                metrics, _ = run_on(eval_shard(len(self.val_ds), rank=0, world_size=1, batch=micro), out_dir)
+                return metrics
+
+            metrics = rank0_section(env, f"evaluating epoch {epoch}", work, timeout_s=cfg.dist.rank0_timeout_s) or {}
+        else:
+            mine = eval_shard(len(self.val_ds), rank=env.rank, world_size=env.world_size, batch=micro)
+            local = run_on(mine, out_dir if env.rank == 0 else out_dir / f"rank-{env.rank}")
+            gathered = all_gather_objects(env, local)
+            metrics = _weighted_mean(gathered)
+        metrics = {k: float(v) for k, v in metrics.items()}
+        if env.is_main and metrics:
+            self.writer.write(self.global_step, float(epoch + 1), metrics)
+            self.last_metrics.update(metrics)
+            log.info(f"epoch {epoch} evaluation: " + "  ".join(f"{k} {v:.5g}" for k, v in metrics.items()))
+            self.status.update(metrics=_jsonable(self.last_metrics))
+        return metrics
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _state(self, rngs: list[Any]) -> dict[str, Any]:
+        return {
+            "task": self.task.name,
+            "config": to_dict(self.cfg),
+            "model": ckpt_io.model_state(self.model),
+            "ema": self.ema.state_dict() if self.ema is not None else None,
+            "optimizer": ckpt_io.to_cpu(self.optimizer.state_dict()),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "progress": {
+                "epoch": self.epoch,
+                "step_in_epoch": self.step_in_epoch,
+                "global_step": self.global_step,
+                "samples_seen": self.samples_seen,
+                "nonfinite_streak": self.nonfinite_streak,
+                "skipped_steps": self.skipped_steps,
+                "best_metric": self.best_metric,
+                "best_mode": self.best_mode,
+                "best_value": self.best_value,
+                "best_step": self.best_step,
+                "global_batch": self.batch.global_batch,
+                "steps_per_epoch": self.plan.steps_per_epoch,
+                "world_size": self.env.world_size,
+            },
+            "rng": {"world_size": self.env.world_size, "per_rank": rngs},
+            "metrics": _jsonable(self.last_metrics),
+        }
+
+    def _save(self, *, end_of_epoch: bool, eval_metrics: Mapping[str, float] | None = None) -> None:
+        env, cfg = self.env, self.cfg
+        self.doing = "saving a checkpoint"
+        report(env, "gathering RNG states for a checkpoint", epoch=self.epoch, step=self.global_step)
+        rngs = all_gather_objects(env, ckpt_io.capture_rng(self.device))
+
+        def write() -> str:
+            improved = False
+            if end_of_epoch and self.best_metric and eval_metrics:
+                value = eval_metrics.get(self.best_metric)
+                if value is None:
+                    log.warning(f"best metric '{self.best_metric}' is not among the evaluation metrics ({', '.join(eval_metrics)}); set ckpt.best_metric")
+                elif math.isfinite(value) and (
+                    self.best_value is None or (value < self.best_value if self.best_mode == "min" else value > self.best_value)
+                ):
+                    self.best_value, self.best_step, improved = float(value), self.global_step, True
+            path = self.files.write_latest(self._state(rngs))
+            if end_of_epoch and cfg.ckpt.every_epochs and self.epoch % cfg.ckpt.every_epochs == 0:
+                self.files.copy_to(path, self.files.periodic(self.epoch))
+                self.files.prune()
+            if improved:
+                self.files.copy_to(path, self.files.best)
+                log.info(f"new best {self.best_metric} {self.best_value:.5g} at step {self.global_step}")
+            self.status.update(
+                last_checkpoint=str(path), epoch=self.epoch, global_step=self.global_step,
+                best={"metric": self.best_metric, "value": self.best_value, "step": self.best_step} if self.best_value is not None else None,
+            )
+            return str(path)
+
+        path = rank0_section(env, "saving a checkpoint", write, timeout_s=cfg.dist.rank0_timeout_s)
+        if not env.is_main and end_of_epoch and self.best_metric and eval_metrics:
+            # Mirror rank 0's best tracking so every rank carries the same progress.
+            value = eval_metrics.get(self.best_metric)
+            if value is not None and math.isfinite(value) and (
+                self.best_value is None or (value < self.best_value if self.best_mode == "min" else value > self.best_value)
+            ):
+                self.best_value, self.best_step = float(value), self.global_step
+        self.last_checkpoint = Path(path) if path else None
+        self.last_saved_step = self.global_step
+        self.last_save_time = time.monotonic()
+
+    # ------------------------------------------------------------------ endings
+
+    def _result(self, status: str, signal_name: str | None = None) -> TrainResult:
+        best = {"metric": self.best_metric, "value": self.best_value, "step": self.best_step} if self.best_value is not None else None
+        return TrainResult(
+            status=status, run_dir=self.run_dir, epoch=self.epoch, global_step=self.global_step,
+            checkpoint=self.last_checkpoint, metrics=dict(self.last_metrics), best=best, signal=signal_name,
+            resumed_from=self.resumed_from,
+        )
+
+    def _stopped(self, stopper) -> TrainResult:
+        if self.env.is_main:
+            log.info(
+                f"stopped at epoch {self.epoch}, step {self.global_step}; checkpoint {self.last_checkpoint}; "
+                "continue with --resume auto"
+            )
+            self.status.update(status="stopped", stop_signal=stopper.requested, epoch=self.epoch, global_step=self.global_step)
+        return self._result("stopped", stopper.requested)
+
+    def _finished(self) -> TrainResult:
+        if self.env.is_main:
+            best = f"; best {self.best_metric} {self.best_value:.5g} (step {self.best_step})" if self.best_value is not None else ""
+            log.info(f"finished: {self.global_step} steps, {self.epoch} epoch(s){best}; checkpoint {self.last_checkpoint}")
+            self.status.update(status="finished", epoch=self.epoch, global_step=self.global_step)
+        return self._result("finished")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _weighted_mean(parts: list[tuple[Mapping[str, float], int]]) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    weights: dict[str, int] = {}
+    for metrics, n in parts:
+        for name, value in metrics.items():
+            totals[name] = totals.get(name, 0.0) + float(value) * n
+            weights[name] = weights.get(name, 0) + n
+    return {name: totals[name] / weights[name] for name in totals if weights[name] > 0}
+
+
+def _jsonable(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    out = {}
+    for name, value in metrics.items():
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            continue
+        out[name] = number if math.isfinite(number) else str(number)
+    return out
+
+
+def _config_changes(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[str]:
+    changes = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        name = f"{prefix}{key}"
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            changes += _config_changes(a, b, name + ".")
+        elif a != b and name != "run.dir":
+            changes.append(f"{name}: {a!r} → {b!r}")
+    return changes
+
+
+def _to_channels_last(model: nn.Module) -> None:
+    for param in model.parameters():
+        if param.dim() == 4:
+            param.data = param.data.contiguous(memory_format=torch.channels_last)
+        elif param.dim() == 5:
+            param.data = param.data.contiguous(memory_format=torch.channels_last_3d)

@@ -1,0 +1,282 @@
+"""Rank-0 tracking: the project logger, train.log, metrics files, TensorBoard, W&B, run.json, progress.
+
+Only rank 0 writes anything here; other ranks log warnings and errors to the
+console with a ``[rank N]`` prefix. Files in the run directory:
+
+``train.log``       everything the console showed, with timestamps
+``metrics.jsonl``   one JSON object per logged step / evaluation
+``metrics.csv``     the same in long form: time, step, epoch, name, value
+``tb/``             TensorBoard event files
+``run.json``        the run's current state (status, pid, host, task, epoch/step,
+                    last metrics, last checkpoint), rewritten atomically, so a
+                    monitor can read it at any time without talking to the process
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import math
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from pointforge.errors import ConfigError
+from pointforge.train.atomic import atomic_write_json
+
+LOGGER_NAME = "pointforge"
+
+
+def get_logger(name: str | None = None) -> logging.Logger:
+    """The project's logger (``pointforge`` or a child such as ``pointforge.train``)."""
+    return logging.getLogger(LOGGER_NAME if not name else f"{LOGGER_NAME}.{name}")
+
+
+class _RankFilter(logging.Filter):
+    def __init__(self, rank: int):
+        super().__init__()
+        self.rank = rank
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.rank_prefix = f"[rank {self.rank}] " if self.rank else ""
+        return True
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is now, so a live progress bar that
+    redirects stderr prints log lines above itself instead of through itself."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
+def _not_file_only(record: logging.LogRecord) -> bool:
+    return not getattr(record, "file_only", False)
+
+
+class LogSetup:
+    """Attach console and ``train.log`` handlers for one run; :meth:`close` removes them."""
+
+    def __init__(self, run_dir: Path | None, rank: int, *, console: bool = True):
+        self.logger = get_logger()
+        self.handlers: list[logging.Handler] = []
+        self._old_level = self.logger.level
+        self._old_propagate = self.logger.propagate
+        self.logger.setLevel(logging.INFO)
+        # Our handlers print everything; propagating to the root logger as well
+        # would print each line twice in programs that configure logging.
+        self.logger.propagate = False
+        flt = _RankFilter(rank)
+        if console:
+            handler = _StderrHandler()
+            handler.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+            handler.setFormatter(logging.Formatter("%(rank_prefix)s%(message)s"))
+            handler.addFilter(flt)
+            handler.addFilter(_not_file_only)
+            self._add(handler)
+        if run_dir is not None and rank == 0:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            handler = logging.FileHandler(run_dir / "train.log", encoding="utf-8")
+            handler.setLevel(logging.INFO)
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S"))
+            handler.addFilter(flt)
+            self._add(handler)
+
+    def _add(self, handler: logging.Handler) -> None:
+        self.logger.addHandler(handler)
+        self.handlers.append(handler)
+
+    def close(self) -> None:
+        for handler in self.handlers:
+            self.logger.removeHandler(handler)
+            try:
+                handler.flush()
+                handler.close()
+            except Exception:
+                pass
+        self.handlers.clear()
+        self.logger.setLevel(self._old_level)
+        self.logger.propagate = self._old_propagate
+
+
+def _scalar(value: Any) -> float | None:
+    try:
+        number = float(value.item() if hasattr(value, "item") else value)
+    except (TypeError, ValueError):
+        return None
+    return number
+
+
+class MetricsWriter:
+    """Scalars to metrics.jsonl, metrics.csv, TensorBoard and (when asked) W&B. Rank 0 only."""
+
+    def __init__(self, run_dir: Path, log_cfg: Any, *, config: Mapping[str, Any], run_name: str, resume: bool):
+        self.run_dir = run_dir
+        self._jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
+        self._csv_file: io.TextIOBase | None = None
+        self._csv: Any = None
+        if log_cfg.csv:
+            path = run_dir / "metrics.csv"
+            fresh = not path.exists() or path.stat().st_size == 0
+            self._csv_file = open(path, "a", encoding="utf-8", newline="")
+            self._csv = csv.writer(self._csv_file)
+            if fresh:
+                self._csv.writerow(["time", "step", "epoch", "name", "value"])
+        self._tb = None
+        if log_cfg.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(run_dir / "tb"))
+        self._wandb = None
+        if log_cfg.wandb:
+            self._wandb = start_wandb(run_dir, log_cfg, config=config, run_name=run_name, resume=resume)
+
+    def write(self, step: int, epoch: float, metrics: Mapping[str, Any], *, prefix: str = "") -> None:
+        now = time.time()
+        clean = {f"{prefix}{k}": v for k, v in ((k, _scalar(v)) for k, v in metrics.items()) if v is not None}
+        record = {"time": round(now, 3), "step": step, "epoch": round(epoch, 4), **{k: (v if math.isfinite(v) else str(v)) for k, v in clean.items()}}
+        self._jsonl.write(json.dumps(record) + "\n")
+        self._jsonl.flush()
+        if self._csv is not None:
+            for name, value in clean.items():
+                self._csv.writerow([f"{now:.3f}", step, f"{epoch:.4f}", name, repr(value)])
+            self._csv_file.flush()
+        if self._tb is not None:
+            for name, value in clean.items():
+                self._tb.add_scalar(name, value, step)
+        if self._wandb is not None:
+            self._wandb.log({**clean, "epoch": epoch}, step=step)
+
+    def close(self, *, failed: bool = False) -> None:
+        self._jsonl.close()
+        if self._csv_file is not None:
+            self._csv_file.close()
+        if self._tb is not None:
+            self._tb.flush()
+            self._tb.close()
+        if self._wandb is not None:
+            try:
+                self._wandb.finish(exit_code=1 if failed else 0)
+            except Exception:
+                pass
+
+
+def start_wandb(run_dir: Path, log_cfg: Any, *, config: Mapping[str, Any], run_name: str, resume: bool) -> Any:
+    """Start a W&B run, imported only now; WANDB_MODE=offline works as W&B documents."""
+    try:
+        import wandb  # noqa: PLC0415 - optional dependency, imported only when asked for
+    except ImportError:
+        raise ConfigError(
+            "W&B logging was asked for (--wandb or log.wandb=true) but the wandb package is not installed; "
+            "pip install wandb, or drop --wandb"
+        ) from None
+    id_file = run_dir / "wandb_id.txt"
+    run_id = id_file.read_text().strip() if id_file.exists() else None
+    run = wandb.init(
+        project=log_cfg.wandb_project,
+        entity=log_cfg.wandb_entity,
+        name=run_name,
+        dir=str(run_dir),
+        config=dict(config),
+        id=run_id,
+        resume="allow" if run_id else None,
+    )
+    if run_id is None and getattr(run, "id", None):
+        from pointforge.train.atomic import atomic_write_text
+
+        atomic_write_text(id_file, str(run.id))
+    return run
+
+
+class RunStatus:
+    """``run.json``: the run's state for monitors, rewritten atomically on every change."""
+
+    def __init__(self, path: Path, **fixed: Any):
+        self.path = path
+        self.data: dict[str, Any] = {
+            "status": "starting",
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started_at": time.time(),
+            "updated_at": time.time(),
+            **fixed,
+        }
+        self._written_at = 0.0
+
+    # Progress-only updates are written at most this often; a monitor does not
+    # need more, and fast steps would otherwise pay for the file on every log.
+    min_interval_s = 1.0
+
+    def update(self, *, progress_only: bool = False, **changes: Any) -> None:
+        self.data.update(changes)
+        now = time.time()
+        if progress_only and now - self._written_at < self.min_interval_s:
+            return
+        self.data["updated_at"] = now
+        self._written_at = now
+        # Atomic for readers, but not worth an fsync each time (checkpoints,
+        # which matter after a crash, get one).
+        atomic_write_json(self.path, self.data, durable=False)
+
+
+def read_run_status(run_dir: str | os.PathLike) -> dict[str, Any] | None:
+    path = Path(run_dir) / "run.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def format_duration(seconds: float) -> str:
+    if not math.isfinite(seconds) or seconds < 0:
+        return "?"
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"
+
+
+class Progress:
+    """A live bar (loss, LR, it/s, ETA) when stderr is a terminal; nothing otherwise.
+
+    The same numbers always reach the log every ``log.every_steps`` steps, so a
+    batch job's log shows progress without a bar.
+    """
+
+    def __init__(self, mode: str, total_steps: int, start_step: int):
+        self.enabled = mode == "on" or (mode == "auto" and sys.stderr.isatty())
+        self._progress = None
+        self._task = None
+        if not self.enabled:
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
+
+        self._progress = RichProgress(
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeRemainingColumn(),
+            transient=False,
+        )
+        self._progress.start()
+        self._task = self._progress.add_task("train", total=total_steps, completed=start_step, info="")
+
+    def update(self, step: int, info: str) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step, info=info)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None

@@ -1,0 +1,229 @@
+"""The engine in one process: outputs, exact resume, guards, accumulation, precision, CLI."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import typer
+from typer.testing import CliRunner
+
+from pointforge.config import load_train_config
+from pointforge.errors import CheckpointError, ConfigError, DeviceError, UserError
+from pointforge.train import checkpoint as ck
+from pointforge.train.engine import TrainingDiverged, train
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "configs" / "toy" / "tiny.yaml"
+
+
+def make_cfg(tmp_path, *overrides, name="run"):
+    return load_train_config(
+        "toy", TINY, [f"run.dir={tmp_path / name}", "log.progress=off", "log.tensorboard=false", "perf.threads=1", *overrides]
+    )
+
+
+def final_state(run_dir):
+    return ck.load_checkpoint(Path(run_dir) / "checkpoints" / "latest.pt")
+
+
+def assert_same_tensors(a, b, exact=True):
+    assert a.keys() == b.keys()
+    for key in a:
+        if exact:
+            assert torch.equal(a[key], b[key]), key
+        else:
+            torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
+
+
+def test_run_writes_everything_a_user_and_a_monitor_need(tmp_path):
+    cfg = make_cfg(tmp_path, "log.tensorboard=true", "train.epochs=2")
+    result = train("toy", cfg)
+    run = Path(cfg.run.dir)
+    assert result.status == "finished" and result.global_step == 16 and result.epoch == 2
+    status = json.loads((run / "run.json").read_text())
+    assert status["status"] == "finished" and status["global_step"] == 16 and status["task"] == "toy"
+    assert status["last_checkpoint"].endswith("latest.pt") and "val_loss" in status["metrics"]
+    assert {"pid", "host", "epoch", "best"} <= set(status)
+    assert "finished: 16 steps" in (run / "train.log").read_text()
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert any("train/loss" in x for x in lines) and any("val_loss" in x for x in lines)
+    assert (run / "metrics.csv").read_text().startswith("time,step,epoch,name,value")
+    assert list((run / "tb").glob("events.out.tfevents.*"))
+    assert load_train_config("toy", run / "config.yaml").optim == cfg.optim
+    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert names == ["best.pt", "epoch-0001.pt", "epoch-0002.pt", "latest.pt"]
+    state = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)  # only tensors and plain data
+    assert not any(k.startswith(("module.", "_orig_mod.")) for k in state["model"])
+    assert state["config"]["optim"]["lr"] == cfg.optim.lr and state["pointforge_version"]
+    assert state["progress"]["epoch"] == 2 and state["progress"]["step_in_epoch"] == 0
+
+
+def test_sigterm_mid_epoch_then_resume_equals_uninterrupted(tmp_path):
+    common = ["task.dropout=0.2", "data.micro_batch=4", "train.ema_decay=0.9", "train.grad_clip=1.0", "train.epochs=3"]
+    train("toy", make_cfg(tmp_path, *common, name="ref"))
+    stopped = train("toy", make_cfg(tmp_path, *common, "task.test_sigterm_at_step=11", name="cut"))
+    assert stopped.status == "stopped" and stopped.signal == "SIGTERM"
+    assert stopped.global_step == 12 and stopped.epoch == 1
+    cut_state = final_state(tmp_path / "cut")
+    assert cut_state["progress"]["step_in_epoch"] == 4
+    assert json.loads((tmp_path / "cut" / "run.json").read_text())["status"] == "stopped"
+    resumed = train("toy", make_cfg(tmp_path, *common, name="cut"), resume="auto")
+    assert resumed.status == "finished" and resumed.global_step == 24
+    assert resumed.resumed_from is not None and resumed.resumed_from.name == "latest.pt"
+    ref, res = final_state(tmp_path / "ref"), final_state(tmp_path / "cut")
+    assert_same_tensors(ref["model"], res["model"])
+    assert_same_tensors(ref["ema"], res["ema"])
+    assert ref["optimizer"]["state"][0]["exp_avg"].equal(res["optimizer"]["state"][0]["exp_avg"])
+    assert ref["scheduler"]["last_epoch"] == res["scheduler"]["last_epoch"] == 24
+    assert ref["progress"]["best_value"] == res["progress"]["best_value"]
+
+
+def test_existing_run_dir_needs_resume(tmp_path):
+    train("toy", make_cfg(tmp_path, "train.epochs=1"))
+    with pytest.raises(ConfigError, match="already holds checkpoints.*--resume auto"):
+        train("toy", make_cfg(tmp_path, "train.epochs=1"))
+    done = train("toy", make_cfg(tmp_path, "train.epochs=1"), resume="auto")
+    assert done.status == "finished" and done.global_step == 8  # nothing left to do
+
+
+def test_resume_auto_skips_a_truncated_latest(tmp_path):
+    train("toy", make_cfg(tmp_path, "train.epochs=2", "ckpt.keep_last=3"))
+    latest = tmp_path / "run" / "checkpoints" / "latest.pt"
+    latest.write_bytes(latest.read_bytes()[:1000])
+    result = train("toy", make_cfg(tmp_path, "train.epochs=3", "ckpt.keep_last=3"), resume="auto")
+    assert result.resumed_from.name == "epoch-0002.pt" and result.global_step == 24
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "latest.pt is truncated or corrupt" in log and "WARNING" in log
+    latest.write_bytes(latest.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match="latest.pt is truncated or corrupt"):
+        train("toy", make_cfg(tmp_path, "train.epochs=3"), resume=str(latest))
+    again = train("toy", make_cfg(tmp_path, "train.epochs=3", name="other"),
+                  resume=str(tmp_path / "run" / "checkpoints" / "epoch-0001.pt"))
+    assert again.resumed_from.name == "epoch-0001.pt" and again.global_step == 24
+
+
+def test_nonfinite_steps_are_skipped_then_abort(tmp_path):
+    result = train("toy", make_cfg(tmp_path, "train.epochs=1", "task.test_nan_steps=[3]", name="one"))
+    assert result.status == "finished" and final_state(tmp_path / "one")["progress"]["skipped_steps"] == 1
+    assert "non-finite loss at step 3" in (tmp_path / "one" / "train.log").read_text()
+    with pytest.raises(TrainingDiverged, match=r"non-finite loss for 3 steps in a row \(train.max_nonfinite=3\)"):
+        train("toy", make_cfg(tmp_path, "train.max_nonfinite=3", "task.test_nan_steps=[2,3,4,5]", name="many"))
+    assert json.loads((tmp_path / "many" / "run.json").read_text())["status"] == "failed"
+
+
+def test_accumulation_matches_one_big_batch(tmp_path):
+    train("toy", make_cfg(tmp_path, "train.epochs=1", name="big"))
+    train("toy", make_cfg(tmp_path, "train.epochs=1", "data.micro_batch=2", name="acc"))
+    assert_same_tensors(final_state(tmp_path / "big")["model"], final_state(tmp_path / "acc")["model"], exact=False)
+
+
+def test_loader_workers_give_the_same_run(tmp_path):
+    train("toy", make_cfg(tmp_path, "train.epochs=2", name="w0"))
+    train("toy", make_cfg(tmp_path, "train.epochs=2", "data.num_workers=2", "data.persistent_workers=true",
+                          "data.worker_timeout_s=60", name="w2"))
+    assert_same_tensors(final_state(tmp_path / "w0")["model"], final_state(tmp_path / "w2")["model"])
+
+
+def test_bf16_autocast_on_cpu_and_fp16_refused(tmp_path):
+    result = train("toy", make_cfg(tmp_path, "train.epochs=1", "perf.amp=bf16", name="bf16"))
+    assert result.status == "finished" and result.metrics["val_loss"] < 1.0
+    with pytest.raises(ConfigError, match="fp16 needs a CUDA device"):
+        train("toy", make_cfg(tmp_path, "perf.amp=fp16", name="fp16"))
+
+
+def test_devices_and_optional_wandb_fail_clearly(tmp_path):
+    with pytest.raises(DeviceError, match=r"run.device=cuda:7 does not exist; visible devices: none"):
+        train("toy", make_cfg(tmp_path, "run.device=cuda:7", name="dev"))
+    # wandb must stay optional; where it is absent, asking for it is a clear error.
+    if importlib.util.find_spec("wandb") is None:
+        with pytest.raises(ConfigError, match="wandb package is not installed"):
+            train("toy", make_cfg(tmp_path, name="wb"), wandb=True)
+        assert json.loads((tmp_path / "wb" / "run.json").read_text())["status"] == "failed"
+
+
+def _cli():
+    from pointforge.cli.train import register
+
+    app = typer.Typer(add_completion=False)
+
+    @app.callback()
+    def _root() -> None:
+        """Test root."""
+
+    register(app)
+    return app
+
+
+def test_cli_dry_run_prints_the_plan(tmp_path):
+    out = CliRunner().invoke(_cli(), [
+        "train", "toy", "--config", str(TINY), "--dry-run", "--nproc", "2", f"run.dir={tmp_path / 'x'}",
+        "data.global_batch=16", "data.micro_batch=2", "optim.lr_scaling=linear", "optim.base_batch=8",
+    ])
+    assert out.exit_code == 0, out.output
+    text = out.output
+    assert "global 16 = 2 rank(s) × 2 per device × 4 accumulation steps" in text
+    assert "0.003 tuned for batch 8, linear scaling to batch 16 → 0.006" in text
+    assert "4 steps per epoch" in text and "12 optimizer steps" in text and str(tmp_path / "x") in text
+    assert not (tmp_path / "x").exists()
+
+
+def test_cli_config_errors_are_user_errors(tmp_path):
+    out = CliRunner().invoke(_cli(), ["train", "toy", "--config", str(TINY), "--dry-run", "data.global_bach=3"])
+    assert isinstance(out.exception, UserError)
+    assert "did you mean 'data.global_batch'" in str(out.exception)
+    out = CliRunner().invoke(_cli(), ["train", "toy", "--config", str(TINY), "--dry-run", "--nproc", "3"])
+    assert isinstance(out.exception, UserError) and "global_batch=6 or 9" in str(out.exception)
+
+
+def _two_rank_envs():
+    import datetime
+
+    import torch.distributed as dist
+
+    from pointforge.train.dist import DistEnv
+
+    server = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=10))
+    envs = []
+    for rank in (0, 1):
+        client = dist.TCPStore("127.0.0.1", server.port, 1, False, timeout=datetime.timedelta(seconds=10))
+        envs.append(DistEnv(rank=rank, world_size=2, backend="gloo", _store=client))
+    return server, envs
+
+
+def test_rank0_section_shares_results_and_failures_without_collectives():
+    import threading
+
+    from pointforge.train.dist import DistributedFailure, rank0_section
+
+    server, (env0, env1) = _two_rank_envs()
+    results = {}
+
+    def rank0(fn):
+        try:
+            results["rank0"] = rank0_section(env0, "evaluating", fn, timeout_s=5)
+        except Exception as err:  # noqa: BLE001 - recorded for the assertion
+            results["rank0"] = err
+
+    thread = threading.Thread(target=rank0, args=(lambda: {"val_loss": 0.25},))
+    thread.start()
+    assert rank0_section(env1, "evaluating", lambda: pytest.fail("rank 1 must not run it"), timeout_s=5) == {"val_loss": 0.25}
+    thread.join()
+    assert results["rank0"] == {"val_loss": 0.25}
+
+    def boom():
+        raise ValueError("disk full")
+
+    thread = threading.Thread(target=rank0, args=(boom,))
+    thread.start()
+    with pytest.raises(DistributedFailure, match="rank 0 failed while evaluating: ValueError: disk full"):
+        rank0_section(env1, "evaluating", boom, timeout_s=5)
+    thread.join()
+    assert isinstance(results["rank0"], ValueError)
+    # Rank 0 never gets there: rank 1 gives up after its own timeout, not a collective's.
+    with pytest.raises(DistributedFailure, match="rank 0 is stuck or gone"):
+        rank0_section(env1, "saving a checkpoint", boom, timeout_s=0.3)
+    del server

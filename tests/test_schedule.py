@@ -1,0 +1,75 @@
+"""Batch split, LR scaling and LR schedules."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from pointforge.errors import ConfigError
+from pointforge.train.schedule import build_scheduler, lr_factor, plan_batches, restore_scheduler, scale_lr
+
+
+def test_plan_splits_global_batch():
+    plan = plan_batches(32, 4)
+    assert (plan.micro_batch, plan.accumulation, plan.effective_batch) == (8, 1, 32)
+    plan = plan_batches(32, 4, micro_batch=2)
+    assert (plan.micro_batch, plan.accumulation, plan.effective_batch) == (2, 4, 32)
+
+
+def test_plan_errors_name_nearest_valid_sizes():
+    with pytest.raises(ConfigError, match=r"global_batch=10 cannot be split evenly over 4 devices.*global_batch=8 or 12"):
+        plan_batches(10, 4)
+    with pytest.raises(ConfigError, match=r"micro_batch=3 does not divide the per-device batch 8.*micro_batch=2 or 4"):
+        plan_batches(16, 2, micro_batch=3)
+    with pytest.raises(ConfigError, match="larger than the per-device batch"):
+        plan_batches(8, 2, micro_batch=5)
+
+
+def test_lr_scaling_rules():
+    assert scale_lr(1e-3, "none", 64, 16) == pytest.approx(1e-3)
+    assert scale_lr(1e-3, "linear", 64, 16) == pytest.approx(4e-3)
+    assert scale_lr(1e-3, "sqrt", 64, 16) == pytest.approx(2e-3)
+    assert scale_lr(1e-3, "linear", 16, 16) == pytest.approx(1e-3)
+
+
+def test_warmup_then_schedules():
+    warm = lr_factor("constant", total_steps=100, warmup_steps=4)
+    assert [round(warm(s), 3) for s in range(6)] == [0.2, 0.4, 0.6, 0.8, 1.0, 1.0]
+    cos = lr_factor("cosine", total_steps=10, min_lr_ratio=0.1)
+    assert cos(0) == pytest.approx(1.0)
+    assert cos(5) == pytest.approx(0.1 + 0.9 * 0.5)
+    assert cos(10) == pytest.approx(0.1)
+    exp = lr_factor("exponential", total_steps=10, warmup_steps=2, gamma=0.5)
+    assert [exp(s) for s in (2, 3, 4)] == [1.0, 0.5, 0.25]
+
+
+def _opt(lr):
+    return torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+
+
+def test_scheduler_restore_continues_and_never_rescales():
+    sched_cfg = SimpleNamespace(name="cosine", warmup_steps=3, warmup_start_factor=0.0, min_lr_ratio=0.0, gamma=1.0)
+    opt = _opt(0.4)
+    sched = build_scheduler(opt, sched_cfg, total_steps=20)
+    lrs = []
+    for _ in range(12):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    state = sched.state_dict()
+    # Resume halfway: a fresh optimizer built from the config's LR, scheduler state loaded.
+    opt2 = _opt(0.4)
+    sched2 = build_scheduler(opt2, sched_cfg, total_steps=20)
+    restore_scheduler(sched2, build_scheduler(_opt(0.4), sched_cfg, 20).state_dict(), [0.4])
+    restore_scheduler(sched2, state, [0.4])
+    assert opt2.param_groups[0]["lr"] == pytest.approx(opt.param_groups[0]["lr"])
+    assert opt.param_groups[0]["lr"] < 0.4  # warm-up did not restart
+    # The stored base LR is ignored: the config's value wins, scaled once.
+    opt3 = _opt(0.8)
+    sched3 = build_scheduler(opt3, sched_cfg, total_steps=20)
+    restore_scheduler(sched3, state, [0.8])
+    assert opt3.param_groups[0]["lr"] == pytest.approx(2 * opt.param_groups[0]["lr"])
+    assert not math.isclose(lrs[0], lrs[3])
