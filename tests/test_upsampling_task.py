@@ -22,7 +22,7 @@ from pointforge.errors import CheckpointError, ConfigError, DataError
 from pointforge.nn.losses import chamfer_distance
 from pointforge.tasks import get_task
 from pointforge.tasks.base import EvalContext
-from pointforge.tasks.upsampling import SyntheticSection, ensure_synthetic_pairs, select_clouds
+from pointforge.tasks.upsampling import SyntheticSection, ensure_synthetic_pairs, model_config, select_clouds
 from pointforge.train import checkpoint as ck
 from pointforge.train.data import derive_seed, seed_everything
 from pointforge.train.engine import train
@@ -131,6 +131,14 @@ def test_config_and_data_errors_are_one_clear_line(tmp_path, small_set):
         task.build_datasets(cfg.task)
 
 
+def test_shipped_configs_load_and_build_their_networks():
+    for name, preset in (("tiny", "tiny"), ("small", "small"), ("paper", "paper")):
+        cfg = load_train_config("upsampler", REPO / "configs" / "upsampler" / f"{name}.yaml")
+        assert cfg.task.preset == preset and cfg.task.batching == "budget"
+        assert get_task("upsampler").build_model(cfg.task).config == model_config(cfg.task)
+    assert load_train_config("upsampler", REPO / "configs" / "upsampler" / "paper.yaml").perf.amp == "bf16"
+
+
 # --------------------------------------------------------------------------- batching and evaluation
 
 
@@ -212,6 +220,15 @@ def test_tiny_model_overfits_one_pair_through_the_engine(tmp_path):
     # An untrained model puts every child on its parent, which scores what the input scores.
     start, end = result.metrics["val_chamfer_input"], result.metrics["val_chamfer"]
     assert end < start / 3, (start, end)
+
+
+def test_count_batching_leaves_batches_to_the_engine(tmp_path, small_set):
+    cfg = make_cfg(tmp_path / "run", "task.synthetic.pairs=0", f"task.data_root={small_set.parent}", "task.val_fraction=0",
+                   "task.batching=count", "data.global_batch=2", "train.epochs=1", "log.every_steps=1", "ckpt.every_epochs=0")  # fmt: skip
+    result = train("upsampler", cfg, console=False)
+    assert result.global_step == 3  # 6 clouds, 2 per step
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["train/clouds"] for x in lines if "train/clouds" in x] == [2.0, 2.0, 2.0]
 
 
 def _first_losses(run_dir: Path) -> list[float]:
