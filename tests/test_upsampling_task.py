@@ -83,6 +83,7 @@ def test_tiny_config_trains_from_nothing_and_keeps_the_best_by_validation_chamfe
 def test_synthetic_set_is_written_once_when_several_ranks_start_together(tmp_path):
     section = SyntheticSection(pairs=3, min_points=40, max_points=120, seed=3)
     root = tmp_path / "shared" / "set"
+    (tmp_path / "shared" / ".set.crashed.tmp" / "sparse").mkdir(parents=True)  # left by a builder that was killed
     start = threading.Barrier(3)
     built, errors = [], []
 

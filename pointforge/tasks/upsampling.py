@@ -196,6 +196,9 @@ def ensure_synthetic_pairs(data_root: str | os.PathLike, section: SyntheticSecti
         if root.exists():
             _check_existing(root, recipe)
             return False
+        # Holding the lock, any temporary folder of this name is a crashed builder's leftover.
+        for stale in root.parent.glob(f".{root.name}.*.tmp"):
+            shutil.rmtree(stale, ignore_errors=True)
         log.info(f"writing {section.pairs} synthetic pairs ({section.min_points}..{section.max_points} points) to {root}")
         tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", suffix=".tmp", dir=root.parent))
         try:
