@@ -12,11 +12,26 @@
    largest batch in points and the peak resident memory. The two schemes run
    in ``--rounds`` interleaved rounds and the fastest round of each is kept.
 
+3. The same comparison through the training engine (``pointforge train
+   upsampler``: DataLoader, collate, forward, Chamfer, backward, Adam step,
+   the engine's per-step bookkeeping), on the same sizes written as a pair set
+   (``write_synthetic_pairs``) and read from disk: ``task.batching=budget``
+   (:class:`PointBudgetBatchSampler` through the task's ``batch_sampler`` hook,
+   ``--budget`` points per batch) against ``task.batching=count`` (the
+   engine's own sampler, a fixed number of clouds per batch, the same number
+   as in part 2). ``--epochs`` epochs are run; the first is a warm-up (PyG
+   code generation, kNN graphs computed and cached) and is not counted.
+   Throughput = input points of the counted epochs / the engine's own step
+   times (data loading included, logged every step). Peak memory is the
+   process's ``ru_maxrss`` at the end of the run; "baseline" is its peak after
+   the imports, before ``train()``.
+
 Every measurement runs in a fresh subprocess, so that each peak memory
 (``ru_maxrss``) belongs to that measurement alone; "baseline" is the peak
-after the data were built and before the measured work started.
+after the data were built (part 3: after the imports) and before the measured
+work started.
 
-    python bench/upsampler.py [--presets tiny,small] [--threads 1] [--quick]
+    python bench/upsampler.py [--parts inference,plain,engine] [--presets tiny,small] [--threads 1] [--quick]
 """
 
 from __future__ import annotations
@@ -26,8 +41,10 @@ import json
 import math
 import os
 import resource
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -36,7 +53,7 @@ import torch
 
 from _common import machine, print_table, write_json
 from pointforge.data.batching import PointBudgetBatchSampler, collate_pairs
-from pointforge.data.pairs import CloudPair, pair_normalization, spread_sizes, synthetic_pair
+from pointforge.data.pairs import CloudPair, pair_normalization, spread_sizes, synthetic_pair, write_synthetic_pairs
 from pointforge.nn.knn import knn_graph
 from pointforge.nn.losses import chamfer_distance
 from pointforge.nn.upsampler import build_upsampler
@@ -148,6 +165,50 @@ def worker_train(args) -> dict:
     }
 
 
+def worker_engine(args) -> dict:
+    from pointforge.config import load_train_config
+    from pointforge.train.engine import train
+
+    base = peak_rss_mb()
+    run_dir = Path(args.run_dir)
+    overrides = [
+        f"run.dir={run_dir}", "run.device=cpu", f"train.epochs={args.epochs}", "train.eval_every=0",
+        f"data.global_batch={args.per_batch if args.scheme == 'fixed' else args.clouds}",
+        "optim.name=adam", "optim.lr=1e-3", "sched.name=constant", f"perf.threads={args.threads}",
+        "ckpt.every_epochs=0", "ckpt.every_minutes=0", "log.every_steps=1", "log.tensorboard=false",
+        "log.csv=false", "log.progress=off", f"task.preset={args.preset}", f"task.data_root={args.data}",
+        "task.val_fraction=0", f"task.batching={'budget' if args.scheme == 'budget' else 'count'}",
+        f"task.max_points={args.budget}",
+    ]  # fmt: skip
+    cfg = load_train_config("upsampler", None, overrides)
+    result = train("upsampler", cfg, console=False)
+    peak = peak_rss_mb()
+    status = json.loads((run_dir / "run.json").read_text())
+    per_epoch = int(status["steps_per_epoch"])
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "train/it_per_s" in r and r["step"] > per_epoch]  # epoch 0 is the warm-up
+    seconds = sum(1.0 / r["train/it_per_s"] for r in steps)
+    points = sum(r["train/points"] for r in steps)  # one micro-batch per step: the step's points
+    return {
+        "scheme": args.scheme,
+        "preset": args.preset,
+        "clouds": args.clouds,
+        "steps_per_epoch": per_epoch,
+        "clouds_per_batch": args.per_batch if args.scheme == "fixed" else None,
+        "budget": args.budget if args.scheme == "budget" else None,
+        "epochs_timed": args.epochs - 1,
+        "points": int(points),
+        "seconds": seconds,
+        "points_per_s": points / seconds,
+        "max_batch_points": int(max(r["train/points"] for r in steps)),
+        "slowest_step_s": max(1.0 / r["train/it_per_s"] for r in steps),
+        "data_wait_frac": sum(r["train/data_wait_frac"] / r["train/it_per_s"] for r in steps) / seconds,
+        "final_loss": result.metrics.get("train/loss"),
+        "baseline_rss_mb": base,
+        "peak_rss_mb": peak,
+    }
+
+
 # --------------------------------------------------------------------------- driver
 
 
@@ -162,6 +223,7 @@ def run_worker(kind: str, common: list[str], extra: list[str]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", default="inference,plain,engine", help="which parts to run (default all three)")
     parser.add_argument("--presets", default="tiny,small", help="model presets for inference (default tiny,small)")
     parser.add_argument("--infer-points", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=2, help="timed inference passes; best is kept")
@@ -171,66 +233,113 @@ def main() -> None:
     parser.add_argument("--max", type=int, default=50_000)
     parser.add_argument("--budget", type=int, default=64_000, help="points per batch for the point-budget scheme")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved training rounds per scheme; best is kept")
+    parser.add_argument("--epochs", type=int, default=2, help="engine runs: epochs per run, the first one untimed")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the reference machine is shared)")
     parser.add_argument("--quick", action="store_true", help="a small smoke run (20k points, 6 clouds up to 8k)")
-    parser.add_argument("--worker", choices=["inference", "train"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=["inference", "train", "engine"], help=argparse.SUPPRESS)
     parser.add_argument("--preset", help=argparse.SUPPRESS)
     parser.add_argument("--scheme", choices=["budget", "fixed"], help=argparse.SUPPRESS)
+    parser.add_argument("--per-batch", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--data", help=argparse.SUPPRESS)
+    parser.add_argument("--run-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
         args.infer_points, args.clouds, args.max, args.budget, args.repeats, args.rounds = 20_000, 6, 8_000, 10_000, 1, 1
     torch.set_num_threads(args.threads)
 
     if args.worker:
-        result = worker_inference(args) if args.worker == "inference" else worker_train(args)
+        result = {"inference": worker_inference, "train": worker_train, "engine": worker_engine}[args.worker](args)
         print(json.dumps(result))
         return
+    parts = set(args.parts.split(","))
+    if parts - {"inference", "plain", "engine"}:
+        parser.error(f"unknown part(s) {sorted(parts - {'inference', 'plain', 'engine'})}; choose from inference, plain, engine")
 
     common = [
         "--infer-points", str(args.infer_points), "--repeats", str(args.repeats), "--clouds", str(args.clouds),
         "--min", str(args.min), "--max", str(args.max), "--budget", str(args.budget), "--threads", str(args.threads),
     ]  # fmt: skip
     print(f"machine: {machine()}; torch {torch.__version__}, {args.threads} thread(s)")
-    inference = [run_worker("inference", common, ["--preset", p]) for p in args.presets.split(",")]
-    print(f"\ninference, one cloud of {args.infer_points} points (best of {args.repeats} forward passes):")
-    print_table(
-        ["preset", "params", "edges", "graph s", "forward s", "total s", "out pts/s", "peak MB", "baseline MB"],
-        [[r["preset"], r["parameters"], r["edges"], r["graph_s"], r["forward_s"], r["total_s"],
-          r["points_out"] / r["total_s"], r["peak_rss_mb"], r["baseline_rss_mb"]] for r in inference],
-    )  # fmt: skip
+    record: dict = {"machine": machine(), "torch": torch.__version__, "threads": args.threads}
+    if "inference" in parts:
+        inference = [run_worker("inference", common, ["--preset", p]) for p in args.presets.split(",")]
+        print(f"\ninference, one cloud of {args.infer_points} points (best of {args.repeats} forward passes):")
+        print_table(
+            ["preset", "params", "edges", "graph s", "forward s", "total s", "out pts/s", "peak MB", "baseline MB"],
+            [[r["preset"], r["parameters"], r["edges"], r["graph_s"], r["forward_s"], r["total_s"],
+              r["points_out"] / r["total_s"], r["peak_rss_mb"], r["baseline_rss_mb"]] for r in inference],
+        )  # fmt: skip
+        record["inference"] = inference
 
-    # Interleaved rounds, best kept per scheme: a shared machine's load drifts over minutes.
-    rounds = {"budget": [], "fixed": []}
-    for _ in range(args.rounds):
-        for scheme in rounds:
-            rounds[scheme].append(run_worker("train", common, ["--preset", args.train_preset, "--scheme", scheme]))
-    best = {s: min(runs, key=lambda r: r["seconds"]) for s, runs in rounds.items()}
+    sizes = spread_sizes(args.clouds, args.min, args.max, seed=0)
+    if "plain" in parts:
+        # Interleaved rounds, best kept per scheme: a shared machine's load drifts over minutes.
+        rounds = {"budget": [], "fixed": []}
+        for _ in range(args.rounds):
+            for scheme in rounds:
+                rounds[scheme].append(run_worker("train", common, ["--preset", args.train_preset, "--scheme", scheme]))
+        budget, fixed = _best_of(rounds)
+        print(
+            f"\ntraining step, plain loop (forward + Chamfer + backward), preset {args.train_preset}, {budget['clouds']} clouds of "
+            f"{args.min}..{args.max} points ({budget['points']} in all), {budget['batches']} budget batches vs {fixed['batches']} fixed:"
+        )
+        _training_table(args, [budget, fixed])
+        record["training"] = [budget, fixed]
+        record["ratios"] = _ratios(budget, fixed)
+        print("ratios (budget / fixed): " + ", ".join(f"{k} {v:.3f}" for k, v in record["ratios"].items()))
+
+    if "engine" in parts:
+        per_batch = math.ceil(len(sizes) / len(PointBudgetBatchSampler(np.array(sizes), args.budget, seed=0)))
+        work = Path(tempfile.mkdtemp(prefix="pointforge-bench-upsampler-"))
+        try:
+            write_synthetic_pairs(work / "data", sizes, seed=0)
+            rounds = {"budget": [], "fixed": []}
+            for n in range(args.rounds):
+                for scheme in rounds:
+                    extra = ["--preset", args.train_preset, "--scheme", scheme, "--per-batch", str(per_batch),
+                             "--epochs", str(args.epochs), "--data", str(work / "data"), "--run-dir", str(work / f"run-{scheme}-{n}")]  # fmt: skip
+                    rounds[scheme].append(run_worker("engine", common, extra))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        budget, fixed = _best_of(rounds)
+        print(
+            f"\ntraining through the engine (pointforge train upsampler), preset {args.train_preset}, {len(sizes)} clouds of "
+            f"{args.min}..{args.max} points, {args.epochs - 1} timed epoch(s) after a warm-up epoch; "
+            f"{budget['steps_per_epoch']} budget steps vs {fixed['steps_per_epoch']} fixed steps per epoch:"
+        )
+        _training_table(args, [budget, fixed])
+        record["engine_training"] = [budget, fixed]
+        record["engine_ratios"] = _ratios(budget, fixed)
+        print("ratios (budget / fixed): " + ", ".join(f"{k} {v:.3f}" for k, v in record["engine_ratios"].items()))
+
+    path = write_json("upsampler", record)
+    print(f"wrote {path}")
+
+
+def _best_of(rounds: dict[str, list[dict]]) -> tuple[dict, dict]:
+    best = {s: min(runs, key=lambda r: r["seconds"] / max(r["points"], 1)) for s, runs in rounds.items()}
     for scheme, runs in rounds.items():
         best[scheme]["seconds_all_rounds"] = [r["seconds"] for r in runs]
-    train = [best["budget"], best["fixed"]]
-    budget, fixed = train
-    print(
-        f"\ntraining step (forward + Chamfer + backward), preset {args.train_preset}, {budget['clouds']} clouds of "
-        f"{args.min}..{args.max} points ({budget['points']} in all), {budget['batches']} budget batches vs {fixed['batches']} fixed:"
-    )
+    return best["budget"], best["fixed"]
+
+
+def _training_table(args, rows: list[dict]) -> None:
     print_table(
-        ["batching", "points/s", "seconds (rounds)", "largest batch pts", "slowest step s", "peak MB", "baseline MB"],
+        ["batching", "points/s", "points", "seconds (rounds)", "largest batch pts", "slowest step s", "peak MB", "baseline MB"],
         [[f"budget {args.budget} pts" if r["scheme"] == "budget" else f"fixed {r['clouds_per_batch']} clouds",
-          r["points_per_s"], " / ".join(f"{v:.1f}" for v in r["seconds_all_rounds"]), r["max_batch_points"],
-          r["slowest_step_s"], r["peak_rss_mb"], r["baseline_rss_mb"]] for r in train],
+          r["points_per_s"], r["points"], " / ".join(f"{v:.1f}" for v in r["seconds_all_rounds"]), r["max_batch_points"],
+          r["slowest_step_s"], r["peak_rss_mb"], r["baseline_rss_mb"]] for r in rows],
     )  # fmt: skip
-    ratio = {
+
+
+def _ratios(budget: dict, fixed: dict) -> dict[str, float]:
+    return {
         "throughput_budget_over_fixed": budget["points_per_s"] / fixed["points_per_s"],
+        "peak_budget_over_fixed": budget["peak_rss_mb"] / fixed["peak_rss_mb"],
         "peak_growth_budget_over_fixed": (budget["peak_rss_mb"] - budget["baseline_rss_mb"])
         / max(fixed["peak_rss_mb"] - fixed["baseline_rss_mb"], 1e-9),
         "largest_batch_budget_over_fixed": budget["max_batch_points"] / fixed["max_batch_points"],
     }
-    print("\nratios (budget / fixed): " + ", ".join(f"{k} {v:.3f}" for k, v in ratio.items()))
-    path = write_json("upsampler", {
-        "machine": machine(), "torch": torch.__version__, "threads": args.threads,
-        "inference": inference, "training": train, "ratios": ratio,
-    })  # fmt: skip
-    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
