@@ -15,6 +15,7 @@ from pointforge.cli import data as data_cli
 from pointforge.cli.demo import demo as demo_command
 from pointforge.cli.evaluate import evaluate as evaluate_command
 from pointforge.cli import train as _train_cli
+from pointforge.cli.upsample import upsample as upsample_command
 from pointforge.errors import UserError
 
 app = typer.Typer(
@@ -44,6 +45,7 @@ app.add_typer(data_cli.app, name="data")
 app.command("demo")(demo_command)
 app.command("evaluate")(evaluate_command)
 _train_cli.register(app)
+app.command("upsample")(upsample_command)
 
 
 
