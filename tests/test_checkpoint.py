@@ -157,3 +157,17 @@ def test_ckpt_cli_inspect_and_remap(tmp_path):
     fresh = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
     ck.load_model_state(fresh, weights)
     assert torch.equal(fresh[0].weight, model[0].weight)
+
+
+def test_files_that_are_not_checkpoints_say_so(tmp_path):
+    from pointforge.errors import CheckpointError
+    from pointforge.train.checkpoint import load_checkpoint
+
+    text = tmp_path / "pairs.csv"
+    text.write_text("sparse,dense\na.npy,b.npy\n")
+    with pytest.raises(CheckpointError, match="not a PyTorch checkpoint"):
+        load_checkpoint(text)
+    empty = tmp_path / "empty.pt"
+    empty.write_bytes(b"")
+    with pytest.raises(CheckpointError, match="empty"):
+        load_checkpoint(empty)

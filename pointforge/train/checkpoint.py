@@ -195,6 +195,13 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: str | torch.device
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist; check the path (pointforge ckpt inspect lists a run's checkpoints)")
+    with open(path, "rb") as fh:
+        head = fh.read(2)
+    if not head:
+        raise CheckpointError(f"checkpoint {path} is empty (0 bytes); use an earlier checkpoint")
+    # torch.save writes a zip archive ("PK"); very old files are a bare pickle (0x80).
+    if head != b"PK" and head[:1] != b"\x80":
+        raise CheckpointError(f"{path} is not a PyTorch checkpoint (neither a torch.save archive nor a pickle); check the path")
     try:
         obj = torch.load(path, map_location=map_location, weights_only=weights_only)
     except pickle.UnpicklingError as err:
