@@ -411,9 +411,12 @@ def build_plan(
         if spec_job.gpus:
             missing = [g for g in spec_job.gpus if g >= inventory.count]
             if missing:
-                have = f"GPUs 0-{inventory.count - 1}" if inventory.count else "no GPUs"
-                hint = f"; set {FAKE_GPUS_ENV}=N to rehearse a plan on a machine without GPUs, or use cpu: N" if inventory.count == 0 else ""
-                problems.append(DeviceError(f"{where} asks for GPU {format_gpu_list(missing)} but this machine has {have} ({inventory.describe()}){hint}"))
+                if inventory.count == 0:
+                    have = f"no GPUs ({inventory.note or 'no NVIDIA driver found'}); use cpu: N for a CPU job, or set {FAKE_GPUS_ENV}=N to rehearse the plan"
+                else:
+                    source = f"{FAKE_GPUS_ENV}={inventory.count}" if inventory.fake else f"from {inventory.source}"
+                    have = f"GPUs 0-{inventory.count - 1} ({source}); number GPUs as nvidia-smi does"
+                problems.append(DeviceError(f"{where} asks for GPU {format_gpu_list(missing)} but this machine has {have}"))
             for g in spec_job.gpus:
                 if g in gpu_owner:
                     problems.append(ConfigError(f"jobs {gpu_owner[g]} and {name} both use GPU {g}; give each job its own GPUs"))
@@ -622,6 +625,9 @@ def start_plan(plan: LaunchPlan, *, tmux: bool = False, monitor_every: float = 1
                         ["bash", str(script)], cwd=str(plan.cwd), env=base, stdin=subprocess.DEVNULL,
                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                     )
+                # The script records the same pid (it execs torchrun); writing it now
+                # leaves no moment in which the job looks gone.
+                atomic_write_text(with_pid, f"{proc.pid}\n", durable=False)
                 started.append(Started(job.name, job.run_dir, proc.pid, "detached"))
         if tmux:
             dirs = " ".join(shlex.quote(str(j.run_dir)) for j in plan.jobs)

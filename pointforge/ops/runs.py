@@ -31,6 +31,8 @@ LAUNCH_SH = "launch.sh"
 LAUNCH_PID = "launch.pid"
 CONSOLE_LOG = "console.log"
 LIVE_STATUSES = ("starting", "running", "restarting")
+# A job launched this recently may not have recorded its pid yet (tmux starts it asynchronously).
+PID_GRACE_S = 60.0
 # What a pointforge job's processes have on their command line (pid-reuse guard).
 JOB_MARKERS = ("torch.distributed.run", "torchrun", LAUNCH_SH)
 
@@ -233,7 +235,7 @@ def run_state(run_dir: str | os.PathLike, *, with_disk: bool = True, now: float 
             state.status = recorded
     else:
         # Launched, but no run.json from this launch yet.
-        if job_alive:
+        if job_alive or (launch and launch.get("pid") is None and now - launched_at < PID_GRACE_S):
             state.status = "starting"
         elif launch and launch.get("host") != host:
             state.status = "starting"
