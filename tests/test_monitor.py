@@ -31,7 +31,7 @@ def write_run(run_dir: Path, status: str, pid: int, *, step: int = 12, started_a
     run_dir.mkdir(parents=True, exist_ok=True)
     now = time.time()
     record = {
-        "status": status, "pid": pid, "host": HOST, "started_at": started_at if started_at is not None else now - 5,
+        "status": status, "pid": pid, "host": HOST, "started_at": started_at if started_at is not None else now,
         "updated_at": now - 2, "task": "toy", "world_size": 1, "total_steps": 100, "steps_per_epoch": 10, "epochs": 10,
         "epoch": step // 10, "global_step": step,
         "metrics": {"train/loss": 0.5, "train/lr": 1e-3, "train/it_per_s": 4.0, "train/samples_per_s": 32.0, "val_loss": 0.4},
@@ -158,7 +158,7 @@ def test_gpu_table_maps_processes_to_jobs(tmp_path, monkeypatch):
     monkeypatch.setattr(host, "_from_nvml", lambda: None)  # the nvidia-smi path, even where nvidia-ml-py is installed
     run = write_run(tmp_path / "runs" / "pcdiff", "running", os.getpid())
     (run / "ranks").mkdir()
-    (run / "ranks" / "rank0.json").write_text(json.dumps({"pid": os.getpid(), "host": HOST, "rank": 0, "started_at": time.time() - 5}))
+    (run / "ranks" / "rank0.json").write_text(json.dumps({"pid": os.getpid(), "host": HOST, "rank": 0, "started_at": time.time()}))
     inventory = host.gpu_inventory()
     assert inventory.source == "nvidia-smi" and inventory.count == 2
     assert inventory.gpus[0].utilization_pct == 97 and inventory.gpus[0].temperature_c == 64
