@@ -360,6 +360,12 @@ def test_tmux_session_has_a_window_per_job_and_a_monitor(tmp_path, monkeypatch, 
         _wait(lambda: run_state(run_dir).status == "finished", 90, "the tmux job to finish", [run_dir])
         # The window's output also went to the job's log.
         assert "finished: 8 steps" in (run_dir / "console.log").read_text()
+
+        def monitor_shows_the_job() -> bool:
+            pane = subprocess.run(["tmux", "capture-pane", "-p", "-t", "pftest:monitor"], capture_output=True, text=True).stdout
+            return "solo" in pane and "runs (" in pane
+
+        _wait(monitor_shows_the_job, 30, "the monitor window to show the job", [run_dir])
     finally:
         subprocess.run(["tmux", "kill-server"], capture_output=True)
         shutil.rmtree(sockets, ignore_errors=True)

@@ -609,8 +609,11 @@ def run_doctor(
         if launch_plan.problems:
             add([Check("plan", FAILURE, str(p), "fix the plan (pointforge launch PLAN --dry-run shows it)") for p in launch_plan.problems])
         else:
-            jobs = ", ".join(f"{j.name} on {('GPU ' + format_gpu_list(j.gpus)) if j.gpus else 'CPU'} (port {j.port})" for j in launch_plan.jobs)
-            add([Check("plan", OK, f"{plan}: {len(launch_plan.jobs)} job(s): {jobs}")])
+            jobs = ", ".join(
+                f"{j.name} on {('GPU ' + format_gpu_list(j.gpus)) if j.gpus else 'the CPU'}" + (f" (port {j.port})" if j.spec.port else "")
+                for j in launch_plan.jobs
+            )
+            add([Check("plan", OK, f"{plan}: {len(launch_plan.jobs)} job(s): {jobs}; GPUs, ports and run dirs free")])
         for job in launch_plan.jobs:
             try:
                 job_task = get_task(job.spec.task)
