@@ -7,7 +7,6 @@ import socket
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 
 from conftest import write_raw_dataset

@@ -217,6 +217,9 @@ def test_faked_gpus_run_on_the_cpu_and_say_so(tmp_path):
     assert "run.device=cpu" in a.command and a.nproc == 2 and a.env_set["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert "run.device=cpu" in c.command and c.nproc == 2 and c.env_set["CUDA_VISIBLE_DEVICES"] == ""
     assert "faked" in plan.text()
+    spec = ops.PlanSpec(jobs=[job("g", gpus=[0], overrides=["run.device=cuda"])], runs_dir=str(tmp_path / "runs"))
+    with pytest.raises(ConfigError, match=r"job g runs on the CPU \(faked GPUs\) but overrides run.device=cuda"):
+        ops.build_plan(spec, cwd=tmp_path, inventory=fake(1)).check()
     script = ops.job_script(a, tmp_path)
     assert "unset CUDA_VISIBLE_DEVICES" in script and "export CUDA_VISIBLE_DEVICES=0,1" in script
     assert script.rstrip().splitlines()[-1].startswith("exec ")

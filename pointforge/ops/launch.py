@@ -392,7 +392,7 @@ def build_plan(
     inventory = inventory or gpu_inventory(details=False)
     problems: list[UserError] = []
     jobs: list[JobPlan] = []
-    names: dict[str, int] = {}
+    names: set[str] = set()
     gpu_owner: dict[int, str] = {}
     dir_owner: dict[Path, str] = {}
     ports_taken: set[int] = set()
@@ -404,7 +404,7 @@ def build_plan(
         if name in names:
             problems.append(ConfigError(f"two jobs are named {name}; give each job its own name"))
             continue
-        names[name] = 1
+        names.add(name)
         notes: list[str] = []
 
         # GPUs: existing, not shared, one process per GPU.
@@ -412,7 +412,7 @@ def build_plan(
             missing = [g for g in spec_job.gpus if g >= inventory.count]
             if missing:
                 if inventory.count == 0:
-                    have = f"no GPUs ({inventory.note or 'no NVIDIA driver found'}); use cpu: N for a CPU job, or set {FAKE_GPUS_ENV}=N to rehearse the plan"
+                    have = f"no GPUs (no NVIDIA driver, NVML or nvidia-smi found); use cpu: N for a CPU job, or set {FAKE_GPUS_ENV}=N to rehearse the plan"
                 else:
                     source = f"{FAKE_GPUS_ENV}={inventory.count}" if inventory.fake else f"from {inventory.source}"
                     have = f"GPUs 0-{inventory.count - 1} ({source}); number GPUs as nvidia-smi does"
@@ -468,7 +468,7 @@ def build_plan(
             problems.append(_as(err, where))
         if cfg is not None:
             wanted = cfg.run.device.strip().lower()
-            if device == "cpu" and device_keys and any(_override_key(k) and not k.endswith(("=cpu", "=auto")) for k in device_keys):
+            if device == "cpu" and any(k.split("=", 1)[1].strip().lower() not in ("cpu", "auto") for k in device_keys):
                 problems.append(ConfigError(f"{where} runs on the CPU ({'faked GPUs' if spec_job.gpus else 'cpu job'}) but overrides {device_keys[-1]}; drop that override"))
             elif device == "cuda" and wanted not in ("auto", "cuda"):
                 problems.append(DeviceError(
