@@ -17,7 +17,7 @@ from pointforge.errors import ConfigError
 
 
 def launch_command(
-    args: Optional[List[str]] = typer.Argument(None, help="PLAN.yaml and/or key=value overrides applied to every job.", metavar="[PLAN.yaml] [KEY=VALUE]..."),
+    args: Optional[List[str]] = typer.Argument(None, help="PLAN.yaml and/or key=value overrides applied to every job.", metavar="PLAN.yaml|KEY=VALUE"),
     job: Optional[List[str]] = typer.Option(None, "--job", help="NAME:TASK:GPUS[:CONFIG], GPUS like 0-6, 7, 0,2 or cpu/cpu4 (repeatable; instead of a plan file)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (GPU map, command, environment per job) and start nothing."),
     tmux: bool = typer.Option(False, "--tmux", help="Start a tmux session: a window per job and one running pointforge monitor."),
