@@ -110,40 +110,73 @@ def _read_status(run_dir: str) -> dict:
 def ckpt_inspect(
     path: Path = typer.Argument(..., help="A checkpoint file, or a run dir (lists its checkpoints)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    trust: bool = typer.Option(False, "--trust", help="Allow files that need code to unpickle (only for files you trust)."),
 ) -> None:
-    """Show what a checkpoint holds: task, progress, sizes, prefixes, metrics."""
-    from pointforge.train.checkpoint import load_checkpoint, resume_candidates, summarize
+    """Show what a checkpoint holds: task, progress, config, parameters, saved devices and dtypes,
+    key prefixes, size, and whether it is complete and resumable."""
+    from pointforge.ops.checkpoints import inspect_checkpoint
+    from pointforge.train.checkpoint import resume_candidates
 
     if path.is_dir():
         files = resume_candidates(path)
         if not files:
             raise ConfigError(f"{path} holds no checkpoints (looked in {path / 'checkpoints'})")
         for file in files:
-            typer.echo(str(file))
+            typer.echo(f"{file}  ({_size(file.stat().st_size)})")
         return
-    summary = summarize(load_checkpoint(path))
+    info = inspect_checkpoint(path, trust=trust)
     if as_json:
-        typer.echo(json.dumps(summary, indent=2, default=str))
-        return
-    for key, value in summary.items():
-        typer.echo(f"{key:20s} {value}")
+        typer.echo(json.dumps(info, indent=2, default=str))
+    else:
+        for key, value in info.items():
+            if key == "size_bytes":
+                key, value = "size", _size(value)
+            elif isinstance(value, dict):
+                value = ", ".join(f"{k} {v:.5g}" if isinstance(v, float) else f"{k} {v}" for k, v in value.items()) or "-"
+            elif isinstance(value, bool):
+                value = "yes" if value else "no"
+            elif isinstance(value, list):
+                value = ", ".join(map(str, value)) or "-"
+            typer.echo(f"{key:20s} {value}")
+    if not info["complete"]:
+        sys.exit(1)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
 
 
 @ckpt_app.command("remap")
 def ckpt_remap(
-    source: Path = typer.Argument(..., help="Checkpoint to read (ours, DDP-saved, or a bare/upstream state dict)."),
-    target: Path = typer.Argument(..., help="Where to write the cleaned weights."),
+    source: Path = typer.Argument(..., help="Checkpoint to read (ours, DDP-saved, tagged cuda:N, or a bare/upstream state dict)."),
+    target: Optional[Path] = typer.Argument(None, help="Where to write (same as --out)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where to write (default: SOURCE's name + .remapped.pt, beside it)."),
     strip_prefix: Optional[List[str]] = typer.Option(None, "--strip-prefix", help="Extra key prefix to remove, e.g. model. (repeatable)."),
-    use_ema: bool = typer.Option(False, "--ema", help="Take the EMA weights when the checkpoint has them."),
+    weights: bool = typer.Option(False, "--weights", help="Write only the model weights (a plain state dict), not a resumable checkpoint."),
+    use_ema: bool = typer.Option(False, "--ema", help="Write the EMA weights (implies --weights)."),
     trust: bool = typer.Option(False, "--trust", help="Allow files that need code to unpickle (only for files you trust)."),
+    force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
 ) -> None:
-    """Write a checkpoint's model weights as a plain state dict: CPU tensors, no wrapper prefixes."""
-    from pointforge.train.checkpoint import WRAPPER_PREFIXES, load_checkpoint, model_weights, save_weights, strip_prefixes
+    """Write a device-agnostic copy: every tensor on the CPU, module./_orig_mod. prefixes removed.
 
-    weights = model_weights(load_checkpoint(source, weights_only=not trust), use_ema=use_ema)
-    cleaned = strip_prefixes(weights, WRAPPER_PREFIXES + tuple(strip_prefix or ()))
-    save_weights(target, cleaned)
-    typer.echo(f"wrote {len(cleaned)} tensors to {target}")
+    A pointforge checkpoint stays resumable (optimizer, schedule and progress
+    kept); other files become a plain state dict. Atomic; SOURCE is untouched.
+    """
+    from pointforge.ops.checkpoints import remap_checkpoint
+
+    if target is not None and out is not None and target != out:
+        raise ConfigError(f"two outputs given ({target} and --out {out}); give one")
+    result = remap_checkpoint(
+        source, out or target, strip_prefix=tuple(strip_prefix or ()), weights_only_output=weights,
+        use_ema=use_ema, trust=trust, force=force,
+    )
+    devices = ", ".join(f"{d} ×{n}" for d, n in result.saved_devices.items()) or "none"
+    what = "a resumable checkpoint" if result.kind == "checkpoint" else "a plain state dict"
+    typer.echo(f"wrote {result.target}: {what}, {result.tensors} tensors on the CPU (saved on: {devices})")
 
 
 def register(app: typer.Typer) -> None:
