@@ -14,6 +14,9 @@ from pointforge import __version__
 from pointforge.cli import data as data_cli
 from pointforge.cli.demo import demo as demo_command
 from pointforge.cli.evaluate import evaluate as evaluate_command
+from pointforge.cli import doctor as _doctor_cli
+from pointforge.cli import launch as _launch_cli
+from pointforge.cli import monitor as _monitor_cli
 from pointforge.cli import train as _train_cli
 from pointforge.cli.upsample import upsample as upsample_command
 from pointforge.errors import UserError
@@ -45,6 +48,9 @@ app.add_typer(data_cli.app, name="data")
 app.command("demo")(demo_command)
 app.command("evaluate")(evaluate_command)
 _train_cli.register(app)
+_launch_cli.register(app)
+_monitor_cli.register(app)
+_doctor_cli.register(app)
 app.command("upsample")(upsample_command)
 
 
