@@ -241,3 +241,19 @@ def test_epoch_reaches_persistent_workers(prepared):
     assert all(torch.equal(a, b) for a, b in zip(first, again))
     assert not any(torch.equal(a, b) for a, b in zip(first, second))
     assert torch.equal(second[0], (ds.set_epoch(1), ds[0])[1]["points"])
+
+
+def test_other_orientation_and_non_cubic_grid(tmp_path):
+    from pointforge.data.volumes import read_binary_volume, write_volume
+
+    raw = write_raw_dataset(tmp_path / "raw", "skullbreak", n_skulls=2, shape=(40, 36, 34), defects=("random_2",))
+    ras = np.diag([-1.0, -1.0, 1.0])  # RAS-style axes, as some tools write them
+    for path in raw.rglob("*.nrrd"):
+        vol = read_binary_volume(path, allow_empty=True)
+        write_volume(path, vol.data, spacing=(0.7, 0.6, 0.5), origin=(90.0, 100.0, -20.0), direction=ras)
+    res = prepare_dataset(raw, tmp_path / "prep", n_points=N, workers=1)
+    assert res.ok and len(res.cases) == 2
+    meta = json.loads((tmp_path / "prep/surfaces/complete_skull/000.json").read_text())
+    assert meta["shape"] == [40, 36, 34] and meta["spacing"] == pytest.approx([0.7, 0.6, 0.5])
+    np.testing.assert_allclose(meta["direction"], ras)
+    assert meta["origin"] == pytest.approx([90.0, 100.0, -20.0])
