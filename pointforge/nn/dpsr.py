@@ -313,7 +313,8 @@ class _Spectrum:
             w01 = self.omega_sq32[0][start:stop, None, None] + self.omega_sq32[1][None, :, None]
             lap = (-(w01 + w2)) + _LAPLACIAN_EPS
             factor = gauss.to(self.dtype) / lap.to(self.dtype)
-            spec[start:stop].mul_(factor)
+            # On the real view a real factor needs no complex temporary.
+            torch.view_as_real(spec[start:stop]).mul_(factor[..., None])
         spec[0, 0, 0] = 0
 
 
@@ -321,8 +322,8 @@ class _Spectrum:
 # The solve and its backward pass.
 
 
-def _raw_solve(corners: _PointCorners, normals: Tensor, spectrum: _Spectrum, out: Tensor) -> None:
-    """Unnormalised Poisson solution of one item, written into ``out`` (*res)."""
+def _raw_solve(corners: _PointCorners, normals: Tensor, spectrum: _Spectrum) -> Tensor:
+    """Unnormalised Poisson solution (*res) of one item."""
     res = spectrum.res
     grid = torch.zeros(math.prod(res), dtype=normals.dtype, device=normals.device)
     spec = None
@@ -339,7 +340,8 @@ def _raw_solve(corners: _PointCorners, normals: Tensor, spectrum: _Spectrum, out
         del part
     del grid
     spectrum.apply_filter_(spec)
-    torch.fft.irfftn(spec, s=res, out=out)
+    # irfftn(out=...) would compute into a temporary and copy, so return a fresh grid.
+    return torch.fft.irfftn(spec, s=res)
 
 
 class _DPSRFunction(torch.autograd.Function):
@@ -347,14 +349,13 @@ class _DPSRFunction(torch.autograd.Function):
     def forward(ctx, points, normals, res, sigma, shift, scale, chunk):
         batch = points.shape[0]
         spectrum = _Spectrum(res, sigma, points.dtype, points.device)
-        out = points.new_empty(batch, *res)
+        out = None
         scales = points.new_ones(batch)
         keep = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         ctx.corners = []
         for i in range(batch):
-            phi = out[i]
             corners = _PointCorners(points[i], res, chunk)
-            _raw_solve(corners, normals[i], spectrum, phi)
+            phi = _raw_solve(corners, normals[i], spectrum)
             if shift:
                 at_points, _ = corners.gather(phi.view(-1), False)
                 phi.sub_(at_points.mean())
@@ -363,6 +364,13 @@ class _DPSRFunction(torch.autograd.Function):
                 # Same rounding as -phi / |corner| * 0.5: scaling by 2 is exact.
                 phi.div_(-2.0 * corner.abs())
                 scales[i] = corner
+            if batch == 1:
+                out = phi.unsqueeze(0)
+            else:
+                if out is None:
+                    out = points.new_empty(batch, *res)
+                out[i].copy_(phi)
+            del phi
             if keep:
                 ctx.corners.append(corners)
         ctx.res, ctx.sigma, ctx.shift, ctx.scale, ctx.chunk = res, sigma, shift, scale, chunk
@@ -398,8 +406,7 @@ class _DPSRFunction(torch.autograd.Function):
                 # the grid through the splat of 1/n at every point, and to the points
                 # through the field's spatial gradient there.
                 grad_mean = -grad_phi.sum()
-                flat = grad_phi.view(-1)
-                corners.splat(flat, (grad_mean / n).expand(n))
+                corners.splat(grad_phi.view(-1), (grad_mean / n).expand(n))
                 if need_points:
                     # The field minus a constant has the same gradient; phi' = -2|c| psi when scaled.
                     factor = -2.0 * scales[i].abs() if scale else 1.0
@@ -436,25 +443,32 @@ def dpsr_memory_bytes(
     requires_grad: bool = False,
     chunk: int = DEFAULT_POINT_CHUNK,
 ) -> int:
-    """Estimated peak memory in bytes that :func:`dpsr` allocates for one call.
+    """Estimated peak memory in bytes of one :func:`dpsr` call (forward, and backward with ``requires_grad``).
 
-    Counts the output grid, the solver's working set (one real grid and two half
-    spectra in the forward pass, plus the inverse FFT's internal copy) and, with
-    ``requires_grad``, the incoming gradient grid and the backward working set.
-    The per-point chunk temporaries are included; the caller's own tensors are not.
+    Counts the output grids, the solver's working set (a real grid and two half
+    spectra while transforming the normals; the spectrum, the inverse FFT's
+    internal copy and its result at the end), the per-point corner tables and,
+    with ``requires_grad``, the incoming gradient grids and the backward working
+    set (the spectrum of the gradient, one channel, the inverse FFT's copy and
+    result). The caller's own tensors (points, a loss's intermediates) are not
+    included. Measured peaks (bench/dpsr.py) stay within a few percent of it.
     """
     res = normalize_resolution(res)
     item = torch.empty((), dtype=dtype).element_size()
     grid = math.prod(res) * item
     half = res[0] * res[1] * (res[2] // 2 + 1) * 2 * item
-    chunk_points = min(max(int(n_points), 0), chunk)
-    per_point = chunk_points * 8 * (8 + 8 * item) + int(n_points) * 3 * item * 2
-    output = batch * grid
-    forward = max(grid + 2 * half, 3 * half)
+    n_points = max(int(n_points), 0)
+    # Corner tables: 8 int64 indices, 8 weights, 6 axis weights; 32 more values
+    # (weights with their derivatives) once the backward pass needs them.
+    per_point = 64 + (14 + (32 if requires_grad else 0)) * item
+    kept = n_points if n_points <= _KEEP_CORNERS_UP_TO else min(n_points, chunk)
+    points = kept * per_point * batch + n_points * 3 * item * (4 if requires_grad else 1)
+    # One batch item is solved at a time; with a batch > 1 its result is copied into the output.
+    forward = batch * grid + 2 * half + (grid if batch > 1 else 0)
     if not requires_grad:
-        return output + forward + per_point
-    backward = batch * grid + max(grid + 2 * half, 2 * half + grid + 2 * half)
-    return output + max(forward, backward) + per_point
+        return forward + points
+    backward = 2 * batch * grid + grid + 3 * half
+    return max(forward, backward) + points
 
 
 def available_memory_bytes(device: torch.device | str) -> int:
