@@ -59,11 +59,15 @@ DEFAULT_POINT_CHUNK = 1 << 18
 # a point) from the forward pass to the backward pass instead of rebuilding them.
 _KEEP_CORNERS_UP_TO = 1 << 20
 
-# Rows of the half spectrum filtered per step; bounds the float64 temporaries of
-# the filter to a few MB per slab at 512^3.
-_SLAB_ELEMENTS = 1 << 21
+# Half-spectrum elements filtered per step: the filter's temporaries (about 24
+# bytes an element) stay near 12 MB whatever the grid.
+_SLAB_ELEMENTS = 1 << 19
 
 _LAPLACIAN_EPS = 1e-6
+
+# Measured slack of a forward+backward pass beyond the tensors counted (FFT plans
+# and workspace, allocator rounding): about 40 MB on small grids, ~1% at 512^3.
+_FIXED_OVERHEAD = 48 << 20
 
 
 def normalize_resolution(res: int | Sequence[int]) -> tuple[int, int, int]:
@@ -463,12 +467,14 @@ def dpsr_memory_bytes(
     per_point = 64 + (14 + (32 if requires_grad else 0)) * item
     kept = n_points if n_points <= _KEEP_CORNERS_UP_TO else min(n_points, chunk)
     points = kept * per_point * batch + n_points * 3 * item * (4 if requires_grad else 1)
+    filter_slab = min(_SLAB_ELEMENTS, half // (2 * item)) * (16 + 2 * item)
+    fixed = _FIXED_OVERHEAD if requires_grad else 0
     # One batch item is solved at a time; with a batch > 1 its result is copied into the output.
     forward = batch * grid + 2 * half + (grid if batch > 1 else 0)
     if not requires_grad:
-        return forward + points
+        return forward + points + filter_slab
     backward = 2 * batch * grid + grid + 3 * half
-    return max(forward, backward) + points
+    return max(forward, backward) + points + filter_slab + fixed
 
 
 def available_memory_bytes(device: torch.device | str) -> int:
