@@ -318,6 +318,9 @@ def test_bad_normals_and_settings_raise_user_errors():
             dpsr(points, torch.ones_like(points), res)
     with pytest.raises(ConfigError, match="sigma"):
         DPSR(16, sigma=-1.0)
+    with pytest.raises(DataError, match="corner"):
+        dpsr(points, torch.zeros_like(points), 16)
+    assert dpsr(points, torch.zeros_like(points), 16, scale=False).abs().max() == 0
 
 
 def test_grid_too_large_for_the_memory_limit_raises_before_allocating():

@@ -365,6 +365,11 @@ class _DPSRFunction(torch.autograd.Function):
                 phi.sub_(at_points.mean())
             if scale:
                 corner = phi[0, 0, 0].clone()
+                if corner.item() == 0.0:
+                    raise DataError(
+                        f"DPSR item {i}: the field is exactly 0 at the corner node, so it cannot be scaled "
+                        "(all normals zero?); give non-zero normals or call with scale=False"
+                    )
                 # Same rounding as -phi / |corner| * 0.5: scaling by 2 is exact.
                 phi.div_(-2.0 * corner.abs())
                 scales[i] = corner
@@ -477,23 +482,46 @@ def dpsr_memory_bytes(
     return max(forward, backward) + points + filter_slab + fixed
 
 
+def _cgroup_headroom() -> int | None:
+    """Bytes left under this process's cgroup memory limit (containers), if there is one."""
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
+        try:
+            limit = open(limit_file).read().strip()
+            usage = int(open(usage_file).read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < 1 << 60:
+            return max(int(limit) - usage, 0)
+        return None
+    return None
+
+
 def available_memory_bytes(device: torch.device | str) -> int:
-    """Memory the device can still give: free plus cached on CUDA, MemAvailable on a CPU."""
+    """Memory the device can still give: free plus cached on CUDA; on a CPU the
+    kernel's MemAvailable, or less when a container's cgroup limit is closer."""
     device = torch.device(device)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+    available = None
     try:
         with open("/proc/meminfo") as fh:
             for line in fh:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    available = int(line.split()[1]) * 1024
+                    break
     except OSError:
         pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 1 << 62
+    if available is None:
+        try:
+            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            available = 1 << 62
+    headroom = _cgroup_headroom()
+    return available if headroom is None else min(available, headroom)
 
 
 def _gib(n: float) -> str:
