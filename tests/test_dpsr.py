@@ -324,8 +324,7 @@ def test_bad_normals_and_settings_raise_user_errors():
 
 
 def test_grid_too_large_for_the_memory_limit_raises_before_allocating():
-    points = torch.full((1, 4, 3), 0.5)
-    normals = torch.ones_like(points)
+    points, normals = _sphere_cloud(4, center=(0.5, 0.5, 0.5), radius=0.2)
     need = dpsr_memory_bytes(64, 4)
     with pytest.raises(ConfigError, match="memory limit") as info:
         dpsr(points, normals, 64, memory_limit=need - 1)
