@@ -35,9 +35,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 import torch  # noqa: E402
 
 from _common import machine, machine_line, print_table, write_json  # noqa: E402
-from pointforge.nn.dpsr import dpsr, dpsr_memory_bytes  # noqa: E402
+from pointforge.nn.dpsr import dpsr, dpsr_memory_bytes, resolve_fft_backend  # noqa: E402
 
 SIGMA = 2.0
+# pointforge runs with its default FFT backend (pocketfft via SciPy on a CPU) and,
+# to separate the FFT library's share of the gain, with torch.fft (its CUDA path).
+IMPL_FFT = {"pointforge": "auto", "pointforge-torchfft": "torch"}
 
 
 def straightforward_dpsr(points: torch.Tensor, normals: torch.Tensor, res: tuple[int, int, int], sigma: float):
@@ -93,9 +96,11 @@ def run_one(impl: str, res: int, n_points: int, backward: bool, threads: int, re
     # part of what each solver needs, so it counts for both.
     rss_start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     upstream = torch.randn(1, *shape, generator=torch.Generator().manual_seed(1)) if backward else None
-    solve = (lambda p, n: dpsr(p, n, shape, SIGMA)) if impl == "pointforge" else (
-        lambda p, n: straightforward_dpsr(p, n, shape, SIGMA)
-    )
+    if impl == "straightforward":
+        solve = lambda p, n: straightforward_dpsr(p, n, shape, SIGMA)  # noqa: E731
+    else:
+        fft = IMPL_FFT[impl]
+        solve = lambda p, n: dpsr(p, n, shape, SIGMA, fft=fft)  # noqa: E731
     times, cpu_times = [], []
     for _ in range(repeats):
         p = points.clone().requires_grad_(backward)
@@ -127,8 +132,10 @@ def run_one(impl: str, res: int, n_points: int, backward: bool, threads: int, re
         "load_average": os.getloadavg()[0],
         "peak_rss_gib": peak / 2**30,
         "peak_above_start_gib": (peak - rss_start) / 2**30,
-        "estimate_gib": dpsr_memory_bytes(res, n_points, 1, requires_grad=backward) / 2**30
-        if impl == "pointforge"
+        "estimate_gib": dpsr_memory_bytes(
+            res, n_points, 1, requires_grad=backward, fft=resolve_fft_backend(IMPL_FFT[impl], "cpu")
+        ) / 2**30
+        if impl in IMPL_FFT
         else None,
     }
 
@@ -175,7 +182,7 @@ def main() -> None:
     print(f"DPSR benchmark on {machine_line(info)}; sigma {SIGMA}")
     print(f"straightforward vs pointforge at 32^3: max |difference| {check_equal():.1e}")
     rows = []
-    impls = ["pointforge"] + ([] if args.no_baseline else ["straightforward"])
+    impls = list(IMPL_FFT) + ([] if args.no_baseline else ["straightforward"])
     for res in args.res:
         for n_points in args.points:
             for backward in (False, True):
@@ -199,7 +206,7 @@ def main() -> None:
     by_key = {(r["impl"], r["res"], r["points"], r["mode"]): r for r in rows}
     for r in rows:
         other = by_key.get(("straightforward", r["res"], r["points"], r["mode"]))
-        if r["impl"] == "pointforge" and other and "time_s" in other and "time_s" in r:
+        if r["impl"] in IMPL_FFT and other and "time_s" in other and "time_s" in r:
             r["speedup"] = other["time_s"] / r["time_s"]
             if min(other["peak_above_start_gib"], r["peak_above_start_gib"]) > 0.02:  # else allocator noise
                 r["memory_ratio"] = other["peak_above_start_gib"] / r["peak_above_start_gib"]

@@ -70,20 +70,21 @@ def test_fixture_lists_the_cases_we_check(sap):
     assert "shape_as_points" in sap["source"]
 
 
+@pytest.mark.parametrize("fft", ["torch", "scipy"])
 @pytest.mark.parametrize("name", CASE_NAMES)
-def test_fixture_solution_and_values_at_points(sap, name):
+def test_fixture_solution_and_values_at_points(sap, name, fft):
     case = _case(sap, name)
     res, sig = tuple(case["res"]), case["sig"]
     points, normals = case["points"], case["normals"]
-    psr = dpsr(points, normals, res, sig)
+    psr = dpsr(points, normals, res, sig, fft=fft)
     assert psr.shape == case["psr"].shape and psr.dtype == torch.float32
     assert _max_err(psr, case["psr"]) < 1e-6
     assert _max_err(interpolate(psr, points), case["psr_at_points"]) < 1e-6
 
-    raw = dpsr(points, normals, res, sig, shift=False, scale=False)
+    raw = dpsr(points, normals, res, sig, shift=False, scale=False, fft=fft)
     if "psr_raw" in case:
         assert _max_err(raw, case["psr_raw"]) < 1e-7  # raw values are ~20x smaller than psr
-    shift_only = dpsr(points, normals, res, sig, shift=True, scale=False)
+    shift_only = dpsr(points, normals, res, sig, shift=True, scale=False, fft=fft)
     assert _max_err(shift_only, raw - case["stats"]["shift_offset"]) < 1e-7
 
     stats = case["stats"]
@@ -117,19 +118,21 @@ def test_fixture_solution_and_values_at_points(sap, name):
         assert agreement == pytest.approx(stats["sign_agreement"], abs=1e-12)
 
 
-def test_fixture_float64_solve(sap):
+@pytest.mark.parametrize("fft", ["torch", "scipy"])
+def test_fixture_float64_solve(sap, fft):
     case = _case(sap, "sphere_r32_s2")
-    psr = dpsr(case["points_f64"], case["normals_f64"], tuple(case["res"]), case["sig"])
+    psr = dpsr(case["points_f64"], case["normals_f64"], tuple(case["res"]), case["sig"], fft=fft)
     assert psr.dtype == torch.float64
     assert _max_err(psr, case["psr_f64"]) < 1e-12
 
 
+@pytest.mark.parametrize("fft", ["torch", "scipy"])
 @pytest.mark.parametrize("name", [n for n in CASE_NAMES if "r32" in n])
-def test_fixture_gradients(sap, name):
+def test_fixture_gradients(sap, name, fft):
     case = _case(sap, name)
     points = case["points"].clone().requires_grad_()
     normals = case["normals"].clone().requires_grad_()
-    (dpsr(points, normals, tuple(case["res"]), case["sig"]) * case["grad_weight"]).sum().backward()
+    (dpsr(points, normals, tuple(case["res"]), case["sig"], fft=fft) * case["grad_weight"]).sum().backward()
     assert _max_err(points.grad, case["grad_points"]) < _grad_scale_tol(case["grad_points"])
     assert _max_err(normals.grad, case["grad_normals"]) < _grad_scale_tol(case["grad_normals"])
 
@@ -262,16 +265,36 @@ def test_point_just_below_one_on_a_non_power_of_two_grid_lands_on_node_zero():
 # Gradients.
 
 
-@pytest.mark.parametrize(("shift", "scale"), [(True, True), (False, False), (True, False), (False, True)])
-def test_gradcheck_points_and_normals(shift, scale):
+@pytest.mark.parametrize(
+    ("shift", "scale", "fft"),
+    [(True, True, "torch"), (True, True, "scipy"), (False, False, "scipy"), (True, False, "torch"), (False, True, "scipy")],
+)
+def test_gradcheck_points_and_normals(shift, scale, fft):
     points, normals = _random_cloud(7, seed=11)
     points.requires_grad_()
     normals.requires_grad_()
 
     def fn(p, n):
-        return dpsr(p, n, (6, 5, 4), 1.5, shift=shift, scale=scale)
+        return dpsr(p, n, (6, 5, 4), 1.5, shift=shift, scale=scale, fft=fft)
 
     assert torch.autograd.gradcheck(fn, (points, normals), eps=1e-7, atol=1e-6, rtol=1e-5, fast_mode=True)
+
+
+def test_fft_backends_agree_on_values_and_gradients():
+    points, normals = _sphere_cloud(3000, center=(0.48, 0.5, 0.53), radius=0.3)
+    weight = torch.randn(1, 40, 36, 33, generator=torch.Generator().manual_seed(0))
+    results = []
+    for fft in ("torch", "scipy"):
+        p, n = points.clone().requires_grad_(), normals.clone().requires_grad_()
+        psr = dpsr(p, n, (40, 36, 33), 2.0, fft=fft)
+        (psr * weight).sum().backward()
+        results.append((psr.detach(), p.grad, n.grad))
+    (psr_t, gp_t, gn_t), (psr_s, gp_s, gn_s) = results
+    assert _max_err(psr_t, psr_s) < 1e-6
+    assert _max_err(gp_t, gp_s) < 1e-5 * gp_t.abs().max().item()
+    assert _max_err(gn_t, gn_s) < 1e-5 * gn_t.abs().max().item()
+    with pytest.raises(ConfigError, match="fft"):
+        dpsr(points, normals, 16, fft="mkl")
 
 
 def test_gradient_to_points_only_equals_the_full_gradient():
@@ -344,6 +367,8 @@ def test_memory_estimate_grows_with_the_grid_batch_and_gradients():
     assert f(512, batch=2) - f(512) >= 2 * grid
     assert f(256, dtype=torch.float64) > 1.9 * f(256)
     assert f(64, 10**7) > f(64, 10**5) > f(64)
+    # SciPy's inverse FFT works in place: one half spectrum less.
+    assert f(512, requires_grad=True) - f(512, requires_grad=True, fft="scipy") == 512 * 512 * 257 * 8
     # At 512^3 the forward pass needs three grids' worth and forward+backward
     # six (incoming gradient included), where a straightforward solver needs ~20.
     assert f(512, 215_000) < 3.1 * grid

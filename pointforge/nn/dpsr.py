@@ -40,6 +40,11 @@ from torch import Tensor, nn
 
 from pointforge.errors import ConfigError, DataError
 
+try:  # pocketfft: on a CPU its inverse real FFT is about twice MKL's speed and can work in place
+    import scipy.fft as _scipy_fft
+except ImportError:  # pragma: no cover - scipy is a dependency, but DPSR does not need it
+    _scipy_fft = None
+
 __all__ = [
     "DPSR",
     "dpsr",
@@ -49,7 +54,13 @@ __all__ = [
     "interpolate",
     "normalize_resolution",
     "psr_tanh_mse_loss",
+    "FFT_BACKENDS",
+    "resolve_fft_backend",
 ]
+
+# "auto": SciPy's pocketfft for CPU tensors when SciPy is importable, torch.fft
+# otherwise (CUDA). Both compute the same transforms (tested equal).
+FFT_BACKENDS = ("auto", "torch", "scipy")
 
 # Points per chunk when splatting or gathering: 8 corners x 2^18 points keeps the
 # index and weight temporaries near 30 MB whatever the cloud size.
@@ -323,10 +334,44 @@ class _Spectrum:
 
 
 # ----------------------------------------------------------------------------
+# FFT backends.
+
+
+def resolve_fft_backend(fft: str, device: torch.device | str) -> str:
+    """The backend ``fft`` (one of :data:`FFT_BACKENDS`) means for tensors on ``device``."""
+    if fft not in FFT_BACKENDS:
+        raise ConfigError(f"DPSR fft backend must be one of {', '.join(FFT_BACKENDS)}, got {fft!r}")
+    cpu_scipy = torch.device(device).type == "cpu" and _scipy_fft is not None
+    if fft == "auto":
+        return "scipy" if cpu_scipy else "torch"
+    if fft == "scipy" and not cpu_scipy:
+        raise ConfigError("DPSR fft='scipy' needs SciPy and CPU tensors; use fft='torch' or 'auto'")
+    return fft
+
+
+def _rfftn(x: Tensor, backend: str) -> Tensor:
+    if backend == "scipy":
+        return torch.from_numpy(_scipy_fft.rfftn(x.detach().numpy(), workers=torch.get_num_threads()))
+    return torch.fft.rfftn(x)
+
+
+def _irfftn_consuming(spec: Tensor, res: tuple[int, int, int], backend: str) -> Tensor:
+    """Inverse real FFT of a spectrum the caller gives up (it may be overwritten).
+
+    torch's inverse copies its input internally; pocketfft transforms it in place,
+    one half spectrum less at the peak.
+    """
+    if backend == "scipy":
+        out = _scipy_fft.irfftn(spec.detach().numpy(), s=res, workers=torch.get_num_threads(), overwrite_x=True)
+        return torch.from_numpy(out)
+    return torch.fft.irfftn(spec, s=res)
+
+
+# ----------------------------------------------------------------------------
 # The solve and its backward pass.
 
 
-def _raw_solve(corners: _PointCorners, normals: Tensor, spectrum: _Spectrum) -> Tensor:
+def _raw_solve(corners: _PointCorners, normals: Tensor, spectrum: _Spectrum, backend: str) -> Tensor:
     """Unnormalised Poisson solution (*res) of one item."""
     res = spectrum.res
     grid = torch.zeros(math.prod(res), dtype=normals.dtype, device=normals.device)
@@ -335,7 +380,7 @@ def _raw_solve(corners: _PointCorners, normals: Tensor, spectrum: _Spectrum) -> 
         if axis:
             grid.zero_()
         corners.splat(grid, normals[:, axis])
-        part = torch.fft.rfftn(grid.view(res))
+        part = _rfftn(grid.view(res), backend)
         part.mul_(spectrum.derivative(axis, -1.0))
         if spec is None:
             spec = part
@@ -344,13 +389,13 @@ def _raw_solve(corners: _PointCorners, normals: Tensor, spectrum: _Spectrum) -> 
         del part
     del grid
     spectrum.apply_filter_(spec)
-    # irfftn(out=...) would compute into a temporary and copy, so return a fresh grid.
-    return torch.fft.irfftn(spec, s=res)
+    # A fresh grid: torch's irfftn(out=...) would compute into a temporary and copy.
+    return _irfftn_consuming(spec, res, backend)
 
 
 class _DPSRFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, points, normals, res, sigma, shift, scale, chunk):
+    def forward(ctx, points, normals, res, sigma, shift, scale, chunk, backend):
         batch = points.shape[0]
         spectrum = _Spectrum(res, sigma, points.dtype, points.device)
         out = None
@@ -359,7 +404,7 @@ class _DPSRFunction(torch.autograd.Function):
         ctx.corners = []
         for i in range(batch):
             corners = _PointCorners(points[i], res, chunk)
-            phi = _raw_solve(corners, normals[i], spectrum)
+            phi = _raw_solve(corners, normals[i], spectrum, backend)
             if shift:
                 at_points, _ = corners.gather(phi.view(-1), False)
                 phi.sub_(at_points.mean())
@@ -382,7 +427,7 @@ class _DPSRFunction(torch.autograd.Function):
             del phi
             if keep:
                 ctx.corners.append(corners)
-        ctx.res, ctx.sigma, ctx.shift, ctx.scale, ctx.chunk = res, sigma, shift, scale, chunk
+        ctx.res, ctx.sigma, ctx.shift, ctx.scale, ctx.backend = res, sigma, shift, scale, backend
         ctx.save_for_backward(points, normals, out, scales)
         return out
 
@@ -394,7 +439,7 @@ class _DPSRFunction(torch.autograd.Function):
         grad_points = torch.zeros_like(points) if need_points else None
         grad_normals = torch.zeros_like(normals) if need_normals else None
         if not (need_points or need_normals):
-            return None, None, None, None, None, None, None
+            return None, None, None, None, None, None, None, None
         spectrum = _Spectrum(res, ctx.sigma, points.dtype, points.device)
         n = points.shape[1]
         for i in range(points.shape[0]):
@@ -423,12 +468,12 @@ class _DPSRFunction(torch.autograd.Function):
                     grad_points[i] += spatial * (grad_mean * factor / n)
             # The raw solve is a real periodic convolution of each normal channel; its
             # adjoint multiplies the spectrum by the conjugate factor (+i omega G / lap).
-            spec = torch.fft.rfftn(grad_phi)
+            spec = _rfftn(grad_phi, ctx.backend)
             del grad_phi
             spectrum.apply_filter_(spec)
             for axis in range(3):
                 channel = spec * spectrum.derivative(axis, 1.0)
-                grad_raster = torch.fft.irfftn(channel, s=res).view(-1)
+                grad_raster = _irfftn_consuming(channel, res, ctx.backend).view(-1)
                 del channel
                 values, spatial = corners.gather(grad_raster, need_points)
                 del grad_raster
@@ -437,7 +482,7 @@ class _DPSRFunction(torch.autograd.Function):
                 if need_points:
                     grad_points[i] += spatial * normals[i, :, axis, None]
             del spec
-        return grad_points, grad_normals, None, None, None, None, None
+        return grad_points, grad_normals, None, None, None, None, None, None
 
 
 # ----------------------------------------------------------------------------
@@ -451,21 +496,27 @@ def dpsr_memory_bytes(
     dtype: torch.dtype = torch.float32,
     requires_grad: bool = False,
     chunk: int = DEFAULT_POINT_CHUNK,
+    fft: str = "torch",
 ) -> int:
     """Estimated peak memory in bytes of one :func:`dpsr` call (forward, and backward with ``requires_grad``).
 
     Counts the output grids, the solver's working set (a real grid and two half
     spectra while transforming the normals; the spectrum, the inverse FFT's
-    internal copy and its result at the end), the per-point corner tables and,
-    with ``requires_grad``, the incoming gradient grids and the backward working
-    set (the spectrum of the gradient, one channel, the inverse FFT's copy and
-    result). The caller's own tensors (points, a loss's intermediates) are not
-    included. Measured peaks (bench/dpsr.py) stay within a few percent of it.
+    internal copy with ``fft="torch"`` and its result at the end), the per-point
+    corner tables and, with ``requires_grad``, the incoming gradient grids and
+    the backward working set (the spectrum of the gradient, one channel, the
+    inverse FFT's copy and result). ``fft`` is the backend that will run
+    (``"scipy"`` inverts in place: no copy); ``"auto"`` counts as ``"torch"``,
+    the larger. The caller's own tensors (points, a loss's intermediates) are
+    not included. Measured peaks (bench/dpsr.py) stay within a few percent.
     """
     res = normalize_resolution(res)
+    if fft not in FFT_BACKENDS:
+        raise ConfigError(f"DPSR fft backend must be one of {', '.join(FFT_BACKENDS)}, got {fft!r}")
     item = torch.empty((), dtype=dtype).element_size()
     grid = math.prod(res) * item
     half = res[0] * res[1] * (res[2] // 2 + 1) * 2 * item
+    inverse_copy = 0 if fft == "scipy" else half
     n_points = max(int(n_points), 0)
     # Corner tables: 8 int64 indices, 8 weights, 6 axis weights; 32 more values
     # (weights with their derivatives) once the backward pass needs them.
@@ -475,10 +526,13 @@ def dpsr_memory_bytes(
     filter_slab = min(_SLAB_ELEMENTS, half // (2 * item)) * (16 + 2 * item)
     fixed = _FIXED_OVERHEAD if requires_grad else 0
     # One batch item is solved at a time; with a batch > 1 its result is copied into the output.
-    forward = batch * grid + 2 * half + (grid if batch > 1 else 0)
+    # While transforming the normals: the grid, one channel's spectrum and the
+    # sum; at the inverse: the sum, maybe its copy, and the result.
+    working = max(grid + 2 * half, half + inverse_copy + grid)
+    forward = (batch - 1) * grid + working + (grid if batch > 1 else 0)
     if not requires_grad:
         return forward + points + filter_slab
-    backward = 2 * batch * grid + grid + 3 * half
+    backward = 2 * batch * grid + grid + 2 * half + inverse_copy
     return max(forward, backward) + points + filter_slab + fixed
 
 
@@ -528,10 +582,10 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
-def _check_memory(res, n_points, batch, dtype, requires_grad, chunk, limit, device) -> None:
+def _check_memory(res, n_points, batch, dtype, requires_grad, chunk, backend, limit, device) -> None:
     if limit is not None and math.isinf(limit):
         return
-    need = dpsr_memory_bytes(res, n_points, batch, dtype, requires_grad, chunk)
+    need = dpsr_memory_bytes(res, n_points, batch, dtype, requires_grad, chunk, backend)
     budget = available_memory_bytes(device) if limit is None else limit
     if need > budget:
         which = "the memory limit" if limit is not None else f"the memory available on {torch.device(device)}"
@@ -556,6 +610,7 @@ def dpsr(
     scale: bool = True,
     memory_limit: float | None = None,
     chunk: int = DEFAULT_POINT_CHUNK,
+    fft: str = "auto",
 ) -> Tensor:
     """Indicator grid (batch, *res) of oriented points (batch, n, 3) in ``[0, 1)``.
 
@@ -564,18 +619,23 @@ def dpsr(
     points, corner node +0.5, inside negative). ``memory_limit`` in bytes: a solve
     estimated (by :func:`dpsr_memory_bytes`) to need more raises
     :class:`ConfigError` before anything is allocated; ``None`` means the memory
-    the device has available now, ``math.inf`` disables the check. Gradients
-    flow to points and normals.
+    the device has available now, ``math.inf`` disables the check. ``chunk``
+    bounds the points handled at once when splatting. ``fft`` picks the FFT
+    backend (see :data:`FFT_BACKENDS`). Gradients flow to points and normals.
     """
     res = normalize_resolution(res)
     sigma = _check_sigma(sigma)
     check_oriented_points(points, normals)
     if int(chunk) < 1:
         raise ConfigError(f"DPSR chunk must be a positive number of points, got {chunk}")
+    backend = resolve_fft_backend(fft, points.device)
     requires_grad = torch.is_grad_enabled() and (points.requires_grad or normals.requires_grad)
-    _check_memory(res, points.shape[1], points.shape[0], points.dtype, requires_grad, int(chunk), memory_limit, points.device)
+    _check_memory(
+        res, points.shape[1], points.shape[0], points.dtype, requires_grad, int(chunk), backend, memory_limit,
+        points.device,
+    )
     return _DPSRFunction.apply(
-        points.contiguous(), normals.contiguous(), res, sigma, bool(shift), bool(scale), int(chunk)
+        points.contiguous(), normals.contiguous(), res, sigma, bool(shift), bool(scale), int(chunk), backend
     )
 
 
@@ -591,6 +651,7 @@ class DPSR(nn.Module):
         scale: bool = True,
         memory_limit: float | None = None,
         chunk: int = DEFAULT_POINT_CHUNK,
+        fft: str = "auto",
     ):
         super().__init__()
         self.res = normalize_resolution(res)
@@ -598,6 +659,9 @@ class DPSR(nn.Module):
         self.shift, self.scale = bool(shift), bool(scale)
         self.memory_limit = memory_limit
         self.chunk = int(chunk)
+        if fft not in FFT_BACKENDS:
+            raise ConfigError(f"DPSR fft backend must be one of {', '.join(FFT_BACKENDS)}, got {fft!r}")
+        self.fft = fft
 
     def forward(self, points: Tensor, normals: Tensor) -> Tensor:
         return dpsr(
@@ -609,10 +673,11 @@ class DPSR(nn.Module):
             scale=self.scale,
             memory_limit=self.memory_limit,
             chunk=self.chunk,
+            fft=self.fft,
         )
 
     def extra_repr(self) -> str:
-        return f"res={self.res}, sigma={self.sigma}, shift={self.shift}, scale={self.scale}"
+        return f"res={self.res}, sigma={self.sigma}, shift={self.shift}, scale={self.scale}, fft={self.fft!r}"
 
 
 def psr_tanh_mse_loss(pred: Tensor, target: Tensor, *, target_is_tanh: bool = False) -> Tensor:
