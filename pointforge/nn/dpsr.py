@@ -31,6 +31,7 @@ exactly symmetric under axis permutations only on odd sizes.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ from torch import Tensor, nn
 
 from pointforge.errors import ConfigError, DataError
 
-try:  # pocketfft: on a CPU its inverse real FFT is about twice MKL's speed and can work in place
+try:  # pocketfft: on a CPU its inverse real FFT is markedly faster than MKL's (bench/dpsr.py)
     import scipy.fft as _scipy_fft
 except ImportError:  # pragma: no cover - scipy is a dependency, but DPSR does not need it
     _scipy_fft = None
@@ -53,6 +54,7 @@ __all__ = [
     "rasterize",
     "interpolate",
     "normalize_resolution",
+    "check_oriented_points",
     "psr_tanh_mse_loss",
     "FFT_BACKENDS",
     "resolve_fft_backend",
@@ -67,7 +69,8 @@ FFT_BACKENDS = ("auto", "torch", "scipy")
 DEFAULT_POINT_CHUNK = 1 << 18
 
 # Clouds up to this size keep their corner indices and weights (about 120 bytes
-# a point) from the forward pass to the backward pass instead of rebuilding them.
+# a point, 250 once the backward pass has added the weight derivatives) from the
+# forward pass to the backward pass instead of rebuilding them for every use.
 _KEEP_CORNERS_UP_TO = 1 << 20
 
 # Half-spectrum elements filtered per step: the filter's temporaries (about 24
@@ -85,7 +88,7 @@ def normalize_resolution(res: int | Sequence[int]) -> tuple[int, int, int]:
     """Return ``res`` as a 3-tuple of ints, each at least 2."""
     if isinstance(res, bool):
         raise ConfigError(f"DPSR resolution must be an int or three ints, got {res!r}")
-    if isinstance(res, int):
+    if isinstance(res, numbers.Integral):
         dims = (res, res, res)
     else:
         try:
@@ -264,9 +267,11 @@ def interpolate(grid: Tensor, points: Tensor, chunk: int = DEFAULT_POINT_CHUNK) 
 
     Not differentiable (used for evaluation and the DPSR shift).
     """
-    if grid.dim() != 4 or grid.shape[0] != points.shape[0]:
-        raise DataError(f"interpolate expects a (batch, r0, r1, r2) grid matching the points' batch, got {tuple(grid.shape)}")
     check_oriented_points(points)
+    if grid.dim() != 4 or grid.shape[0] != points.shape[0]:
+        raise DataError(
+            f"interpolate expects a (batch, r0, r1, r2) grid matching the points' batch, got {tuple(grid.shape)}"
+        )
     res = normalize_resolution(tuple(grid.shape[1:]))
     with torch.no_grad():
         out = [
@@ -358,8 +363,8 @@ def _rfftn(x: Tensor, backend: str) -> Tensor:
 def _irfftn_consuming(spec: Tensor, res: tuple[int, int, int], backend: str) -> Tensor:
     """Inverse real FFT of a spectrum the caller gives up (it may be overwritten).
 
-    torch's inverse copies its input internally; pocketfft transforms it in place,
-    one half spectrum less at the peak.
+    Both libraries still copy the spectrum internally for a multi-axis inverse
+    (measured), so the peak holds the spectrum twice plus the result.
     """
     if backend == "scipy":
         out = _scipy_fft.irfftn(spec.detach().numpy(), s=res, workers=torch.get_num_threads(), overwrite_x=True)
@@ -496,27 +501,22 @@ def dpsr_memory_bytes(
     dtype: torch.dtype = torch.float32,
     requires_grad: bool = False,
     chunk: int = DEFAULT_POINT_CHUNK,
-    fft: str = "torch",
 ) -> int:
     """Estimated peak memory in bytes of one :func:`dpsr` call (forward, and backward with ``requires_grad``).
 
-    Counts the output grids, the solver's working set (a real grid and two half
-    spectra while transforming the normals; the spectrum, the inverse FFT's
-    internal copy with ``fft="torch"`` and its result at the end), the per-point
-    corner tables and, with ``requires_grad``, the incoming gradient grids and
-    the backward working set (the spectrum of the gradient, one channel, the
-    inverse FFT's copy and result). ``fft`` is the backend that will run
-    (``"scipy"`` inverts in place: no copy); ``"auto"`` counts as ``"torch"``,
-    the larger. The caller's own tensors (points, a loss's intermediates) are
-    not included. Measured peaks (bench/dpsr.py) stay within a few percent.
+    Counts the output grids; the forward working set (a real grid and two half
+    spectra while the normals are transformed; the spectrum, the inverse FFT's
+    internal copy of it and the result at the end); the per-point corner tables;
+    and with ``requires_grad`` the incoming gradient grids and the backward
+    working set (the gradient's spectrum, one channel, the inverse FFT's copy and
+    result). Both FFT backends need the same. The caller's own tensors (points,
+    a loss's intermediates) are not included. Measured peaks (bench/dpsr.py)
+    stay within a few percent of it at 256^3 and 512^3.
     """
     res = normalize_resolution(res)
-    if fft not in FFT_BACKENDS:
-        raise ConfigError(f"DPSR fft backend must be one of {', '.join(FFT_BACKENDS)}, got {fft!r}")
     item = torch.empty((), dtype=dtype).element_size()
     grid = math.prod(res) * item
     half = res[0] * res[1] * (res[2] // 2 + 1) * 2 * item
-    inverse_copy = 0 if fft == "scipy" else half
     n_points = max(int(n_points), 0)
     # Corner tables: 8 int64 indices, 8 weights, 6 axis weights; 32 more values
     # (weights with their derivatives) once the backward pass needs them.
@@ -524,16 +524,13 @@ def dpsr_memory_bytes(
     kept = n_points if n_points <= _KEEP_CORNERS_UP_TO else min(n_points, chunk)
     points = kept * per_point * batch + n_points * 3 * item * (4 if requires_grad else 1)
     filter_slab = min(_SLAB_ELEMENTS, half // (2 * item)) * (16 + 2 * item)
-    fixed = _FIXED_OVERHEAD if requires_grad else 0
-    # One batch item is solved at a time; with a batch > 1 its result is copied into the output.
-    # While transforming the normals: the grid, one channel's spectrum and the
-    # sum; at the inverse: the sum, maybe its copy, and the result.
-    working = max(grid + 2 * half, half + inverse_copy + grid)
-    forward = (batch - 1) * grid + working + (grid if batch > 1 else 0)
+    # One batch item is solved at a time; with a batch > 1 its result is then
+    # copied into the output.
+    forward = (batch - 1) * grid + grid + 2 * half + (grid if batch > 1 else 0)
     if not requires_grad:
         return forward + points + filter_slab
-    backward = 2 * batch * grid + grid + 2 * half + inverse_copy
-    return max(forward, backward) + points + filter_slab + fixed
+    backward = 2 * batch * grid + grid + 3 * half
+    return max(forward, backward) + points + filter_slab + _FIXED_OVERHEAD
 
 
 def _cgroup_headroom() -> int | None:
@@ -582,10 +579,10 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
-def _check_memory(res, n_points, batch, dtype, requires_grad, chunk, backend, limit, device) -> None:
+def _check_memory(res, n_points, batch, dtype, requires_grad, chunk, limit, device) -> None:
     if limit is not None and math.isinf(limit):
         return
-    need = dpsr_memory_bytes(res, n_points, batch, dtype, requires_grad, chunk, backend)
+    need = dpsr_memory_bytes(res, n_points, batch, dtype, requires_grad, chunk)
     budget = available_memory_bytes(device) if limit is None else limit
     if need > budget:
         which = "the memory limit" if limit is not None else f"the memory available on {torch.device(device)}"
@@ -631,8 +628,7 @@ def dpsr(
     backend = resolve_fft_backend(fft, points.device)
     requires_grad = torch.is_grad_enabled() and (points.requires_grad or normals.requires_grad)
     _check_memory(
-        res, points.shape[1], points.shape[0], points.dtype, requires_grad, int(chunk), backend, memory_limit,
-        points.device,
+        res, points.shape[1], points.shape[0], points.dtype, requires_grad, int(chunk), memory_limit, points.device
     )
     return _DPSRFunction.apply(
         points.contiguous(), normals.contiguous(), res, sigma, bool(shift), bool(scale), int(chunk), backend
