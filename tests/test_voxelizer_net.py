@@ -68,6 +68,10 @@ def test_paper_preset_is_the_reference_network():
     points = _sphere_like_cloud(200, seed=0)
     out = net(points, with_psr=False)
     assert out.points.shape == (1, 1400, 3) and out.psr is None
+    # A 512^3 solve with gradients needs ~3 GiB: a 1 GiB limit refuses it up front.
+    limited = VoxelizerNet(VoxelizerConfig.preset("paper", dpsr_memory_limit=2**30))
+    with pytest.raises(ConfigError, match="512x512x512"):
+        limited(points)
 
 
 def test_presets_and_overrides_validate():
@@ -86,6 +90,10 @@ def test_presets_and_overrides_validate():
         VoxelizerConfig.preset("tiny", pooling="sum")
     with pytest.raises(ConfigError, match="dpsr_res"):
         VoxelizerConfig.preset("tiny", dpsr_res=(32, 32))
+    with pytest.raises(ConfigError, match="offset_scale"):
+        VoxelizerConfig.preset("tiny", offset_scale="0.001")
+    with pytest.raises(ConfigError, match="dpsr_memory_limit"):
+        VoxelizerConfig.preset("tiny", dpsr_memory_limit=-1)
 
 
 def test_tiny_forward_and_backward_shapes():

@@ -108,6 +108,13 @@ class VoxelizerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"voxelizer config {name} must be a positive integer, got {value!r}")
+        for name in ("dpsr_sigma", "offset_scale", "clamp_max"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ConfigError(f"voxelizer config {name} must be a finite number, got {value!r}")
+        limit = self.dpsr_memory_limit
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit <= 0):
+            raise ConfigError(f"voxelizer config dpsr_memory_limit must be a positive number of bytes or None, got {limit!r}")
         if self.pooling not in ("max", "mean"):
             raise ConfigError(f"voxelizer config pooling must be 'max' or 'mean', got {self.pooling!r}")
         if self.grid_resolution < 2 ** (self.unet_levels - 1):
@@ -117,9 +124,9 @@ class VoxelizerConfig:
             )
         if not (0.0 < self.clamp_max < 1.0):
             raise ConfigError(f"voxelizer config clamp_max must lie in (0, 1), got {self.clamp_max}")
-        if not (math.isfinite(self.offset_scale) and self.offset_scale > 0):
+        if self.offset_scale <= 0:
             raise ConfigError(f"voxelizer config offset_scale must be positive, got {self.offset_scale}")
-        if not (math.isfinite(self.dpsr_sigma) and self.dpsr_sigma >= 0):
+        if self.dpsr_sigma < 0:
             raise ConfigError(f"voxelizer config dpsr_sigma must be >= 0, got {self.dpsr_sigma}")
         for where, channels in _unet_groupnorm_channels(self):
             groups = _groups(channels, self.unet_num_groups)
