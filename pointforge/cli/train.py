@@ -179,6 +179,30 @@ def ckpt_remap(
     typer.echo(f"wrote {result.target}: {what}, {result.tensors} tensors on the CPU (saved on: {devices})")
 
 
+@ckpt_app.command("import-pcdiff", context_settings={"allow_interspersed_args": True})
+def ckpt_import_pcdiff(
+    source: Path = typer.Argument(..., help="Upstream PCDiff checkpoint ({epoch, model_state, optimizer_state}; DDP-saved too)."),
+    target: Path = typer.Argument(..., help="Where to write the pointforge checkpoint (.pt)."),
+    overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides of the training config stored with it."),
+    preset: Optional[str] = typer.Option(None, "--preset", help="PVCNN2 preset the weights are for (paper, small, tiny); default: found from the weights."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="PCDiff training config to store with it (e.g. configs/pcdiff/paper.yaml)."),
+    force: bool = typer.Option(False, "--force", help="Replace TARGET if it exists."),
+    trust: bool = typer.Option(False, "--trust", help="Allow files that need code to unpickle (only for files you trust)."),
+) -> None:
+    """Convert an upstream PCDiff checkpoint into a pointforge pcdiff checkpoint (for --resume and load_pcdiff)."""
+    from pointforge.tasks.completion import import_pcdiff_checkpoint
+
+    result = import_pcdiff_checkpoint(
+        source, target, preset=preset, config=config, overrides=list(overrides or []), overwrite=force, trust=trust,
+    )
+    epoch = "unknown" if result.upstream_epoch is None else str(result.upstream_epoch)
+    typer.echo(
+        f"wrote {result.path}: PVCNN2 '{result.preset}' ({result.parameters:,} parameters, {result.tensors} tensors, "
+        f"prefix '{result.prefix}' stripped), upstream epoch {epoch} → resumes at epoch {result.epochs_done}; "
+        "optimizer state dropped (a resumed run starts Adam afresh)"
+    )
+
+
 def register(app: typer.Typer) -> None:
     """Add ``train`` and the ``ckpt`` group to the root ``pointforge`` app."""
     app.command("train", context_settings={"allow_interspersed_args": True})(train_command)
