@@ -358,28 +358,108 @@ def unit_cube_scale(shape: tuple[int, ...]) -> float:
     return float(max(shape))
 
 
+def inside_grid(mask: np.ndarray, resolution: int) -> np.ndarray:
+    """Boolean grid at ``resolution``³: is grid node ``i`` (voxel coordinate ``i * S / resolution``) inside ``mask``?
+
+    Trilinear interpolation of the mask, inside where it is at least 0.5;
+    nodes beyond the volume's shorter sides are outside. When ``S`` is a
+    multiple of ``resolution`` every node falls on a voxel centre, and the grid
+    is the mask taken with a stride (the same values, without interpolating
+    134 M nodes at 512³).
+    """
+    s = int(unit_cube_scale(mask.shape))
+    if s % resolution == 0:
+        step = s // resolution
+        sub = np.asarray(mask[::step, ::step, ::step], dtype=bool)
+        out = np.zeros((resolution,) * 3, dtype=bool)
+        out[: sub.shape[0], : sub.shape[1], : sub.shape[2]] = sub
+        return out
+    from scipy.ndimage import map_coordinates
+
+    axis = np.arange(resolution, dtype=np.float64) * s / resolution
+    coords = np.stack(np.meshgrid(axis, axis, axis, indexing="ij")).reshape(3, -1)
+    inside = map_coordinates(mask.astype(np.float32), coords, order=1, mode="constant", cval=0.0) >= 0.5
+    return inside.reshape((resolution,) * 3)
+
+
 def indicator_grid(mask: np.ndarray, resolution: int) -> np.ndarray:
     """Target grid at ``resolution``³ for a mask in the unit cube: −0.5 inside, +0.5 outside.
 
     Grid node ``i`` sits at unit coordinate ``i / resolution``, i.e. at voxel
     coordinate ``i * S / resolution`` with ``S`` the longest side (as the points).
     """
-    from scipy.ndimage import map_coordinates
+    return np.where(inside_grid(mask, resolution), -0.5, 0.5).astype(np.float32)
 
-    s = unit_cube_scale(mask.shape)
-    axis = np.arange(resolution, dtype=np.float64) * s / resolution
-    coords = np.stack(np.meshgrid(axis, axis, axis, indexing="ij")).reshape(3, -1)
-    inside = map_coordinates(mask.astype(np.float32), coords, order=1, mode="constant", cval=0.0) >= 0.5
-    return np.where(inside.reshape((resolution,) * 3), -0.5, 0.5).astype(np.float32)
+
+@dataclass(frozen=True)
+class VoxelAugmentation:
+    """Upstream's augmentation of voxelizer examples (REFERENCE.md), drawn per item.
+
+    With probability ``rotate_p`` a rotation by independent angles within
+    ±``rotate_degrees`` about each axis; with probability ``flip_p`` a mirror
+    along array axis ``flip_axis`` (upstream flips axis 0); both about the
+    volume's centre. With probability ``noise_p`` Gaussian noise of
+    ``noise_voxels`` voxels (standard deviation) on the implant points only.
+    """
+
+    rotate_degrees: float = 10.0
+    rotate_p: float = 0.8
+    flip_p: float = 0.5
+    flip_axis: int = 0
+    noise_p: float = 0.25
+    noise_voxels: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("rotate_p", "flip_p", "noise_p"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ConfigError(f"augmentation {name} must lie in [0, 1], got {value}")
+        if not (math.isfinite(self.rotate_degrees) and 0.0 <= self.rotate_degrees <= 180.0):
+            raise ConfigError(f"augmentation rotate_degrees must lie in [0, 180], got {self.rotate_degrees}")
+        if not (math.isfinite(self.noise_voxels) and self.noise_voxels >= 0.0):
+            raise ConfigError(f"augmentation noise_voxels must be 0 or more, got {self.noise_voxels}")
+        if self.flip_axis not in (0, 1, 2):
+            raise ConfigError(f"augmentation flip_axis must be 0, 1 or 2, got {self.flip_axis}")
+
+    def draw(self, rng: np.random.Generator) -> tuple[np.ndarray, bool]:
+        """(linear map M (3×3) for the points, whether to add noise), in a fixed order of draws."""
+        linear = np.eye(3)
+        if rng.uniform() < self.rotate_p:
+            linear = random_rotation(rng, self.rotate_degrees)
+        if rng.uniform() < self.flip_p:
+            mirror = np.eye(3)
+            mirror[self.flip_axis, self.flip_axis] = -1.0
+            linear = mirror @ linear
+        noise = bool(rng.uniform() < self.noise_p) and self.noise_voxels > 0
+        return linear, noise
+
+
+_BELOW_ONE = np.nextafter(np.float32(1), np.float32(0))
 
 
 class VoxelizationDataset(_EpochSeeded):
     """Voxelizer examples: the completed cloud in [0, 1)³ and the complete skull's indicator grid.
 
-    Item: ``points`` [n_points, 3] in [0, 1) (defective-skull and implant
-    points, in the proportions of the completion dataset), ``target``
-    [res, res, res] (+0.5 outside, −0.5 inside), ``case_id``, ``scale``.
-    Target grids are computed once per case and kept in memory.
+    Item: ``points`` [n_points, 3] in [0, 1) (defective-skull points, then
+    implant points, in the proportions of the completion dataset; voxel
+    coordinates divided by the volume's longest side), ``target``
+    [res, res, res] (``target_format="indicator"``: +0.5 outside, −0.5 inside,
+    float32; ``"inside"``: a bool mask, 4× smaller to collate and move),
+    ``transform`` [3, 4], ``scale``, ``case_id``.
+
+    With ``augment``, the points are rotated/flipped about the volume's centre
+    and noised (:class:`VoxelAugmentation`), and ``transform`` = [M | t] is the
+    map that was applied, ``p' = M p + t`` in unit coordinates (identity
+    without augmentation). ``target`` is the grid *before* that map:
+    :func:`transform_inside` resamples it to match. That is deliberate: at
+    512³ the resampling is 134 M trilinear samples, seconds on a CPU loader
+    worker but milliseconds on the training GPU, so the task does it there.
+
+    Each case appears ``repeats`` times per epoch (upstream trains on 10
+    augmented copies of each case); item ``i`` is case ``i % n_cases``, and
+    all its randomness comes from (seed, epoch, i). Inside grids are computed
+    once per complete skull and kept bit-packed (res³/8 bytes each: 16 MB at
+    512³, 256 KB at 128³).
     """
 
     def __init__(
@@ -391,37 +471,123 @@ class VoxelizationDataset(_EpochSeeded):
         implant_fraction: float = 0.1,
         resolution: int = 128,
         seed: int = 0,
+        augment: VoxelAugmentation | None = None,
+        repeats: int = 1,
+        target_format: str = "indicator",
     ):
         super().__init__(seed)
         self.data = root if isinstance(root, PreparedDataset) else PreparedDataset(root)
         self.cases = self.data.split(split, require=("implant", "complete_mask"))
         if not self.cases:
             raise DataError(f"{self.data.root}: the {split!r} split has no case with an implant and complete skull")
+        if target_format not in ("indicator", "inside"):
+            raise ConfigError(f"target_format must be 'indicator' or 'inside', got {target_format!r}")
+        if int(repeats) < 1:
+            raise ConfigError(f"repeats must be at least 1, got {repeats}")
+        if int(resolution) < 2:
+            raise ConfigError(f"target resolution must be at least 2, got {resolution}")
         self.n_points = int(n_points)
         self.n_implant = int(round(self.n_points * implant_fraction))
         self.resolution = int(resolution)
-        self._targets: dict[str, np.ndarray] = {}
+        self.augment = augment
+        self.repeats = int(repeats)
+        self.target_format = target_format
+        self._inside_bits: dict[str, np.ndarray] = {}
 
     def __len__(self) -> int:
-        return len(self.cases)
+        return len(self.cases) * self.repeats
+
+    def inside(self, case: PreparedCase) -> np.ndarray:
+        """The complete skull's inside grid at the dataset's resolution (bool, res³)."""
+        key = case.complete_mask
+        if key not in self._inside_bits:
+            self._inside_bits[key] = np.packbits(inside_grid(self.data.complete_mask(case), self.resolution).ravel())
+        n = self.resolution**3
+        return np.unpackbits(self._inside_bits[key], count=n).view(bool).reshape((self.resolution,) * 3)
 
     def target(self, case: PreparedCase) -> np.ndarray:
-        key = case.complete_mask
-        if key not in self._targets:
-            self._targets[key] = indicator_grid(self.data.complete_mask(case), self.resolution)
-        return self._targets[key]
+        return np.where(self.inside(case), np.float32(-0.5), np.float32(0.5))
 
     def __getitem__(self, index: int) -> dict:
-        case = self.cases[index]
+        case = self.cases[index % len(self.cases)]
         rng = self._rng(index)
         shape = tuple(self.data.meta(case.defective)["shape"])
         skull = _subsample(self.data.points(case.defective), self.n_points - self.n_implant, rng)
         implant = _subsample(self.data.points(case.implant), self.n_implant, rng)
         scale = unit_cube_scale(shape)
-        points = np.clip(np.concatenate([skull, implant]) / scale, 0.0, np.nextafter(np.float32(1), np.float32(0)))
+        transform = np.concatenate([np.eye(3), np.zeros((3, 1))], axis=1)
+        if self.augment is not None:
+            linear, noise = self.augment.draw(rng)
+            if noise:
+                implant = implant + rng.normal(0.0, self.augment.noise_voxels, implant.shape).astype(np.float32)
+            # About the volume's centre, so a flip maps voxel i to shape-1-i as np.flip does.
+            centre = (np.asarray(shape, dtype=np.float64) - 1.0) / 2.0 / scale
+            transform = np.concatenate([linear, (centre - linear @ centre)[:, None]], axis=1)
+        points = np.concatenate([skull, implant]).astype(np.float64) / scale
+        points = points @ transform[:, :3].T + transform[:, 3]
+        points = np.clip(points, 0.0, _BELOW_ONE)
+        inside = self.inside(case)
+        target = torch.from_numpy(inside) if self.target_format == "inside" else torch.from_numpy(
+            np.where(inside, np.float32(-0.5), np.float32(0.5))
+        )
         return {
             "points": torch.from_numpy(points.astype(np.float32)),
-            "target": torch.from_numpy(self.target(case)),
+            "target": target,
+            "transform": torch.from_numpy(transform.astype(np.float32)),
             "scale": torch.tensor(scale, dtype=torch.float32),
             "case_id": case.case_id,
         }
+
+
+def transform_inside(inside: torch.Tensor, transform: torch.Tensor, *, chunk_bytes: int = 64 << 20) -> torch.Tensor:
+    """Resample inside grids to match points moved by ``transform`` (see :class:`VoxelizationDataset`).
+
+    ``inside``: bool [B, R, R, R] (or [R, R, R]), node ``i`` at unit coordinate
+    ``i / R``; ``transform``: [B, 3, 4] (or [3, 4]), ``p' = M p + t``. The new
+    grid at node ``x`` is the old grid at ``M⁻¹ (x − t)``, trilinearly
+    interpolated (outside the cube counts as outside), inside where at least
+    0.5 as :func:`inside_grid` decides. Runs on the tensors' device, slab by
+    slab along the first axis so the sample coordinates take about
+    ``chunk_bytes``; items whose transform is the identity are copied as they are.
+    """
+    import torch.nn.functional as F
+
+    single = inside.dim() == 3
+    if single:
+        inside, transform = inside[None], transform[None]
+    if inside.dim() != 4 or inside.dtype != torch.bool or len({*inside.shape[1:]}) != 1:
+        raise DataError(f"transform_inside expects bool grids [B, R, R, R], got {inside.dtype} {tuple(inside.shape)}")
+    if transform.shape != (inside.shape[0], 3, 4):
+        raise DataError(f"transform_inside expects transforms [B, 3, 4] for {inside.shape[0]} grid(s), got {tuple(transform.shape)}")
+    b, res = inside.shape[0], inside.shape[1]
+    out = inside.clone()
+    identity = torch.eye(3, 4, dtype=transform.dtype, device=transform.device)
+    axis = torch.arange(res, device=inside.device, dtype=torch.float32) / res
+    slab = max(1, int(chunk_bytes) // (res * res * 3 * 4))
+    for item in range(b):
+        if torch.equal(transform[item], identity):
+            continue
+        m = transform[item, :, :3].double()
+        t = transform[item, :, 3].double()
+        inverse = torch.linalg.inv(m)
+        offset = -(inverse @ t)
+        # Source node index = res * (M⁻¹ x + offset); grid_sample wants (-1..1) with
+        # align_corners=True, i.e. 2 * index / (res - 1) - 1, and its last dimension
+        # ordered (axis 2, axis 1, axis 0) for a (D, H, W) = (axis 0, 1, 2) volume.
+        to_norm = 2.0 * res / (res - 1)
+        lin = (inverse * to_norm).float()
+        off = (offset * to_norm - 1.0).float()
+        volume = inside[item].to(torch.float32)[None, None]
+        for start in range(0, res, slab):
+            x0 = axis[start : start + slab]
+            coords = (
+                lin[:, 0] * x0[:, None, None, None]
+                + lin[:, 1] * axis[None, :, None, None]
+                + lin[:, 2] * axis[None, None, :, None]
+                + off
+            )  # [slab, R, R, 3] in (axis 0, 1, 2) order
+            sampled = F.grid_sample(
+                volume, coords.flip(-1)[None], mode="bilinear", padding_mode="zeros", align_corners=True
+            )
+            out[item, start : start + x0.shape[0]] = sampled[0, 0] >= 0.5
+    return out[0] if single else out

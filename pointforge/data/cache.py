@@ -1,0 +1,161 @@
+"""Synthetic training data made on first use, once, however many processes ask at the same time.
+
+A training config can name a ``data_root`` that does not exist yet together
+with a recipe for synthetic skulls; :func:`ensure_synthetic_prepared` then
+synthesises the raw volumes and prepares them into that folder, so a fresh
+clone trains with nothing prepared beforehand.
+
+Several processes (the ranks of a job, or two jobs) may call it for the same
+folder at once. They serialise on an advisory lock (``fcntl.flock``) on a lock
+file beside the folder; the first builds everything in a temporary sibling
+folder and renames it into place, the others wait for the lock, find the
+folder and return. No collective is involved, so ranks may arrive at any time.
+A crash mid-build leaves only a temporary folder, which the next builder
+removes: a folder under the final name is always complete.
+
+The prepared folder (what :class:`~pointforge.data.skulls.PreparedDataset`
+reads) also holds the raw volumes under ``raw/`` (useful as reference volumes
+for inference) and ``synthetic.json``, the recipe it was made with.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+from pointforge.errors import ConfigError, DataError
+
+RECIPE_FILE = "synthetic.json"
+RAW_DIR = "raw"
+
+
+def _recipe(skulls: int, size: int, seed: int, n_points: int, split: str, layout: str) -> dict:
+    return {"skulls": int(skulls), "size": int(size), "seed": int(seed), "n_points": int(n_points),
+            "split": str(split), "layout": str(layout)}
+
+
+@contextlib.contextmanager
+def _exclusive_lock(lock_path: Path, *, wait_message: str, log: Callable[[str], None], timeout_s: float) -> Iterator[None]:
+    """Hold an exclusive flock on ``lock_path``; say once if another process holds it."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a+") as handle:
+        told = False
+        started = time.monotonic()
+        while True:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as err:
+                if err.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise DataError(f"cannot lock {lock_path} ({err.strerror}); put the data folder on a filesystem with file locks") from None
+            if not told:
+                log(wait_message)
+                told = True
+            if time.monotonic() - started > timeout_s:
+                raise DataError(
+                    f"waited {timeout_s:.0f} s for another process building data beside {lock_path}; "
+                    "if none is running, delete the lock file and retry"
+                )
+            time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _check_recipe(root: Path, wanted: dict) -> None:
+    recipe_path = root / RECIPE_FILE
+    if not recipe_path.is_file():
+        return  # a dataset prepared by hand: use it as it is
+    try:
+        found = json.loads(recipe_path.read_text())
+    except (OSError, ValueError):
+        raise DataError(f"{recipe_path} is unreadable; delete {root} to have it rebuilt") from None
+    differs = {k: (found.get(k), v) for k, v in wanted.items() if found.get(k) != v}
+    if differs:
+        detail = ", ".join(f"{k} {old!r} (asked {new!r})" for k, (old, new) in differs.items())
+        raise ConfigError(
+            f"{root} holds synthetic data made with other settings: {detail}; delete the folder to rebuild it, "
+            "or point data_root elsewhere"
+        )
+
+
+def _relocate_sources(prepared: Path, built_raw: Path, final_raw: Path) -> None:
+    """Point the prepared files' records of their sources at the raw volumes' final place."""
+    from pointforge.data.prepare import atomic_write_text
+
+    old, new = str(built_raw), str(final_raw)
+    for meta_path in (prepared / "surfaces").rglob("*.json"):
+        meta = json.loads(meta_path.read_text())
+        if str(meta.get("source", "")).startswith(old):
+            meta["source"] = new + meta["source"][len(old):]
+            atomic_write_text(meta_path, json.dumps(meta, indent=1))
+    info_path = prepared / "dataset.json"
+    info = json.loads(info_path.read_text())
+    info["source_root"] = new
+    atomic_write_text(info_path, json.dumps(info, indent=1))
+
+
+def ensure_synthetic_prepared(
+    root: str | os.PathLike,
+    skulls: int,
+    size: int,
+    seed: int,
+    n_points: int,
+    log: Callable[[str], None] = print,
+    *,
+    split: str = "0.7,0.1,0.2",
+    layout: str = "skullbreak",
+    timeout_s: float = 3600.0,
+) -> Path:
+    """The prepared dataset folder ``root``, synthesised and prepared first if it does not exist.
+
+    ``skulls`` synthetic skulls of ``size``³ voxels (:func:`pointforge.data.synthetic.synthesize`
+    with ``seed`` and ``layout``), prepared with ``n_points`` surface points per
+    volume and the seeded ``split`` (:func:`pointforge.data.prepare.prepare_dataset`).
+    An existing ``root`` is returned as it is, unless it records a different
+    recipe (ConfigError). Safe to call from many processes at once (module docs).
+    """
+    from pointforge.data.prepare import atomic_write_text, prepare_dataset
+    from pointforge.data.synthetic import synthesize
+
+    root = Path(root)
+    wanted = _recipe(skulls, size, seed, n_points, split, layout)
+    if root.exists():
+        if not root.is_dir():
+            raise DataError(f"{root} exists and is not a folder; choose another data_root")
+        _check_recipe(root, wanted)
+        return root
+    parent = root.parent
+    lock = parent / f".{root.name}.lock"
+    with _exclusive_lock(lock, wait_message=f"waiting for another process preparing {root}", log=log, timeout_s=timeout_s):
+        if root.exists():  # built while we waited
+            _check_recipe(root, wanted)
+            return root
+        for stale in parent.glob(f".{root.name}.building-*"):  # left by a crashed builder; we hold the lock
+            shutil.rmtree(stale, ignore_errors=True)
+        build = Path(tempfile.mkdtemp(prefix=f".{root.name}.building-", dir=parent))
+        try:
+            started = time.perf_counter()
+            log(f"no data at {root}: synthesising {skulls} skull(s) of {size}^3 voxels (seed {seed}) and preparing them")
+            synthesize(build / RAW_DIR, skulls, size, seed, layout=layout)
+            result = prepare_dataset(build / RAW_DIR, build, n_points=n_points, split=split, seed=seed, workers=1)
+            if not result.ok:
+                raise DataError(f"preparing synthetic data failed: {result.failures[0]}")
+            _relocate_sources(build, build / RAW_DIR, root / RAW_DIR)
+            atomic_write_text(build / RECIPE_FILE, json.dumps(wanted, indent=1))
+            os.replace(build, root)
+        except BaseException:
+            shutil.rmtree(build, ignore_errors=True)
+            raise
+        log(f"prepared {len(result.cases)} synthetic case(s) in {root} in {time.perf_counter() - started:.1f} s "
+            f"(split {result.split_counts})")
+    return root

@@ -1,0 +1,224 @@
+"""The ``voxelizer`` task: completed skull points → the complete skull's indicator grid.
+
+What the engine gets from this task:
+
+* model: :class:`~pointforge.nn.voxelizer.VoxelizerNet` from a preset
+  (``tiny``/``small``/``paper``) with optional field overrides (``task.model``).
+* data: :class:`~pointforge.data.skulls.VoxelizationDataset` over a prepared
+  dataset (``task.data_root``): defective-skull plus implant surface points
+  scaled to [0, 1), and the complete skull's inside grid at the DPSR
+  resolution. When ``data_root`` does not exist and ``task.synthetic`` is set,
+  synthetic skulls are made and prepared there first
+  (:func:`pointforge.data.cache.ensure_synthetic_prepared`), once, safely when
+  all ranks start at the same time.
+* augmentation (training split only): upstream's ±10° rotation (p 0.8),
+  mirror (p 0.5) and implant-point noise (p 0.25), from the dataset's
+  (seed, epoch, index) generator. The dataset moves the points; the target
+  grid is resampled to match in :meth:`VoxelizationTask.training_step`, on the
+  training device, where 512³ costs milliseconds rather than CPU seconds.
+* loss: MSE between tanh(prediction) and tanh(target), target +0.5 outside and
+  −0.5 inside.
+* evaluation (every rank on its shard; per-sample means): ``val_loss``,
+  ``val_l2`` (mean squared difference of the predicted and target grids) and
+  ``val_iou`` (inside = field ≤ 0); ``best.pt`` is chosen by ``val_iou`` (max).
+
+The epoch reaches the dataset through :meth:`VoxelizationTask.batch_sampler`,
+which the engine calls before every epoch: the engine itself does not call
+``set_epoch`` (yet), and without it every epoch would repeat epoch 0's
+augmentation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from pointforge.errors import ConfigError
+from pointforge.tasks.base import EvalContext, StepContext, Task
+from pointforge.train.data import global_batches
+
+PRESET_NAMES = ("tiny", "small", "paper")
+
+
+@dataclass
+class SyntheticSection:
+    """Synthetic skulls to make when ``data_root`` does not exist yet."""
+
+    skulls: int = 4
+    size: int = 64  # voxels per side
+    seed: int = 0
+    n_points: int = 20_000  # surface points per prepared volume
+    split: str = "0.7,0.1,0.2"  # train, val, test by skull
+
+    def validate(self, prefix: str) -> None:
+        if not 1 <= self.skulls <= 1000:
+            raise ConfigError(f"config key '{prefix}.skulls' must be from 1 to 1000, got {self.skulls}")
+        if self.n_points < 1000:
+            raise ConfigError(f"config key '{prefix}.n_points' must be at least 1000, got {self.n_points}")
+        if self.seed < 0:
+            raise ConfigError(f"config key '{prefix}.seed' must be 0 or more, got {self.seed}")
+
+
+@dataclass
+class VoxelizationTaskConfig:
+    """The ``task:`` section of a voxelizer config."""
+
+    data_root: str = "data/voxelizer/synthetic"
+    synthetic: SyntheticSection | None = None  # made in data_root if that does not exist
+    preset: Literal["tiny", "small", "paper"] = "tiny"
+    model: dict[str, Any] = field(default_factory=dict)  # VoxelizerConfig fields overriding the preset
+    n_points: int = 30_720  # input points per example (upstream: 27,648 skull + 3,072 implant)
+    implant_fraction: float = 0.1
+    train_split: str = "train"
+    val_split: str = "val"  # "" or null: no validation
+    repeats: int = 1  # augmented copies of each case per epoch (upstream: 10)
+    data_seed: int = 0  # per-item randomness: (data_seed, epoch, index)
+    augment: bool = True
+    rotate_degrees: float = 10.0
+    rotate_p: float = 0.8
+    flip_p: float = 0.5
+    flip_axis: int = 0
+    noise_p: float = 0.25
+    noise_voxels: float = 1.0  # standard deviation, in voxels of the source volume
+    eval_on: Literal["all", "rank0"] = "all"
+
+    def validate(self, prefix: str) -> None:
+        if self.n_points < 2:
+            raise ConfigError(f"config key '{prefix}.n_points' must be at least 2, got {self.n_points}")
+        if not 0.0 < self.implant_fraction < 1.0:
+            raise ConfigError(f"config key '{prefix}.implant_fraction' must lie in (0, 1), got {self.implant_fraction}")
+        if self.repeats < 1:
+            raise ConfigError(f"config key '{prefix}.repeats' must be at least 1, got {self.repeats}")
+        if not self.data_root:
+            raise ConfigError(f"config key '{prefix}.data_root' is empty; give the prepared dataset's folder")
+        try:
+            self.augmentation()
+        except ConfigError as err:
+            raise ConfigError(f"config section '{prefix}': {err}") from None
+        net = self.network()
+        if len(set(net.dpsr_res)) != 1:
+            raise ConfigError(
+                f"config key '{prefix}.model.dpsr_res' must be one size for all axes (the target grid is cubic), got {list(net.dpsr_res)}"
+            )
+
+    def network(self):
+        """The :class:`~pointforge.nn.voxelizer.VoxelizerConfig` this section describes."""
+        from pointforge.nn.voxelizer import VoxelizerConfig
+
+        overrides = dict(self.model)
+        if isinstance(overrides.get("dpsr_res"), list):
+            overrides["dpsr_res"] = tuple(overrides["dpsr_res"])
+        try:
+            return VoxelizerConfig.preset(self.preset, **overrides)
+        except (ConfigError, TypeError, ValueError) as err:
+            raise ConfigError(f"config key 'task.model': {err}") from None
+
+    def augmentation(self):
+        from pointforge.data.skulls import VoxelAugmentation
+
+        if not self.augment:
+            return None
+        return VoxelAugmentation(
+            rotate_degrees=self.rotate_degrees, rotate_p=self.rotate_p, flip_p=self.flip_p,
+            flip_axis=self.flip_axis, noise_p=self.noise_p, noise_voxels=self.noise_voxels,
+        )
+
+
+def iou(inside_a: torch.Tensor, inside_b: torch.Tensor) -> torch.Tensor:
+    """Per-item intersection over union of boolean grids [B, ...] (1 when both are empty)."""
+    a = inside_a.flatten(1)
+    b = inside_b.flatten(1)
+    inter = (a & b).sum(1).double()
+    union = (a | b).sum(1).double()
+    return torch.where(union > 0, inter / union.clamp_min(1), torch.ones_like(union))
+
+
+class VoxelizationTask(Task):
+    name = "voxelizer"
+    Config = VoxelizationTaskConfig
+    best_metric = "val_iou"
+    best_mode = "max"
+
+    def configure(self, cfg: VoxelizationTaskConfig) -> None:
+        self.eval_on = cfg.eval_on
+
+    def build_model(self, cfg: VoxelizationTaskConfig) -> nn.Module:
+        from pointforge.nn.voxelizer import VoxelizerNet
+
+        return VoxelizerNet(cfg.network())
+
+    def data_root(self, cfg: VoxelizationTaskConfig):
+        from pathlib import Path
+
+        root = Path(cfg.data_root)
+        if cfg.synthetic is not None:
+            from pointforge.data.cache import ensure_synthetic_prepared
+            from pointforge.train.tracking import get_logger
+
+            s = cfg.synthetic
+            root = ensure_synthetic_prepared(
+                root, s.skulls, s.size, s.seed, s.n_points, log=get_logger("voxelizer").info, split=s.split
+            )
+        return root
+
+    def build_datasets(self, cfg: VoxelizationTaskConfig) -> tuple[Dataset, Dataset | None]:
+        from pointforge.data.skulls import PreparedDataset, VoxelizationDataset
+
+        data = PreparedDataset(self.data_root(cfg))
+        res = cfg.network().dpsr_res[0]
+        common = dict(n_points=cfg.n_points, implant_fraction=cfg.implant_fraction, resolution=res,
+                      seed=cfg.data_seed, target_format="inside")
+        train = VoxelizationDataset(data, cfg.train_split, augment=cfg.augmentation(), repeats=cfg.repeats, **common)
+        val = VoxelizationDataset(data, cfg.val_split, **common) if cfg.val_split else None
+        return train, val
+
+    def batch_sampler(self, dataset, *, rank, world_size, micro_batch, accumulation, seed, epoch):
+        # The engine calls this before every epoch; it is where the dataset learns
+        # the epoch its augmentation draws from. The batches are the engine's own.
+        set_epoch = getattr(dataset, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+        return global_batches(
+            len(dataset), global_batch=micro_batch * accumulation * world_size, micro_batch=micro_batch,
+            accumulation=accumulation, world_size=world_size, rank=rank, seed=seed, epoch=epoch,
+        )
+
+    @staticmethod
+    def targets(batch: dict) -> torch.Tensor:
+        """The batch's inside grids moved by its augmentation (bool [B, R, R, R])."""
+        from pointforge.data.skulls import transform_inside
+
+        return transform_inside(batch["target"], batch["transform"])
+
+    def training_step(self, model: nn.Module, batch: Any, ctx: StepContext):
+        from pointforge.nn.voxelizer import indicator_target, psr_tanh_mse_loss
+
+        inside = self.targets(batch)
+        out = model(batch["points"])
+        loss = psr_tanh_mse_loss(out.psr.float(), indicator_target(inside))
+        with torch.no_grad():
+            train_iou = iou(out.psr <= 0, inside).mean()
+        return loss, {"iou": train_iou}
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, loader, ctx: EvalContext) -> dict[str, float]:
+        from pointforge.nn.voxelizer import indicator_target
+
+        totals = {"val_loss": 0.0, "val_l2": 0.0, "val_iou": 0.0}
+        count = 0
+        for batch in loader:
+            points = batch["points"].to(ctx.device)
+            inside = self.targets({k: batch[k].to(ctx.device) for k in ("target", "transform")})
+            pred = model(points).psr.float()
+            target = indicator_target(inside)
+            per_item = pred.flatten(1)
+            totals["val_loss"] += (torch.tanh(per_item) - torch.tanh(target.flatten(1))).pow(2).mean(1).sum().item()
+            totals["val_l2"] += (per_item - target.flatten(1)).pow(2).mean(1).sum().item()
+            totals["val_iou"] += iou(pred <= 0, inside).sum().item()
+            count += pred.shape[0]
+        return {k: v / count for k, v in totals.items()} if count else {}
