@@ -3,6 +3,7 @@ load_pcdiff/complete, and importing upstream checkpoints."""
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
@@ -136,10 +137,13 @@ def test_synthetic_dataset_is_built_once_while_other_callers_wait(tmp_path, monk
     assert not errors and results == [root] * 3
     assert len(calls) == 1  # one builder; the others waited on the lock and reused its folder
     data = PreparedDataset(root)
-    assert data.info["synthetic"]["seed"] == 3 and (root / "raw" / "complete_skull").is_dir()
-    assert [p.name for p in root.parent.iterdir() if p.name.startswith(".synth.building")] == []
+    from pointforge.data.cache import RECIPE_FILE
+
+    assert json.loads((root / RECIPE_FILE).read_text())["seed"] == 3 and (root / "raw" / "complete_skull").is_dir()
+    assert len(data.cases) > 0
+    assert [p.name for p in root.parent.iterdir() if p.name.startswith(".") and not p.name.endswith(".lock")] == []
     assert ensure_prepared_dataset(root, spec) == root and len(calls) == 1
-    with pytest.raises(ConfigError, match="was synthesised with"):
+    with pytest.raises(ConfigError, match="made with other settings"):
         ensure_prepared_dataset(root, SyntheticSection(skulls=3, size=64, seed=3, points=1000))
     with pytest.raises(DataError, match="no prepared dataset here"):
         ensure_prepared_dataset(tmp_path / "nothing", None)
@@ -160,7 +164,7 @@ def test_a_failed_build_leaves_no_folder_behind(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="disk full"):
         ensure_prepared_dataset(root, SyntheticSection(skulls=2, size=64, points=1000))
     assert not root.exists()
-    assert [p.name for p in tmp_path.iterdir() if "building" in p.name] == []
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".") and not p.name.endswith(".lock")] == []
 
 
 # --------------------------------------------------------------------------- the loss and the data

@@ -30,12 +30,7 @@ The Python API, for the implant pipeline and for users:
 
 from __future__ import annotations
 
-import dataclasses
-import fcntl
-import json
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -223,118 +218,36 @@ def _is_prepared(root: Path) -> bool:
     return all((root / name).is_file() for name in _PREPARED_FILES)
 
 
-def _synthetic_record(spec: SyntheticSection) -> dict[str, Any]:
-    return {"layout": "skullbreak", **dataclasses.asdict(spec)}
-
-
-def _check_synthetic_match(root: Path, spec: SyntheticSection | None) -> None:
-    if spec is None:
-        return
-    try:
-        info = json.loads((root / "dataset.json").read_text())
-    except (OSError, ValueError) as err:
-        raise DataError(f"{root / 'dataset.json'} is unreadable ({err}); delete {root} to rebuild it") from None
-    built = info.get("synthetic")
-    if built is None:
-        log.info(f"{root} holds a prepared dataset; using it (task.synthetic is only used when data_root is empty)")
-    elif built != _synthetic_record(spec):
-        raise ConfigError(
-            f"{root} was synthesised with {built}, but task.synthetic asks for {_synthetic_record(spec)}; "
-            "delete that folder or point task.data_root elsewhere"
-        )
-
-
 def ensure_prepared_dataset(
     root: str | os.PathLike,
     synthetic: SyntheticSection | None = None,
     *,
     lock_timeout_s: float | None = None,
 ) -> Path:
-    """The prepared dataset at ``root``, synthesising and preparing one there first if needed.
+    """The prepared dataset at ``root``; with ``synthetic`` and nothing there yet, one is built first.
 
-    With ``synthetic`` given and nothing at ``root`` yet, a SkullBreak-style
-    dataset of ``synthetic.skulls`` skulls is synthesised into a temporary
-    folder beside ``root`` (raw volumes under ``raw/``), prepared there, and
-    renamed to ``root`` in one step. Several processes (the ranks of one job)
-    may call this at once: an exclusive ``flock`` on ``.<name>.lock`` beside
-    ``root`` lets one build while the others wait, and then see the finished
-    folder. (``flock`` works on local filesystems and most NFS setups; on a
-    filesystem without it, build once before starting the job.)
+    The building (synthesise, prepare, rename into place under a file lock so
+    the ranks of one job can all call this) is :func:`pointforge.data.cache.ensure_synthetic_prepared`.
     """
+    from pointforge.data.cache import ensure_synthetic_prepared
+
     root = Path(root)
-    if _is_prepared(root):
-        _check_synthetic_match(root, synthetic)
-        return root
     if synthetic is None:
+        if _is_prepared(root):
+            return root
         raise DataError(
             f"{root}: no prepared dataset here (cases.csv, dataset.json); run `pointforge data prepare RAW_ROOT --out {root}` "
             "or set task.synthetic to build a synthetic one"
         )
-    if root.exists() and not (root.is_dir() and not any(root.iterdir())):
-        raise DataError(f"{root}: exists but is not a prepared dataset; point task.data_root at an empty or new folder to synthesise into")
-    root.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = root.parent / f".{root.name}.lock"
-    with open(lock_path, "a+") as lock:
-        _acquire(lock, lock_path, lock_timeout_s)
-        try:
-            if _is_prepared(root):  # another process built it while this one waited
-                log.info(f"using the synthetic dataset at {root}, built by another process")
-                _check_synthetic_match(root, synthetic)
-                return root
-            _build_synthetic(root, synthetic)
-        finally:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
-    return root
-
-
-def _acquire(lock, lock_path: Path, timeout_s: float | None) -> None:
-    try:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return
-    except BlockingIOError:
-        pass
-    log.info(f"waiting for another process to finish building the dataset (lock {lock_path})")
-    if timeout_s is None:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        return
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                raise DataError(f"waited {timeout_s:g} s for the lock {lock_path} held by another process building the dataset; is one stuck?") from None
-            time.sleep(0.2)
-
-
-def _build_synthetic(root: Path, spec: SyntheticSection) -> None:
-    from pointforge.data.prepare import atomic_write_text, prepare_dataset
-    from pointforge.data.synthetic import synthesize
-
-    started = time.perf_counter()
-    log.info(
-        f"no dataset at {root}: synthesising {spec.skulls} SkullBreak-style skulls at {spec.size}³ (seed {spec.seed}) "
-        f"and preparing {spec.points} surface points per volume there (task.synthetic)"
+    if root.exists() and not _is_prepared(root):
+        if root.is_dir() and not any(root.iterdir()):
+            root.rmdir()  # an empty folder to build into: the builder renames a finished folder into place
+        else:
+            raise DataError(f"{root}: exists but is not a prepared dataset; point task.data_root at an empty or new folder to synthesise into")
+    return ensure_synthetic_prepared(
+        root, synthetic.skulls, synthetic.size, synthetic.seed, synthetic.points, log=log.info,
+        split=synthetic.split, timeout_s=3600.0 if lock_timeout_s is None else lock_timeout_s,
     )
-    building = Path(tempfile.mkdtemp(prefix=f".{root.name}.building-", dir=root.parent))
-    try:
-        synthesize(building / "raw", spec.skulls, spec.size, spec.seed, layout="skullbreak")
-        result = prepare_dataset(building / "raw", building, n_points=spec.points, split=spec.split, seed=spec.seed, workers=1)
-        if result.failures:
-            raise DataError(f"preparing the synthetic dataset failed: {result.failures[0]}")
-        info = json.loads((building / "dataset.json").read_text())
-        info["source_root"] = str((root / "raw").resolve())
-        info["synthetic"] = _synthetic_record(spec)
-        atomic_write_text(building / "dataset.json", json.dumps(info, indent=1))
-        if root.exists():
-            root.rmdir()  # empty (checked by the caller); rename cannot replace a folder
-        os.replace(building, root)
-    except BaseException:
-        shutil.rmtree(building, ignore_errors=True)
-        raise
-    counts = ", ".join(f"{n} {s}" for s, n in result.split_counts.items())
-    log.info(f"synthetic dataset ready at {root}: {len(result.cases)} cases ({counts}) in {time.perf_counter() - started:.1f} s")
 
 
 class PCDiffDataset(CompletionDataset):
