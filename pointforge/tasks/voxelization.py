@@ -55,13 +55,24 @@ class SyntheticSection:
     n_points: int = 20_000  # surface points per prepared volume
     split: str = "0.7,0.1,0.2"  # train, val, test by skull
 
-    def validate(self, prefix: str) -> None:
+    # Checked by the enclosing section: an error raised while the config loader
+    # tries the `SyntheticSection | None` union would be replaced by a generic one.
+    def check(self, prefix: str) -> None:
+        from pointforge.data.skulls import parse_ratios
+        from pointforge.data.synthetic import MAX_SIZE, MIN_SIZE
+
         if not 1 <= self.skulls <= 1000:
             raise ConfigError(f"config key '{prefix}.skulls' must be from 1 to 1000, got {self.skulls}")
+        if not MIN_SIZE <= self.size <= MAX_SIZE:
+            raise ConfigError(f"config key '{prefix}.size' must be from {MIN_SIZE} to {MAX_SIZE}, got {self.size}")
         if self.n_points < 1000:
             raise ConfigError(f"config key '{prefix}.n_points' must be at least 1000, got {self.n_points}")
         if self.seed < 0:
             raise ConfigError(f"config key '{prefix}.seed' must be 0 or more, got {self.seed}")
+        try:
+            parse_ratios(self.split)
+        except ConfigError as err:
+            raise ConfigError(f"config key '{prefix}.split': {err}") from None
 
 
 @dataclass
@@ -96,6 +107,8 @@ class VoxelizationTaskConfig:
             raise ConfigError(f"config key '{prefix}.repeats' must be at least 1, got {self.repeats}")
         if not self.data_root:
             raise ConfigError(f"config key '{prefix}.data_root' is empty; give the prepared dataset's folder")
+        if self.synthetic is not None:
+            self.synthetic.check(f"{prefix}.synthetic")
         try:
             self.augmentation()
         except ConfigError as err:
