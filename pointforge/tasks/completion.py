@@ -35,6 +35,7 @@ import fcntl
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -80,6 +81,15 @@ __all__ = [
 ]
 
 log = get_logger("pcdiff")
+
+
+def _say(message: str) -> None:
+    """Log ``message``; where nothing has set up logging (e.g. the planning pass that
+    ``--nproc`` runs before starting workers), print it to stderr instead of losing it."""
+    if log.hasHandlers():
+        log.info(message)
+    else:
+        print(message, file=sys.stderr, flush=True)
 
 # Points per example (defective skull, implant) each PVCNN2 preset is laid out for.
 PRESET_POINTS: dict[str, tuple[int, int]] = {
@@ -236,7 +246,7 @@ def _check_synthetic_match(root: Path, spec: SyntheticSection | None) -> None:
         raise DataError(f"{root / 'dataset.json'} is unreadable ({err}); delete {root} to rebuild it") from None
     built = info.get("synthetic")
     if built is None:
-        log.info(f"{root} holds a prepared dataset; using it (task.synthetic is only used when data_root is empty)")
+        _say(f"{root} holds a prepared dataset; using it (task.synthetic is only used when data_root is empty)")
     elif built != _synthetic_record(spec):
         raise ConfigError(
             f"{root} was synthesised with {built}, but task.synthetic asks for {_synthetic_record(spec)}; "
@@ -278,7 +288,7 @@ def ensure_prepared_dataset(
         _acquire(lock, lock_path, lock_timeout_s)
         try:
             if _is_prepared(root):  # another process built it while this one waited
-                log.info(f"using the synthetic dataset at {root}, built by another process")
+                _say(f"using the synthetic dataset at {root}, built by another process")
                 _check_synthetic_match(root, synthetic)
                 return root
             _build_synthetic(root, synthetic)
@@ -293,7 +303,7 @@ def _acquire(lock, lock_path: Path, timeout_s: float | None) -> None:
         return
     except BlockingIOError:
         pass
-    log.info(f"waiting for another process to finish building the dataset (lock {lock_path})")
+    _say(f"waiting for another process to finish building the dataset (lock {lock_path})")
     if timeout_s is None:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
         return
@@ -313,7 +323,7 @@ def _build_synthetic(root: Path, spec: SyntheticSection) -> None:
     from pointforge.data.synthetic import synthesize
 
     started = time.perf_counter()
-    log.info(
+    _say(
         f"no dataset at {root}: synthesising {spec.skulls} SkullBreak-style skulls at {spec.size}³ (seed {spec.seed}) "
         f"and preparing {spec.points} surface points per volume there (task.synthetic)"
     )
@@ -334,7 +344,7 @@ def _build_synthetic(root: Path, spec: SyntheticSection) -> None:
         shutil.rmtree(building, ignore_errors=True)
         raise
     counts = ", ".join(f"{n} {s}" for s, n in result.split_counts.items())
-    log.info(f"synthetic dataset ready at {root}: {len(result.cases)} cases ({counts}) in {time.perf_counter() - started:.1f} s")
+    _say(f"synthetic dataset ready at {root}: {len(result.cases)} cases ({counts}) in {time.perf_counter() - started:.1f} s")
 
 
 class PCDiffDataset(CompletionDataset):
