@@ -31,6 +31,7 @@ The Python API, for the implant pipeline and for users:
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +76,15 @@ __all__ = [
 ]
 
 log = get_logger("pcdiff")
+
+
+def _say(message: str) -> None:
+    """Log ``message``; where nothing has set up logging (e.g. the planning pass that
+    ``--nproc`` runs before starting workers), print it to stderr instead of losing it."""
+    if log.hasHandlers():
+        log.info(message)
+    else:
+        print(message, file=sys.stderr, flush=True)
 
 # Points per example (defective skull, implant) each PVCNN2 preset is laid out for.
 PRESET_POINTS: dict[str, tuple[int, int]] = {
@@ -245,7 +255,7 @@ def ensure_prepared_dataset(
         else:
             raise DataError(f"{root}: exists but is not a prepared dataset; point task.data_root at an empty or new folder to synthesise into")
     return ensure_synthetic_prepared(
-        root, synthetic.skulls, synthetic.size, synthetic.seed, synthetic.points, log=log.info,
+        root, synthetic.skulls, synthetic.size, synthetic.seed, synthetic.points, log=_say,
         split=synthetic.split, timeout_s=3600.0 if lock_timeout_s is None else lock_timeout_s,
     )
 
