@@ -26,7 +26,6 @@ normals always point out of the solid.
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any
 
