@@ -165,6 +165,7 @@ def test_inside_grid_strided_path_equals_interpolation():
 
 def test_synthetic_data_is_built_once_when_two_processes_ask_at_once(tmp_path):
     root = tmp_path / "syn"
+    root.mkdir()  # an empty folder counts as absent
     (tmp_path / ".syn.building-leftover").mkdir()  # a crashed builder's temporary folder
     script = textwrap.dedent(f"""
         import sys

@@ -88,6 +88,15 @@ def _check_recipe(root: Path, wanted: dict) -> None:
         )
 
 
+def _holds_something(root: Path) -> bool:
+    """Whether ``root`` is there to be used; an empty folder is built into (a rename may replace it)."""
+    if not root.exists():
+        return False
+    if not root.is_dir():
+        raise DataError(f"{root} exists and is not a folder; choose another data_root")
+    return any(root.iterdir())
+
+
 def _relocate_sources(prepared: Path, built_raw: Path, final_raw: Path) -> None:
     """Point the prepared files' records of their sources at the raw volumes' final place."""
     from pointforge.data.prepare import atomic_write_text
@@ -121,23 +130,21 @@ def ensure_synthetic_prepared(
     ``skulls`` synthetic skulls of ``size``³ voxels (:func:`pointforge.data.synthetic.synthesize`
     with ``seed`` and ``layout``), prepared with ``n_points`` surface points per
     volume and the seeded ``split`` (:func:`pointforge.data.prepare.prepare_dataset`).
-    An existing ``root`` is returned as it is, unless it records a different
-    recipe (ConfigError). Safe to call from many processes at once (module docs).
+    An existing non-empty ``root`` is returned as it is, unless it records a
+    different recipe (ConfigError); an empty folder is built into. Safe to call from many processes at once (module docs).
     """
     from pointforge.data.prepare import atomic_write_text, prepare_dataset
     from pointforge.data.synthetic import synthesize
 
     root = Path(root)
     wanted = _recipe(skulls, size, seed, n_points, split, layout)
-    if root.exists():
-        if not root.is_dir():
-            raise DataError(f"{root} exists and is not a folder; choose another data_root")
+    if _holds_something(root):
         _check_recipe(root, wanted)
         return root
     parent = root.parent
     lock = parent / f".{root.name}.lock"
     with _exclusive_lock(lock, wait_message=f"waiting for another process preparing {root}", log=log, timeout_s=timeout_s):
-        if root.exists():  # built while we waited
+        if _holds_something(root):  # built while we waited
             _check_recipe(root, wanted)
             return root
         for stale in parent.glob(f".{root.name}.building-*"):  # left by a crashed builder; we hold the lock

@@ -13,8 +13,8 @@ a 512³ scan): :func:`points_to_volume` then interpolates the field trilinearly
 at every voxel centre (voxel ``v`` reads the field at ``v * R / S``) and
 thresholds it (inside where the field is ≤ 0). The interpolation is separable
 and done slab by slab along the first axis, so besides the field and the
-output mask it holds only about ``chunk_voxels`` floats at a time, whatever
-the volume's size. When the solve runs at another resolution than training,
+output mask it holds only a few times ``chunk_voxels`` floats at a time
+(about 100 MB by default), whatever the volume's size. When the solve runs at another resolution than training,
 the Gaussian smoothing is scaled with it (``sigma * R / R_train``), which keeps
 the smoothing the same in millimetres.
 
@@ -26,7 +26,6 @@ normals always point out of the solid.
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any
 
@@ -195,11 +194,11 @@ def _axis_weights(n_out: int, n_field: int, scale: float, device) -> tuple[torch
     return low, high, weight
 
 
-def resample_inside(field: torch.Tensor, volume_shape: Any, *, chunk_voxels: int = 1 << 24) -> np.ndarray:
+def resample_inside(field: torch.Tensor, volume_shape: Any, *, chunk_voxels: int = 1 << 22) -> np.ndarray:
     """Bool mask of ``volume_shape``: the field (on the unit cube) interpolated at each voxel centre, ≤ 0.
 
     Trilinear and separable, slab by slab along the first axis on the field's
-    device: the temporaries stay near ``chunk_voxels`` floats (64 MB by default).
+    device: the temporaries stay near 6 × ``chunk_voxels`` floats (about 100 MB by default).
     """
     shape = _check_shape(volume_shape)
     if field.dim() != 3:
@@ -215,10 +214,11 @@ def resample_inside(field: torch.Tensor, volume_shape: Any, *, chunk_voxels: int
         stop = min(start + slab, shape[0])
         lo, hi, w = (t[start:stop] for t in ax0)
         rows = torch.lerp(field.index_select(0, lo), field.index_select(0, hi), w[:, None, None])
+        # Advanced indexing gathers along inner axes about twice as fast as index_select.
         lo, hi, w = ax1
-        rows = torch.lerp(rows.index_select(1, lo), rows.index_select(1, hi), w[None, :, None])
+        rows = torch.lerp(rows[:, lo], rows[:, hi], w[None, :, None])
         lo, hi, w = ax2
-        rows = torch.lerp(rows.index_select(2, lo), rows.index_select(2, hi), w[None, None, :])
+        rows = torch.lerp(rows[:, :, lo], rows[:, :, hi], w[None, None, :])
         out[start:stop] = (rows <= 0).cpu().numpy()
     return out
 
@@ -232,7 +232,7 @@ def points_to_volume(
     device: str | torch.device | None = None,
     sigma: float | None = None,
     memory_limit: float | None = None,
-    chunk_voxels: int = 1 << 24,
+    chunk_voxels: int = 1 << 22,
 ) -> Volume:
     """The solid the points enclose, as a binary (bool) volume on ``reference``'s grid.
 
