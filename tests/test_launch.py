@@ -360,7 +360,7 @@ def test_tmux_session_has_a_window_per_job_and_a_monitor(tmp_path, monkeypatch, 
         assert windows == ["solo", "monitor"]
         with pytest.raises(ConfigError, match="session named pftest already exists"):
             ops.start_plan(ops.build_plan(ops.PlanSpec(jobs=[job("x", gpus=[0])], runs_dir=str(tmp_path / "r2"), session="pftest")), tmux=True)
-        _wait(lambda: run_state(run_dir).status == "finished", 90, "the tmux job to finish", [run_dir])
+        _wait(lambda: run_state(run_dir).status == "finished", 240, "the tmux job to finish", [run_dir])
         # The window's output also went to the job's log.
         assert "finished: 8 steps" in (run_dir / "console.log").read_text()
 
@@ -368,7 +368,7 @@ def test_tmux_session_has_a_window_per_job_and_a_monitor(tmp_path, monkeypatch, 
             pane = subprocess.run(["tmux", "capture-pane", "-p", "-t", "pftest:monitor"], capture_output=True, text=True).stdout
             return "solo" in pane and "runs (" in pane
 
-        _wait(monitor_shows_the_job, 30, "the monitor window to show the job", [run_dir])
+        _wait(monitor_shows_the_job, 120, "the monitor window to show the job", [run_dir])
     finally:
         subprocess.run(["tmux", "kill-server"], capture_output=True)
         shutil.rmtree(sockets, ignore_errors=True)
