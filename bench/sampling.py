@@ -8,7 +8,8 @@ speed-up column is a ratio measured side by side; absolute seconds are context.
 
 The network is either a trained checkpoint (``--checkpoint``; its config names the
 dataset) or, by default, the ``small`` preset trained here for ``--train-steps`` steps
-through the engine on the small preset's synthetic data (built on first use). A few
+through the engine on the small preset's synthetic data (built on first use under
+``bench/results/data/``). A few
 minutes of CPU training give a network whose samples are still far from the implant:
 its Chamfer column shows how the samplers behave on that network, not what PCDiff
 reaches. Run with a trained checkpoint for a quality curve worth choosing from.
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shutil
 import sys
 import tempfile
 import time
@@ -96,14 +98,17 @@ def main() -> None:
     record: dict = {"machine": machine(), "threads": args.threads, "torch": torch.__version__}
     if args.checkpoint is None:
         run_dir = Path(tempfile.mkdtemp(prefix="pcdiff-bench-"))
-        print(f"training the small preset for {args.train_steps} steps on synthetic data ({run_dir}) ...", flush=True)
-        checkpoint, seconds = train_small(args.train_steps, run_dir)
+        try:
+            print(f"training the small preset for {args.train_steps} steps on synthetic data ({run_dir}) ...", flush=True)
+            checkpoint, seconds = train_small(args.train_steps, run_dir)
+            model, schedule, config = load_pcdiff(checkpoint)
+        finally:
+            shutil.rmtree(run_dir, ignore_errors=True)
         record["network"] = f"small preset trained here: {args.train_steps} steps, batch 4, Adam 1e-3 (undertrained)"
         record["train_s"] = round(seconds, 1)
     else:
-        checkpoint = args.checkpoint
-        record["network"] = f"checkpoint {checkpoint}"
-    model, schedule, config = load_pcdiff(checkpoint)
+        model, schedule, config = load_pcdiff(args.checkpoint)
+        record["network"] = f"checkpoint {args.checkpoint}"
     root = args.data_root or Path(config.data_root)
     data, case, split = pick_case(root, args.case)
     skull = np.asarray(data.points(case.defective), dtype=np.float64)
