@@ -41,12 +41,14 @@ from pointforge.errors import ConfigError, DataError
 FORMAT_VERSION = 1
 
 
-def atomic_write_bytes(path: Path, payload: bytes) -> None:
+def _atomic_write(path: Path, write, suffix: str) -> None:
+    """``write(fh)`` into a temporary file beside ``path``, fsync, then rename over it."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(payload)
+            write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -54,6 +56,10 @@ def atomic_write_bytes(path: Path, payload: bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def atomic_write_bytes(path: Path, payload: bytes) -> None:
+    _atomic_write(path, lambda fh: fh.write(payload), ".tmp")
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -61,33 +67,11 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def atomic_save_npy(path: Path, array: np.ndarray) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp.npy", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.save(fh, array)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    _atomic_write(path, lambda fh: np.save(fh, array), ".tmp.npy")
 
 
 def atomic_save_npz(path: Path, **arrays: np.ndarray) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp.npz", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **arrays)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    _atomic_write(path, lambda fh: np.savez(fh, **arrays), ".tmp.npz")
 
 
 # --------------------------------------------------------------------------- resampling
@@ -291,17 +275,20 @@ def prepare_dataset(
     count = result.skipped
     if progress:
         progress(count, len(jobs), "")
+    def record(job: VolumeJob, err: str | None) -> None:
+        nonlocal count
+        count += 1
+        if err:
+            result.failures.append(err)
+            failed_sources.add(job.source)
+        else:
+            result.done += 1
+        if progress:
+            progress(count, len(jobs), job.rel)
+
     if workers == 1:
         for job in todo:
-            _, _, err = _run_job_safely(out, job)
-            count += 1
-            if err:
-                result.failures.append(err)
-                failed_sources.add(job.source)
-            else:
-                result.done += 1
-            if progress:
-                progress(count, len(jobs), job.rel)
+            record(job, _run_job_safely(out, job)[2])
     else:
         with ProcessPoolExecutor(max_workers=workers) as pool:
             pending = {pool.submit(_run_job_safely, out, j) for j in todo}
@@ -309,14 +296,7 @@ def prepare_dataset(
                 finished, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for fut in finished:
                     job, _, err = fut.result()
-                    count += 1
-                    if err:
-                        result.failures.append(err)
-                        failed_sources.add(job.source)
-                    else:
-                        result.done += 1
-                    if progress:
-                        progress(count, len(jobs), job.rel)
+                    record(job, err)
 
     by_source = {j.source: j for j in jobs}
     assignment = split_skulls([c.skull_id for c in cases], ratios, seed)
