@@ -352,6 +352,9 @@ class RunSection:
 class TrainSection:
     epochs: int = 1
     max_steps: int | None = None  # optimizer steps; stops early when reached
+    # Wall-clock budget of one launch, in minutes: training stops at the first
+    # step boundary past it (all ranks at the same step), saves and finishes.
+    max_minutes: float | None = None
     seed: int = 0
     eval_every: int = 1  # epochs; 0 = never
     max_nonfinite: int = 5  # consecutive skipped steps before the run aborts
@@ -364,6 +367,8 @@ class TrainSection:
             raise ConfigError(f"config key '{prefix}.epochs' must be at least 1, got {self.epochs}")
         if self.max_steps is not None and self.max_steps < 1:
             raise ConfigError(f"config key '{prefix}.max_steps' must be at least 1 or null, got {self.max_steps}")
+        if self.max_minutes is not None and not self.max_minutes > 0:
+            raise ConfigError(f"config key '{prefix}.max_minutes' must be positive or null, got {self.max_minutes}")
         if self.max_nonfinite < 1:
             raise ConfigError(f"config key '{prefix}.max_nonfinite' must be at least 1, got {self.max_nonfinite}")
         if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:

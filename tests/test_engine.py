@@ -82,6 +82,17 @@ def test_sigterm_mid_epoch_then_resume_equals_uninterrupted(tmp_path):
     assert ref["progress"]["best_value"] == res["progress"]["best_value"]
 
 
+def test_time_budget_stops_at_a_step_saves_and_finishes(tmp_path):
+    # 0.2 s steps against a 0.01 min (0.6 s) budget: a few steps, never all 40.
+    cfg = make_cfg(tmp_path, "train.epochs=5", "train.max_minutes=0.01", "task.test_step_delay_s=0.2")
+    result = train("toy", cfg)
+    assert result.status == "finished" and 3 <= result.global_step < 40
+    assert final_state(cfg.run.dir)["progress"]["global_step"] == result.global_step
+    assert "time budget of 0.01 min (train.max_minutes) reached" in (Path(cfg.run.dir) / "train.log").read_text()
+    with pytest.raises(ConfigError, match="max_minutes' must be positive"):
+        make_cfg(tmp_path, "train.max_minutes=0", name="bad")
+
+
 def test_existing_run_dir_needs_resume(tmp_path):
     train("toy", make_cfg(tmp_path, "train.epochs=1"))
     with pytest.raises(ConfigError, match="already holds checkpoints.*--resume auto"):

@@ -640,9 +640,11 @@ class _Trainer:
         self.last_save_time = time.monotonic()
         self.train_model.train()
         stop_noted = False
+        self.budget_start = time.monotonic()
+        self.out_of_time = False
 
         for epoch in range(self.epoch, cfg.train.epochs):
-            if self.global_step >= self.total_steps:
+            if self.global_step >= self.total_steps or self.out_of_time:
                 break
             self.doing = f"preparing epoch {epoch}"
             batches = self._epoch_batches(epoch)
@@ -669,6 +671,11 @@ class _Trainer:
                 ran += 1
                 self.step_in_epoch = step_in_epoch + 1
                 stop = flags["stop"]
+                if flags["time_up"] and not stop:
+                    self.out_of_time = True
+                    if env.is_main:
+                        log.info(f"time budget of {cfg.train.max_minutes:g} min (train.max_minutes) reached at step "
+                                 f"{self.global_step}: saving and finishing")
                 if stop and not stop_noted and env.is_main:
                     stop_noted = True
                     log.info(f"stop requested ({stopper.requested or 'signal on another rank'}): saving a checkpoint and exiting")
@@ -679,6 +686,8 @@ class _Trainer:
                     self._save(end_of_epoch=False)
                 if stop:
                     return self._stopped(stopper)
+                if self.out_of_time:
+                    break
             self.doing = f"finishing epoch {epoch}"
             check_equal(env, start + ran, f"the number of steps run in epoch {epoch}",
                         "a rank's data loader ended early; check the dataset and Task.batch_sampler")
@@ -749,17 +758,24 @@ class _Trainer:
             env.is_main and cfg.ckpt.every_minutes > 0
             and time.monotonic() - self.last_save_time >= cfg.ckpt.every_minutes * 60
         )
+        # The budget is rank 0's clock; the reduction below carries its decision to every rank.
+        time_up = (
+            env.is_main and cfg.train.max_minutes is not None
+            and time.monotonic() - self.budget_start >= cfg.train.max_minutes * 60
+        )
         if env.distributed:
             report(env, "in the step's all-reduce", epoch=epoch, step=self.global_step)
             # Every rank-dependent decision rides on this one reduction, so all
             # ranks skip, stop and save at the same step. A NaN or inf on any
             # rank makes the summed loss non-finite on every rank.
-            flags = torch.tensor([1.0 if stopper.requested else 0.0, 1.0 if due else 0.0], device=self.device)
-            total, n_stop, n_due = all_reduce_sum(env, torch.cat([loss_sum.reshape(1), flags])).tolist()
+            flags = torch.tensor([1.0 if stopper.requested else 0.0, 1.0 if due else 0.0, 1.0 if time_up else 0.0],
+                                 device=self.device)
+            total, n_stop, n_due, n_time = all_reduce_sum(env, torch.cat([loss_sum.reshape(1), flags])).tolist()
             mean_loss = total / (accum * env.world_size)
         else:
             mean_loss = loss_sum.item() / accum
             n_stop, n_due = (1.0 if stopper.requested else 0.0), (1.0 if due else 0.0)
+            n_time = 1.0 if time_up else 0.0
         loss_bad = not math.isfinite(mean_loss)
         lr_used = self.optimizer.param_groups[0]["lr"]
         skip = loss_bad
@@ -814,7 +830,7 @@ class _Trainer:
             self.window_grad_norm = float(grad_norm)
         self.window_data_time += data_time
         self.window_time += time.perf_counter() - t0
-        return {"stop": n_stop > 0, "ckpt_due": n_due > 0}
+        return {"stop": n_stop > 0, "ckpt_due": n_due > 0, "time_up": n_time > 0}
 
     # ------------------------------------------------------------------ logging
 
