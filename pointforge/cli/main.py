@@ -14,6 +14,7 @@ from pointforge import __version__
 from pointforge.cli import data as data_cli
 from pointforge.cli.demo import demo as demo_command
 from pointforge.cli.evaluate import evaluate as evaluate_command
+from pointforge.cli.generate import generate as generate_command
 from pointforge.cli import doctor as _doctor_cli
 from pointforge.cli import launch as _launch_cli
 from pointforge.cli import monitor as _monitor_cli
@@ -46,6 +47,7 @@ def _root(
 
 app.add_typer(data_cli.app, name="data")
 app.command("demo")(demo_command)
+app.command("generate")(generate_command)
 app.command("evaluate")(evaluate_command)
 _train_cli.register(app)
 _launch_cli.register(app)
