@@ -82,3 +82,27 @@ def test_near_points_sphere():
     assert near[10, 10, 12] and near[10, 10, 14] and not near[10, 10, 15] and not near[10, 13, 12]
     with pytest.raises(DataError):
         pp.near_points((3, 3, 3), np.zeros((0, 3)))
+
+
+def test_the_chain_keeps_upstreams_sizes_in_millimetres():
+    assert pp.morphology_radius((0.45, 0.45, 0.45)) == 1  # upstream's own grid: its chain exactly
+    assert pp.morphology_radius((0.2, 0.2, 0.5)) == 2  # the finest axis decides
+    assert pp.morphology_radius((3.6, 3.6, 3.6)) == 0  # a 64³ synthetic skull: no 3³ operations
+    with pytest.raises(DataError, match="spacing must be positive"):
+        pp.morphology_radius((0.0, 1.0, 1.0))
+    # A curved plate two voxels thick, as bone is at 3.6 mm voxels.
+    z, y, x = np.mgrid[:40, :40, :40]
+    r = np.sqrt((x - 20) ** 2 + (y - 20) ** 2 + (z - 45) ** 2)
+    plate = (r >= 30) & (r < 32) & (z < 30) & (abs(x - 20) < 12) & (abs(y - 20) < 12)
+    assert plate.sum() > 300
+    assert not pp.clean_implant(plate, radius=1).any()  # the 3³ opening erases it
+    assert np.array_equal(pp.clean_implant(plate, radius=0), plate)
+    defective = np.zeros_like(plate)
+    pts = np.argwhere(plate).astype(float)
+    coarse, _ = pp.implant_from_proposals([plate, plate, plate], defective, pts, spacing=(3.6, 3.6, 3.6))
+    assert np.array_equal(coarse, plate)
+    fine, _ = pp.implant_from_proposals([plate, plate, plate], defective, pts, spacing=(0.45, 0.45, 0.45))
+    voxel, _ = pp.implant_from_proposals([plate, plate, plate], defective, pts)
+    assert np.array_equal(fine, voxel)
+    with pytest.raises(DataError, match="radius must be a non-negative integer"):
+        pp.clean_implant(plate, radius=-1)

@@ -29,10 +29,10 @@ def evaluate(
     table.add_column("group")
     table.add_column("n", justify="right")
     for m in METRICS:
-        table.add_column(f"{m.upper()} mean ± sd" + (" (mm)" if m.startswith("hd") else ""), justify="right")
+        table.add_column(f"{m.upper()} mean ± sd [median]" + (" (mm)" if m.startswith("hd") else ""), justify="right")
     for group, stats in result.summary.items():
         table.add_row(group, str(stats["dsc"]["n"]),
-                      *[f"{stats[m]['mean']:.3f} ± {stats[m]['std']:.3f}" for m in METRICS])
+                      *[f"{stats[m]['mean']:.3f} ± {stats[m]['std']:.3f} [{stats[m]['median']:.3f}]" for m in METRICS])
     Console().print(table)
     for row in result.rows:
         if row.get("error"):

@@ -17,7 +17,8 @@ Stages (REFERENCE.md, "post-processing"), each timed:
    n_implant`` points, so the voxelizer sees as many points as it was trained on.
 4. **postprocess** — :func:`~pointforge.implant.postprocess.implant_from_proposals`
    (dilate, majority vote, minus the defective skull, near the generated points,
-   opening / largest component / median / closing / hole filling). Each proposal
+   opening / largest component / median / closing / hole filling, each sized in
+   millimetres as upstream's at 0.45 mm: see that module). Each proposal
    is also turned into an implant on its own (same chain, no vote and no
    dilation): their per-voxel mean is the agreement (uncertainty) map.
 5. **write** — into a temporary sibling folder renamed into place at the end, so
@@ -311,8 +312,8 @@ def generate_implant(defective: Volume, models: Models, options: GenerateOptions
     say(f"voxelize: {len(completed)} completed skulls ({timings['voxelize_s']:.1f} s)")
 
     t = time.perf_counter()
-    implant, _ = implant_from_proposals(completed, work.data, dense.reshape(-1, 3))
-    own = [implant_from_proposals([c], work.data, p, dilate=0)[0] for c, p in zip(completed, dense)]
+    implant, _ = implant_from_proposals(completed, work.data, dense.reshape(-1, 3), spacing=work.spacing)
+    own = [implant_from_proposals([c], work.data, p, dilate=0, spacing=work.spacing)[0] for c, p in zip(completed, dense)]
     agreement = np.mean(own, axis=0, dtype=np.float32) if own else np.zeros(work.shape, np.float32)
     implant = _to_input_grid(implant, scale, defective.shape, binary=True)
     own = [_to_input_grid(m, scale, defective.shape, binary=True) for m in own]

@@ -6,6 +6,21 @@ points around their centre → opening 3³, largest component, median 3³, closi
 hole filling, largest component. The per-voxel agreement of the proposals is the
 uncertainty map.
 
+Resolution. Upstream's structuring elements are one voxel (3³ cubes, a median
+of 3³) on its 0.45 mm grid (SkullFix is resampled to 0.45 mm; SkullBreak is
+close to it). Given the grid's ``spacing``, the chain keeps those sizes in
+millimetres: every one-voxel operation becomes ``r`` voxels with
+``r = round(0.45 mm / spacing)`` (:func:`morphology_radius`), so it is
+upstream's chain exactly at 0.45 mm, a 5³ cube at 0.225 mm, and at coarser
+grids (r = 0, e.g. the 3.6 mm voxels of a 64³ synthetic skull) the dilation,
+opening, median and closing are left out, because a one-voxel operation there
+would reach 8× further than upstream's and the 3³ opening would erase a bone
+plate two voxels thick. Measured on the demo's synthetic 64³ test cases with
+the true completed skull in place of the proposals: DSC 0.59 with the
+fixed 3³ chain, 0.93 with r = 0 (bilateral cases lose one of their two plates
+to the largest-component step either way). Without ``spacing`` the fixed
+voxel chain runs (r = 1), as before.
+
 All morphology runs inside the bounding box of the candidate implant plus a
 margin, so a 512³ case costs what its implant costs, not what its volume costs.
 The result is identical to running on the full volume as long as the margin
@@ -24,6 +39,19 @@ from pointforge.errors import DataError
 
 _CUBE = np.ones((3, 3, 3), dtype=bool)
 _MARGIN = 6
+REFERENCE_SPACING_MM = 0.45  # the grid upstream's one-voxel operations were made for
+
+
+def morphology_radius(spacing) -> int:
+    """How many voxels of a grid with ``spacing`` (mm) upstream's one voxel at 0.45 mm spans, rounded."""
+    finest = float(np.min(np.asarray(spacing, dtype=np.float64)))
+    if not finest > 0:
+        raise DataError(f"spacing must be positive, got {spacing}")
+    return int(np.floor(REFERENCE_SPACING_MM / finest + 0.5))
+
+
+def _cube(radius: int) -> np.ndarray:
+    return np.ones((2 * radius + 1,) * 3, dtype=bool)
 
 
 @dataclass
@@ -95,18 +123,27 @@ def near_points(shape: tuple[int, ...], points_vox: np.ndarray, radius_factor: f
     return out
 
 
-def clean_implant(mask: np.ndarray) -> np.ndarray:
-    """Opening 3³, largest component, median 3³, closing, hole filling, largest component."""
+def clean_implant(mask: np.ndarray, radius: int = 1) -> np.ndarray:
+    """Opening, largest component, median, closing, hole filling, largest component.
+
+    ``radius`` 1 is upstream's chain (3³ cube, 3³ median); ``r`` uses
+    (2r+1)³; 0 keeps only the largest component and the hole filling.
+    """
+    if isinstance(radius, bool) or not isinstance(radius, (int, np.integer)) or radius < 0:
+        raise DataError(f"radius must be a non-negative integer, got {radius!r}")
+    cube = _cube(int(radius))
 
     def steps(m: np.ndarray) -> np.ndarray:
-        m = ndimage.binary_opening(m, _CUBE)
+        if radius > 0:
+            m = ndimage.binary_opening(m, cube)
         m = largest_component(m)
-        m = ndimage.median_filter(m.astype(np.uint8), size=3, mode="constant") > 0
-        m = ndimage.binary_closing(m, _CUBE)
+        if radius > 0:
+            m = ndimage.median_filter(m.astype(np.uint8), size=2 * radius + 1, mode="constant") > 0
+            m = ndimage.binary_closing(m, cube)
         m = ndimage.binary_fill_holes(m)
         return largest_component(m)
 
-    return _crop_apply(mask, steps)
+    return _crop_apply(mask, steps, margin=max(_MARGIN, 4 * int(radius) + 2))
 
 
 def implant_from_proposals(
@@ -114,17 +151,24 @@ def implant_from_proposals(
     defective: np.ndarray,
     implant_points_vox: np.ndarray,
     *,
-    dilate: int = 1,
+    dilate: int | None = None,
     radius_factor: float = 1.1,
+    spacing=None,
 ) -> tuple[np.ndarray, Vote]:
     """The full upstream chain. ``proposals`` are completed-skull masks (inside = 1).
 
-    Returns the implant mask and the vote (its agreement map is the uncertainty).
+    With the grid's ``spacing`` (mm) every one-voxel operation is scaled to
+    keep upstream's size in millimetres (module docs); without it, upstream's
+    voxel sizes. ``dilate`` (each proposal, before the vote) defaults to that
+    same radius. Returns the implant mask and the vote (its agreement map is
+    the uncertainty).
     """
+    radius = 1 if spacing is None else morphology_radius(spacing)
+    dilate = radius if dilate is None else dilate
     defective = np.asarray(defective, dtype=bool)
     vote = majority_vote(proposals, dilate=dilate)
     if vote.mask.shape != defective.shape:
         raise DataError(f"proposals have shape {vote.mask.shape}, the defective skull {defective.shape}")
     candidate = vote.mask & ~defective
     candidate &= near_points(defective.shape, implant_points_vox, radius_factor)
-    return clean_implant(candidate), vote
+    return clean_implant(candidate, radius), vote
