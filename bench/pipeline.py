@@ -63,7 +63,9 @@ Inputs, one of:
 Work: ``--cases N`` takes the first N test cases; ``--quick`` runs fewer
 configurations (n = 1 and 5 at DDIM 50, DDIM 10 and DPM++ 10 at n = 5) for a
 smoke run. The full default on the demo's 10 test cases is 9 configurations ×
-10 cases; DDPM over T = 1000 steps dominates it.
+10 cases, about 45 minutes on 2 shared cores with a tiny T = 1000 PCDiff
+(n = 5 costs about 0.2 s per sampler step, so DDPM-1000 alone is about 200 s
+per case); ``--quick`` on the same 10 cases took 4 minutes.
 
 Output: the tables below, and ``bench/results/pipeline.json`` with the machine,
 threads, load averages, the models (``Models.describe()``), the cases and every
