@@ -14,7 +14,7 @@ usage (PREPARED from prepare_dataset, RAW the synthesize() folder it came from):
   PYTHONPATH=. python bench/voxelizer_oracle.py CKPT PREPARED RAW \
       [--n-skull 896 --n-implant 128] [--quick] [--pp] [--resolution 96] [--json out.json]
 """
-import argparse, json, sys, time
+import argparse, json, time
 from collections import defaultdict
 
 import numpy as np
@@ -94,7 +94,6 @@ for ci, case in enumerate(cases):
     raw_near = raw & near_points(defective.shape, i)
     res["dsc_raw_near"].append(evaluate_case(raw_near, truth, defective, spacing)["dsc"])
     if args.pp:
-        from pointforge.implant.postprocess import clean_implant
         # chain on the TRUE complete skull (upper bound of the chain itself)
         res["pp_truecomplete"].append(evaluate_case(implant_from_proposals([complete], defective, i)[0], truth, defective, spacing)["dsc"])
         res["pp_truecomplete_dil0"].append(evaluate_case(implant_from_proposals([complete], defective, i, dilate=0)[0], truth, defective, spacing)["dsc"])
