@@ -10,8 +10,13 @@ the completed skull's volume IoU, the implant without post-processing
 (``dsc_raw_near``: completed minus defective, near the implant points) and,
 with --pp, the chain's own losses (on the true complete skull, dilate 0, ...).
 
+A measuring script kept with the numbers it produced (configs/voxelizer/demo.yaml,
+bench/voxelizer_demo.md), not one of the benchmarks ``make bench`` runs. It calls the
+chain without a spacing, i.e. upstream's fixed 3³ sizes; ``pointforge generate`` now
+sizes them in millimetres (pointforge/implant/postprocess.py).
+
 usage (PREPARED from prepare_dataset, RAW the synthesize() folder it came from):
-  PYTHONPATH=. python bench/voxelizer_oracle.py CKPT PREPARED RAW \
+  PYTHONPATH=. python bench/tools/voxelizer_oracle.py CKPT PREPARED RAW \
       [--n-skull 896 --n-implant 128] [--quick] [--pp] [--resolution 96] [--json out.json]
 """
 import argparse, json, time
