@@ -79,6 +79,8 @@ from typing import Callable
 import numpy as np
 from scipy import ndimage
 
+from pointforge.data.surface import _bounding_box
+from pointforge.data.surface import make_well_composed as _make_well_composed
 from pointforge.errors import ConfigError, DataError
 
 DEFECT_CLASSES = ("bilateral", "frontoorbital", "parietotemporal", "random_1", "random_2")
@@ -469,57 +471,6 @@ def _rasterize_dense(params: _SkullParams, shape, spacing: np.ndarray) -> np.nda
     axes = np.meshgrid(*[origin[a] + np.arange(shape[a]) * spacing[a] for a in range(3)], indexing="ij")
     grid_mm = np.stack([g.ravel() for g in axes]).astype(np.float32)
     return _finish(_bone(params, _to_head(params, grid_mm)).reshape(shape))
-
-
-def _bounding_box(mask: np.ndarray, margin: int = 0) -> tuple[slice, slice, slice] | None:
-    present = [np.flatnonzero(mask.any(axis=tuple(a for a in range(3) if a != axis))) for axis in range(3)]
-    if any(p.size == 0 for p in present):
-        return None
-    return tuple(slice(max(p[0] - margin, 0), min(p[-1] + 1 + margin, n)) for p, n in zip(present, mask.shape))
-
-
-def _make_well_composed(mask: np.ndarray, max_passes: int = 10) -> np.ndarray:
-    """Fill the voxels that make 6- and 26-connectivity disagree, in place.
-
-    Two voxels touching only along an edge or at a corner (with the other
-    voxels of their 2×2 square or 2×2×2 cube of the other kind) are joined or
-    separated depending on the connectivity one picks, and marching cubes turns
-    them into pinholes or pinches. Filling one voxel per such configuration
-    (a handful per skull, at the rim) makes both connectivities agree.
-    """
-    crop = _bounding_box(mask, margin=1)
-    if crop is None:
-        return mask
-    x = mask[crop]
-    for _ in range(max_passes):
-        fill = np.zeros_like(x)
-        for p, q in ((0, 1), (0, 2), (1, 2)):
-            def at(dp, dq, p=p, q=q):
-                s = [slice(None)] * 3
-                s[p] = slice(dp, x.shape[p] - 1 + dp)
-                s[q] = slice(dq, x.shape[q] - 1 + dq)
-                return tuple(s)
-            a, b, c, d = x[at(0, 0)], x[at(1, 1)], x[at(1, 0)], x[at(0, 1)]
-            fill[at(1, 0)] |= a & b & ~c & ~d
-            fill[at(0, 0)] |= c & d & ~a & ~b
-        def corner(i, j, k):
-            return (slice(i, x.shape[0] - 1 + i), slice(j, x.shape[1] - 1 + j), slice(k, x.shape[2] - 1 + k))
-        count = np.zeros([n - 1 for n in x.shape], dtype=np.uint8)
-        for i in (0, 1):
-            for j in (0, 1):
-                for k in (0, 1):
-                    count += x[corner(i, j, k)]
-        for i, j, k in ((0, 0, 0), (1, 0, 0), (0, 1, 0), (0, 0, 1)):
-            here, there = x[corner(i, j, k)], x[corner(1 - i, 1 - j, 1 - k)]
-            lone_pair = here & there & (count == 2)
-            fill[corner(1 - i, j, k)] |= lone_pair
-            fill[corner(1 - i, 1 - j, k)] |= lone_pair
-            fill[corner(i, j, k)] |= ~here & ~there & (count == 6)
-        fill &= ~x
-        if not fill.any():
-            break
-        x |= fill
-    return mask
 
 
 # --------------------------------------------------------------------------- defects

@@ -29,7 +29,9 @@ Outputs of one case (``EXT`` is the input's: NRRD in → NRRD out, NIfTI → NIf
 * ``implant.EXT`` — bool mask on the input's grid with its exact shape, spacing,
   origin, direction and kept header fields;
 * ``implant.stl`` — the implant surface in millimetres in the input's physical
-  space (its affine), watertight, normals outward;
+  space (its affine), watertight, normals outward (voxels touching only along an
+  edge or a corner are joined by one filled voxel first, so the surface is a
+  closed manifold; the report counts them);
 * ``proposals/implant_K.EXT`` — each proposal's own implant;
 * ``proposals/points.npy`` — the generated implant points, ``[n, P, 3]`` float32
   voxel indices of the input grid;
@@ -379,6 +381,7 @@ def _json_default(value):
 
 def write_case(result: Generated, folder: Path, *, suffix: str, report: dict) -> dict:
     """Write every output of one case into ``folder`` (which the caller renames into place)."""
+    from pointforge.data.surface import make_well_composed
     from pointforge.implant.export import Layer, render_preview
     from pointforge.implant.voxelize import field_to_mesh
 
@@ -395,7 +398,13 @@ def write_case(result: Generated, folder: Path, *, suffix: str, report: dict) ->
     np.save(folder / files["points"], result.implant_points)
     write_volume(folder / files["uncertainty"], ref.with_data(result.agreement.astype(np.float32)))
     write_volume(folder / files["completed_skull"], ref.with_data(result.completed))
-    mesh = field_to_mesh(result.implant, ref)
+    # A printable mesh must be a closed 2-manifold: implant voxels that touch only
+    # along an edge or at a corner give marching cubes non-manifold edges. The
+    # mesh is made from the implant with one voxel filled per such configuration
+    # (a handful, at the rim; counted in the report); the NRRD keeps the implant
+    # itself, disjoint from the skull.
+    solid = make_well_composed(result.implant.copy())
+    mesh = field_to_mesh(solid, ref)
     mesh.export(folder / files["mesh"], file_type="stl")
     spacing = tuple(float(s) for s in ref.spacing)
     render_preview(folder / files["preview"], [
@@ -413,7 +422,7 @@ def write_case(result: Generated, folder: Path, *, suffix: str, report: dict) ->
         "implant": {"voxels": int(result.implant.sum()),
                     "volume_cm3": round(int(result.implant.sum()) * voxel_mm3 / 1000.0, 3),
                     "shape": list(ref.shape), "spacing_mm": list(spacing), "origin_mm": [float(o) for o in ref.origin]},
-        "mesh": _mesh_checks(mesh),
+        "mesh": {**_mesh_checks(mesh), "voxels_filled_for_manifold": int(solid.sum() - result.implant.sum())},
         "agreement": {"meaning": "fraction of proposals whose own implant contains the voxel",
                       "mean_in_implant": round(float(inside.mean()), 4) if inside.size else None,
                       "unanimous_fraction_in_implant": round(float((inside >= 1.0).mean()), 4) if inside.size else None},
