@@ -50,8 +50,8 @@ class DemoSettings:
     split: str = "0.6,0.2,0.2"
     seed: int = 0
     ensemble: int = 5
-    sampler: str = "ddim"
-    steps: int | None = 50
+    sampler: str = "dpm++2m"
+    steps: int | None = 20
     phases: tuple[float, ...] = (0.25, 0.5, 1.0)  # fractions of the budget at which the models are evaluated
     device: str = "auto"
     workers: int | None = None
@@ -82,7 +82,7 @@ def _train_command(task: str, config: Path, run_dir: Path, data_root: Path, minu
     return [
         sys.executable, "-m", "pointforge.cli", "train", task, "--config", str(config), "--resume", "auto",
         f"run.dir={run_dir}", f"task.data_root={data_root}", f"train.max_minutes={minutes:.4f}",
-        "train.epochs=100000", f"run.device={device}", "log.progress=off",
+        "train.epochs=100000", "train.max_steps=null", f"run.device={device}", "log.progress=off",
     ]
 
 

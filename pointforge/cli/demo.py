@@ -43,8 +43,8 @@ def demo(
     skulls: int = typer.Option(10, "--skulls", help="Synthetic skulls (5 defect cases each)."),
     size: int = typer.Option(64, "--size", help="Volume size S (S³ voxels over a 230 mm field of view)."),
     ensemble: int = typer.Option(5, "--ensemble", help="Implant proposals per case."),
-    sampler: str = typer.Option("ddim", "--sampler", help="ddpm, ddim or dpm++2m."),
-    steps: int = typer.Option(50, "--steps", help="Sampler steps (ignored by ddpm)."),
+    sampler: str = typer.Option("dpm++2m", "--sampler", help="ddpm, ddim or dpm++2m."),
+    steps: int = typer.Option(20, "--steps", help="Sampler steps (ignored by ddpm)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
     seed: int = typer.Option(0, "--seed"),
 ) -> None:
