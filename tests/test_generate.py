@@ -249,3 +249,19 @@ def test_wrong_options_are_config_errors(models, tmp_path):
         with pytest.raises(ConfigError, match=message):
             generate_case(tmp_path / "nothing.nrrd", tmp_path / "out", models, options)
     assert not (tmp_path / "out").exists()
+
+
+def test_an_upsampler_densifies_each_proposal_before_voxelising(trained, tmp_path):
+    root, _, pc, vox = trained
+    _, source = a_test_case(root)
+    up = load_train_config("upsampler", REPO / "configs" / "upsampler" / "tiny.yaml", [
+        *QUIET, f"run.dir={tmp_path / 'upsampler'}", f"task.data_root={tmp_path / 'up-data'}", "train.max_steps=2",
+    ])
+    up_ckpt = train("upsampler", up, console=False).checkpoint
+    with_up = load_models(pc, vox, device="cpu", upsample=up_ckpt)
+    report = generate_case(source, tmp_path / "case", with_up, FAST)
+    assert report["models"]["upsampler"]["ratio"] == 2 and "upsample_s" in report["timings_s"]
+    assert np.load(tmp_path / "case" / "proposals" / "points.npy").shape == (2, with_up.pcdiff.config.n_implant, 3)
+    assert report["mesh"]["watertight"]
+    with pytest.raises(UserError, match="task 'pcdiff', not of the upsampler"):
+        load_models(pc, vox, device="cpu", upsample=pc)

@@ -298,7 +298,7 @@ def generate_implant(defective: Volume, models: Models, options: GenerateOptions
     if models.upsampler is not None:
         from pointforge.upsample_api import upsample_points
 
-        dense = np.stack([upsample_points(models.upsampler, p) for p in implants])
+        dense = _inside_volume(np.stack([upsample_points(models.upsampler, p) for p in implants]), work.shape, notes)
         timings["upsample_s"] = time.perf_counter() - t
         t = time.perf_counter()
     n_vox_skull = max(int(models.voxelizer_config.task.n_points) - dense.shape[1], cfg.n_skull)
