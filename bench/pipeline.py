@@ -100,6 +100,7 @@ from pointforge.data.skulls import PreparedDataset  # noqa: E402
 from pointforge.data.volumes import Volume, read_binary_volume  # noqa: E402
 from pointforge.errors import DataError, UserError  # noqa: E402
 from pointforge.implant.generate import GenerateOptions, Models, generate_implant, load_models  # noqa: E402
+from pointforge.implant.evaluate import json_safe  # noqa: E402
 from pointforge.implant.metrics import evaluate_case  # noqa: E402
 from pointforge.nn.diffusion import make_sampler  # noqa: E402
 
@@ -335,18 +336,6 @@ QUALITY_HEADERS = ["config", "n", "steps", "mean DSC (failed = 0)", "mean bDSC (
 # --------------------------------------------------------------------------- main
 
 
-def _jsonable(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
 
 
 def main() -> None:
@@ -455,7 +444,7 @@ def main() -> None:
                   f"these models: PCDiff preset {cfg.model}")
     print(f"\nload average {record['load_average_start'][0]:.2f} at start, {record['load_average_end'][0]:.2f} at end; "
           f"{record['seconds'] / 60:.1f} min in all")
-    path = write_json("pipeline", _jsonable(record))
+    path = write_json("pipeline", json_safe(record))
     print(f"wrote {path}")
 
 

@@ -197,7 +197,7 @@ def run_demo(out: str | os.PathLike = "demo_out", settings: DemoSettings | None 
     timings["train_s"] = time.perf_counter() - t
 
     # ---- generate with each phase's checkpoints, then evaluate
-    from pointforge.implant.evaluate import evaluate_predictions, write_reports
+    from pointforge.implant.evaluate import evaluate_predictions, json_safe, write_reports
     from pointforge.implant.generate import GenerateOptions, generate_folder, load_models
 
     case_ids = [c.case_id for c in test_cases]
@@ -250,7 +250,7 @@ def run_demo(out: str | os.PathLike = "demo_out", settings: DemoSettings | None 
     summary["timings_s"]["total_s"] = round(time.perf_counter() - started, 1)
     md, page = _write_report(out, summary, curve, baseline_eval, base_root)
     summary["timings_s"]["report_s"] = round(time.perf_counter() - t, 1)
-    atomic_write_text(out / "demo.json", json.dumps(_jsonable(summary), indent=1))
+    atomic_write_text(out / "demo.json", json.dumps(json_safe(summary), indent=1))
     return DemoResult(out=out, report_md=md, report_html=page, summary=summary)
 
 
@@ -280,20 +280,6 @@ def _run_baseline(raw: Path, prepared: Path, out: Path, *, log) -> dict:
 
 
 # --------------------------------------------------------------------------- report
-
-
-def _jsonable(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    if hasattr(value, "summary") and hasattr(value, "rows"):
-        return {"summary": _jsonable(value.summary), "rows": _jsonable(value.rows)}
-    return value
 
 
 def _reproduce_commands() -> list[tuple[str, str]]:
@@ -440,7 +426,7 @@ def _write_report(out: Path, summary: dict, curve: list[dict], baseline_eval, ba
     ]
     commands = _reproduce_commands()
 
-    md = [f"# pointforge demo report", "", intro, ""]
+    md = ["# pointforge demo report", "", intro, ""]
     for title, key, text in sections:
         md += [f"## {title}", ""]
         if text:

@@ -110,14 +110,24 @@ def evaluate_predictions(pred_root: str | os.PathLike, truth_root: str | os.Path
     return result
 
 
-def _finite_or_null(value):
-    """NaN is not JSON: undefined metrics are written as null."""
+def json_safe(value):
+    """``value`` with NaN/inf as null, tuples as lists, paths as strings, NumPy scalars as numbers.
+
+    An :class:`Evaluation` becomes ``{"summary", "rows"}``. JSON has no NaN, and
+    undefined metrics (an empty mask's HD95) must still be written.
+    """
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _finite_or_null(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_finite_or_null(v) for v in value]
+        return [json_safe(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, np.generic):
+        return json_safe(value.item())
+    if isinstance(value, Evaluation):
+        return {"summary": json_safe(value.summary), "rows": json_safe(value.rows)}
     return value
 
 
@@ -134,5 +144,5 @@ def write_reports(evaluation: Evaluation, out_dir: str | os.PathLike) -> dict[st
     atomic_write_text(paths["csv"], buf.getvalue())
     payload = {"cases": evaluation.rows, "summary": evaluation.summary, "missing": evaluation.missing,
                "seconds": round(evaluation.seconds, 2)}
-    atomic_write_text(paths["json"], json.dumps(_finite_or_null(payload), indent=1))
+    atomic_write_text(paths["json"], json.dumps(json_safe(payload), indent=1))
     return paths
