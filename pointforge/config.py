@@ -325,7 +325,7 @@ def dump_yaml(obj: Any) -> str:
 
 
 def save_yaml(obj: Any, path: str | os.PathLike) -> None:
-    from pointforge.train.atomic import atomic_write_text
+    from pointforge.atomic import atomic_write_text
 
     atomic_write_text(path, dump_yaml(obj))
 

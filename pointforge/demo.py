@@ -142,7 +142,8 @@ def _fmt(value, digits=3) -> str:
 def run_demo(out: str | os.PathLike = "demo_out", settings: DemoSettings | None = None, *,
              log: Callable[[str], None] = print, progress=None) -> DemoResult:
     """Run every stage into ``out``. ``progress(stage, done, total, info)`` reports long stages."""
-    from pointforge.data.prepare import atomic_write_text, prepare_dataset
+    from pointforge.atomic import atomic_write_text
+    from pointforge.data.prepare import prepare_dataset
     from pointforge.data.skulls import PreparedDataset
     from pointforge.data.synthetic import synthesize
 
@@ -301,7 +302,7 @@ def _curve_plot(path: Path, summary: dict) -> Path:
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    from pointforge.data.prepare import atomic_write_bytes
+    from pointforge.atomic import atomic_write_bytes
 
     xs = [c["minutes"] for c in summary["curve"]]
     ys = [c["dsc_mean"] if c["dsc_mean"] is not None else float("nan") for c in summary["curve"]]
@@ -390,7 +391,7 @@ def _html_table(headers: list[str], rows: list[list[str]]) -> str:
 
 
 def _write_report(out: Path, summary: dict, curve: list[dict], baseline_eval, base_root: Path) -> tuple[Path, Path]:
-    from pointforge.data.prepare import atomic_write_text
+    from pointforge.atomic import atomic_write_text
 
     tables = _tables(summary, curve, baseline_eval)
     _curve_plot(out / "curve.png", summary)

@@ -11,7 +11,7 @@ from torch import nn
 
 from pointforge.errors import CheckpointError
 from pointforge.train import checkpoint as ck
-from pointforge.train.atomic import atomic_writer
+from pointforge.atomic import atomic_writer
 
 
 def _model():

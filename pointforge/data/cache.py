@@ -99,7 +99,7 @@ def _holds_something(root: Path) -> bool:
 
 def _relocate_sources(prepared: Path, built_raw: Path, final_raw: Path) -> None:
     """Point the prepared files' records of their sources at the raw volumes' final place."""
-    from pointforge.data.prepare import atomic_write_text
+    from pointforge.atomic import atomic_write_text
 
     old, new = str(built_raw), str(final_raw)
     for meta_path in (prepared / "surfaces").rglob("*.json"):
@@ -133,7 +133,8 @@ def ensure_synthetic_prepared(
     An existing non-empty ``root`` is returned as it is, unless it records a
     different recipe (ConfigError); an empty folder is built into. Safe to call from many processes at once (module docs).
     """
-    from pointforge.data.prepare import atomic_write_text, prepare_dataset
+    from pointforge.atomic import atomic_write_text
+    from pointforge.data.prepare import prepare_dataset
     from pointforge.data.synthetic import synthesize
 
     root = Path(root)

@@ -25,7 +25,6 @@ place, so no half-written cloud ever has the final name.
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -318,19 +317,11 @@ def _read_las(path: Path) -> PointCloud:
 
 def atomic_write(path: Path, write) -> Path:
     """Call ``write(temporary path)`` then rename into place; never leaves a partial ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{path.suffix}", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    from pointforge.atomic import atomic_path
+
+    with atomic_path(path, suffix=Path(path).suffix) as tmp:
+        write(str(tmp))
+    return Path(path)
 
 
 def write_points(

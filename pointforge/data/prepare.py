@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 import zlib
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -26,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from pointforge import __version__
+from pointforge.atomic import atomic_save_npy, atomic_save_npz, atomic_write_text
 from pointforge.data.skulls import (
     PreparedCase,
     RawCase,
@@ -39,39 +39,6 @@ from pointforge.data.volumes import Volume, read_binary_volume
 from pointforge.errors import ConfigError, DataError
 
 FORMAT_VERSION = 1
-
-
-def _atomic_write(path: Path, write, suffix: str) -> None:
-    """``write(fh)`` into a temporary file beside ``path``, fsync, then rename over it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_bytes(path: Path, payload: bytes) -> None:
-    _atomic_write(path, lambda fh: fh.write(payload), ".tmp")
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(Path(path), text.encode())
-
-
-def atomic_save_npy(path: Path, array: np.ndarray) -> None:
-    _atomic_write(path, lambda fh: np.save(fh, array), ".tmp.npy")
-
-
-def atomic_save_npz(path: Path, **arrays: np.ndarray) -> None:
-    _atomic_write(path, lambda fh: np.savez(fh, **arrays), ".tmp.npz")
 
 
 # --------------------------------------------------------------------------- resampling

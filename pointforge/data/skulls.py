@@ -222,7 +222,7 @@ class PreparedDataset:
 
 
 def write_manifest(root: Path, cases: list[PreparedCase]) -> None:
-    from pointforge.data.prepare import atomic_write_text
+    from pointforge.atomic import atomic_write_text
 
     fields = list(PreparedCase.__dataclass_fields__)
     lines = [",".join(fields)]

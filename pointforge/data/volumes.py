@@ -17,7 +17,6 @@ bookkeeping, validation with one clear error per bad file, and atomic writes.
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -229,22 +228,14 @@ def write_volume(
         raise DataError(f"{path}: can only write 3-D volumes, got shape {tuple(data.shape)}")
     if data.dtype == bool:
         data = data.astype(np.uint8)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from pointforge.atomic import atomic_path
+
     suffix = ".nii.gz" if str(path).lower().endswith(".nii.gz") else path.suffix
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{suffix}", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path, suffix=suffix) as tmp:
         if fmt == "nrrd":
-            _write_nrrd(tmp, data, volume, compression_level)
+            _write_nrrd(str(tmp), data, volume, compression_level)
         else:
-            _write_nifti(tmp, data, volume)
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+            _write_nifti(str(tmp), data, volume)
     return path
 
 

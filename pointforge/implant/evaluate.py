@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pointforge.data.prepare import atomic_write_text
+from pointforge.atomic import atomic_write_text
 from pointforge.data.skulls import list_cases
 from pointforge.data.volumes import read_binary_volume
 from pointforge.errors import DataError

@@ -560,7 +560,7 @@ def generate_folder(root: str | os.PathLike, out: str | os.PathLike, models: Mod
     logged and recorded and never stops the others. ``out/summary.json`` lists
     what was done, skipped and failed (with the error).
     """
-    from pointforge.data.prepare import atomic_write_text
+    from pointforge.atomic import atomic_write_text
 
     say = log or (lambda _msg: None)
     t0 = time.perf_counter()

@@ -72,7 +72,7 @@ from pointforge.ops.runs import (
     read_launch,
     run_state,
 )
-from pointforge.train.atomic import atomic_write_json, atomic_write_text
+from pointforge.atomic import atomic_write_json, atomic_write_text
 
 DEFAULT_RUNS_DIR = "runs"
 DEFAULT_SESSION = "pointforge"

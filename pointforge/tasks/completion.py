@@ -409,7 +409,7 @@ class CompletionTask(Task):
 
 
 def _save_samples(path: Path, saved: Mapping[str, list]) -> None:
-    from pointforge.train.atomic import atomic_writer
+    from pointforge.atomic import atomic_writer
 
     with atomic_writer(path, "wb") as handle:
         np.savez(

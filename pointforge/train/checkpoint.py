@@ -39,7 +39,7 @@ from torch import nn
 
 from pointforge import __version__
 from pointforge.errors import CheckpointError
-from pointforge.train.atomic import atomic_writer
+from pointforge.atomic import atomic_writer
 
 FORMAT = "pointforge.checkpoint"
 FORMAT_VERSION = 1

@@ -39,7 +39,7 @@ from pointforge.errors import CheckpointError, ConfigError, DeviceError, UserErr
 from pointforge.tasks import get_task
 from pointforge.tasks.base import EvalContext, StepContext, Task, split_step_output
 from pointforge.train import checkpoint as ckpt_io
-from pointforge.train.atomic import atomic_write_json
+from pointforge.atomic import atomic_write_json
 from pointforge.train.data import (
     EpochBatches,
     build_loader,

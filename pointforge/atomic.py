@@ -1,7 +1,11 @@
 """Atomic file writes: a temporary file in the same folder, fsync, then rename.
 
-A reader (a monitor, a resumed run, a crashed run's successor) sees either the
-old file or the complete new one, never a half-written file that looks whole.
+A reader (a monitor, a resumed run, a crashed run's successor, a training job
+reading a prepared dataset) sees either the old file or the complete new one,
+never a half-written file that looks whole. Every file pointforge writes goes
+through here: :func:`atomic_writer` for an open handle, :func:`atomic_path`
+for libraries that want a file name (pynrrd, nibabel, laspy), and the
+one-liners below.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import os
 import tempfile
 from pathlib import Path
 from typing import IO, Any, Iterator
+
+import numpy as np
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -57,6 +63,38 @@ def atomic_writer(path: str | os.PathLike, mode: str = "wb", *, durable: bool = 
         raise
     if durable:
         _fsync_dir(target.parent)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, *, suffix: str = "") -> Iterator[Path]:
+    """A temporary file name next to ``path`` (ending in ``suffix``, so format-sniffing
+    writers see the right extension); once the block has written it, fsync and rename
+    it over ``path``. On an exception the temporary file is removed, ``path`` untouched."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=f".tmp{suffix}", dir=target.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+    _fsync_dir(target.parent)
+
+
+def atomic_save_npy(path: str | os.PathLike, array: np.ndarray) -> None:
+    with atomic_writer(path, "wb") as handle:
+        np.save(handle, array)
+
+
+def atomic_save_npz(path: str | os.PathLike, **arrays: np.ndarray) -> None:
+    with atomic_writer(path, "wb") as handle:
+        np.savez(handle, **arrays)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, *, durable: bool = True) -> None:
