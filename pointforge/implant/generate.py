@@ -513,8 +513,9 @@ def cases_of(root: str | os.PathLike, split: str = "test") -> list[FolderCase]:
 
     A prepared dataset (``cases.csv``): the cases of ``split``, each read from the
     raw volume its surface points were prepared from. A raw dataset in the
-    SkullBreak or SkullFix layout: every defective skull (``split`` must be
-    ``all`` there: a raw dataset has no split).
+    SkullBreak or SkullFix layout: every defective skull (a raw dataset has no
+    split: ``test``, the default, and ``all`` both mean every case there; asking
+    for ``train`` or ``val`` is an error).
     """
     from pointforge.data.skulls import PreparedDataset, list_cases
 
@@ -534,7 +535,8 @@ def cases_of(root: str | os.PathLike, split: str = "test") -> list[FolderCase]:
             out.append(FolderCase(case.case_id, case.defect, Path(source)))
         return out
     if split not in ("all", "test"):
-        raise ConfigError(f"{root} is a raw dataset (no split); use --split all")
+        raise ConfigError(f"{root} is a raw dataset, which has no {split} split; prepare it first "
+                          "(pointforge data prepare) or leave --split out to process every case")
     _, raw = list_cases(root)
     cases = [FolderCase(c.case_id, c.defect, Path(c.defective)) for c in raw if c.defective is not None]
     if not cases:
