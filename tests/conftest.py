@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -12,6 +13,28 @@ FIXTURES = ROOT.parent / "shared" / "fixtures"
 
 # Tests are sized for 2 cores; more threads only add contention.
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """Run a block with ``n`` torch threads, restoring the previous count after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a whole module (``pytestmark = pytest.mark.usefixtures("one_thread")``).
+
+    The networks and tensors in these tests are small: on a shared 2-core machine a
+    second thread only adds synchronisation stalls (measured 5-10x slower), never speed.
+    """
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -58,3 +81,31 @@ def write_raw_dataset(root: Path, layout: str = "skullbreak", n_skulls: int = 3,
             write_volume(root / "defective_skull" / f"{stem}{fmt}", as_type(defective), spacing=spacing)
             write_volume(root / "implant" / f"{stem}{fmt}", as_type(implant), spacing=spacing)
     return root
+
+
+def subprocess_env() -> dict[str, str]:
+    """The environment for a child process (torchrun, a launched job) that imports this checkout."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
+    env["OMP_NUM_THREADS"] = "1"
+    env.pop("WORLD_SIZE", None)
+    return env
+
+
+def descendants(root: int) -> list[int]:
+    """Every live process below ``root`` (from /proc), so a test can kill a whole job tree."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found

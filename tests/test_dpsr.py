@@ -20,17 +20,10 @@ from pointforge.nn.dpsr import (
     rasterize,
 )
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # These tensors are small; on a shared 2-core machine a second thread only
-    # adds synchronisation stalls (seconds per test), never speed.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

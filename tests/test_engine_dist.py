@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import subprocess_env, descendants
 from pointforge.config import load_train_config
 from pointforge.train import checkpoint as ck
 from pointforge.train.engine import train
@@ -34,13 +35,6 @@ QUIET = ["log.progress=off", "log.tensorboard=false", "perf.threads=1"]
 REFERENCE = ["task.dropout=0.2", "train.epochs=3", "data.global_batch=8", "log.every_steps=1", "task.eval_on=rank0"]
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
-    env["OMP_NUM_THREADS"] = "1"
-    env.pop("WORLD_SIZE", None)
-    return env
-
 
 class Job:
     """A process tree in its own session; ``stop()`` kills whatever is left."""
@@ -50,7 +44,7 @@ class Job:
         self.out_path = log_dir / f"{name}.out"
         self._out = open(self.out_path, "w")
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(cmd, env=_env(), cwd=str(log_dir), stdout=self._out, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(cmd, env=subprocess_env(), cwd=str(log_dir), stdout=self._out, stderr=subprocess.STDOUT,
                                      start_new_session=True)
 
     def wait(self, timeout: float) -> int:
@@ -73,7 +67,7 @@ class Job:
         # process group is not enough: kill every descendant by pid (only while
         # the root is unreaped, so no pid can have been reused).
         if self.proc.poll() is None:
-            for pid in [*_descendants(self.proc.pid), self.proc.pid]:
+            for pid in [*descendants(self.proc.pid), self.proc.pid]:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -82,24 +76,6 @@ class Job:
         if not self._out.closed:
             self._out.close()
 
-
-def _descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def torchrun_job(tmp_path: Path, name: str, overrides: list[str], *, resume: str | None = None) -> Job:

@@ -28,17 +28,11 @@ from pointforge.errors import UserError
 from pointforge.implant.generate import GenerateOptions, case_done, generate_case, generate_folder, load_models
 from pointforge.train.engine import train
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 REPO = Path(__file__).resolve().parents[1]
 QUIET = ["log.progress=off", "log.tensorboard=false", "perf.threads=1", "ckpt.every_minutes=0"]
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Small models on a shared 2-core machine: a second thread only adds contention (10x slower here).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

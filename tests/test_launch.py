@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import descendants
 from pointforge.errors import CheckpointError, ConfigError, DeviceError
 from pointforge.ops import launch as ops
 from pointforge.ops.host import FAKE_GPUS_ENV, GpuInventory, format_gpu_list, parse_gpu_list
@@ -228,22 +229,6 @@ def test_faked_gpus_run_on_the_cpu_and_say_so(tmp_path):
 # --------------------------------------------------------------------------- real jobs
 
 
-def _descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
 
 @pytest.fixture
 def jobs_cleanup():
@@ -255,7 +240,7 @@ def jobs_cleanup():
         record = read_launch(run_dir) or {}
         if record.get("pid"):
             pids.add(int(record["pid"]))
-            pids.update(_descendants(int(record["pid"])))
+            pids.update(descendants(int(record["pid"])))
         for rank in (run_dir / "ranks").glob("rank*.json"):
             try:
                 pids.add(int(json.loads(rank.read_text())["pid"]))

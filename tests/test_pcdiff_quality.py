@@ -12,13 +12,13 @@ Sizes and thresholds were measured on a shared 2-core CPU (docs/pcdiff.md lists 
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import torch_threads
 from pointforge.config import load_train_config
 from pointforge.nn.diffusion import diffusion_loss, make_sampler
 from pointforge.tasks.completion import (
@@ -42,18 +42,6 @@ def dataset_root(tmp_path_factory) -> Path:
     return ensure_prepared_dataset(tmp_path_factory.getbasetemp() / "pcdiff-synthetic", SYNTH)
 
 
-@contextlib.contextmanager
-def one_thread():
-    # The tiny network is dispatch-bound: one thread is fastest, and on a shared
-    # machine two threads per process only fight.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def fixed_noise_loss(model, task, x0, n_implant) -> float:
     """The diffusion loss at 10 steps spread over [0, T), with fixed noise, dropout off."""
     model.eval()
@@ -73,7 +61,7 @@ def test_loss_falls_through_the_engine(tmp_path, dataset_root):
     task.configure(cfg.task)
     train_ds, _ = task.build_datasets(cfg.task)
     x0 = torch.stack([train_ds[i]["points"] for i in range(len(train_ds))]).transpose(1, 2)
-    with one_thread():
+    with torch_threads(1):
         seed_everything(derive_seed(cfg.train.seed, "init"))  # the engine's initial weights
         before = fixed_noise_loss(task.build_model(cfg.task), task, x0, cfg.task.n_implant)
         result = train("pcdiff", cfg, console=False)
@@ -122,7 +110,7 @@ def test_overfit_one_case_samples_its_implant_under_every_sampler(dataset_root):
     lo, hi = cond[0].min(1).values, cond[0].max(1).values
     uniform = lo + (hi - lo) * torch.rand(n_implant, 3, generator=torch.Generator().manual_seed(0))
     random_cd = float(implant_distances(uniform[None], true)["chamfer"][0])
-    with one_thread():
+    with torch_threads(1):
         seed_everything(0)
         model = task.build_model(cfg)
         untrained_cd, _ = chamfer_of(model, "ddpm", None)

@@ -13,16 +13,10 @@ from pointforge.nn import pvcnn, pvops
 from pointforge.nn.pcdiff_import import expected_shapes, import_upstream_state_dict
 from pointforge.nn.pvcnn import PVCNN2, PVCNN2Config, SetAbstraction, get_preset
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # Small inputs: threads only add synchronisation (and noise on a shared machine).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _need_fixtures():

@@ -10,17 +10,11 @@ import torch
 from pointforge.errors import DataError
 from pointforge.nn import pvops
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
 OPS_FIXTURE = FIXTURES / "upstream_ops_cuda_semantics.pt"
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # Inputs here are tiny: threads only add synchronisation (and noise on a shared machine).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -12,14 +12,8 @@ from pointforge.nn.knn import knn_graph
 from pointforge.nn.losses import chamfer_distance
 from pointforge.nn.upsampler import PRESETS, NodeShuffleUpsampler, UpsamplerConfig, build_upsampler, child_graph, upsample_cloud
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 
-@pytest.fixture(autouse=True)
-def single_thread():
-    # Graphs this small run faster on one thread, and much faster on a shared machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 SIZES = [50, 500, 2000]

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import subprocess_env, descendants
 from pointforge.data.batching import PointBudgetBatchSampler
 from pointforge.data.pairs import UpsamplingPairs, read_manifest
 from pointforge.tasks.upsampling import _split
@@ -28,36 +29,12 @@ REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "configs" / "upsampler" / "tiny.yaml"
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
-    env["OMP_NUM_THREADS"] = "1"
-    env.pop("WORLD_SIZE", None)
-    return env
-
-
-def _descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry.name))
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def run_torchrun(cmd: list[str], cwd: Path, timeout: float) -> tuple[int, str]:
     log_path = cwd / "job.out"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, env=_env(), cwd=str(cwd), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, env=subprocess_env(), cwd=str(cwd), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -66,7 +43,7 @@ def run_torchrun(cmd: list[str], cwd: Path, timeout: float) -> tuple[int, str]:
             # torchrun puts each worker in a session of its own: kill every descendant by pid
             # while the root is still unreaped, so no pid can have been reused.
             if proc.poll() is None:
-                for pid in [*_descendants(proc.pid), proc.pid]:
+                for pid in [*descendants(proc.pid), proc.pid]:
                     try:
                         os.kill(pid, signal.SIGKILL)
                     except ProcessLookupError:

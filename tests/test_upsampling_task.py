@@ -28,17 +28,12 @@ from pointforge.train.data import derive_seed, seed_everything
 from pointforge.train.engine import train
 from pointforge.upsample_api import load_upsampler, upsample_points
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "configs" / "upsampler" / "tiny.yaml"
 QUIET = ["log.progress=off", "log.tensorboard=false", "perf.threads=1"]
 
-
-@pytest.fixture(autouse=True)
-def single_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def make_cfg(run_dir: Path, *overrides: str):

@@ -16,15 +16,8 @@ from pointforge.nn.voxelizer import (
     psr_tanh_mse_loss,
 )
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # These tensors are small; on a shared 2-core machine a second thread only
-    # adds synchronisation stalls (seconds per test), never speed.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _sphere_like_cloud(n: int, seed: int, batch: int = 1) -> torch.Tensor:
