@@ -36,25 +36,24 @@ def _fsync_dir(folder: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_writer(path: str | os.PathLike, mode: str = "wb", *, durable: bool = True) -> Iterator[IO[Any]]:
-    """Open a temporary file next to ``path``; on success fsync and rename it over ``path``.
+def atomic_path(path: str | os.PathLike, *, suffix: str = "", durable: bool = True) -> Iterator[Path]:
+    """A temporary file name next to ``path`` (ending in ``suffix``, so format-sniffing
+    writers see the right extension); once the block has written it, fsync and rename
+    it over ``path``. On an exception the temporary file is removed, ``path`` untouched.
 
-    On an exception the temporary file is removed and ``path`` is left untouched.
     ``durable=False`` skips the fsyncs: readers still never see a partial file
     (the rename is atomic), but a power cut may lose the latest version. That
     suits status files rewritten every few seconds, not checkpoints.
     """
-    if mode not in ("w", "wb"):
-        raise ValueError(f"atomic_writer mode must be 'w' or 'wb', not {mode!r}")
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=f".tmp{suffix}", dir=target.parent)
+    os.close(fd)
     tmp = Path(tmp_name)
     try:
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as handle:
-            yield handle
-            handle.flush()
-            if durable:
+        yield tmp
+        if durable:
+            with open(tmp, "rb+") as handle:
                 os.fsync(handle.fileno())
         os.replace(tmp, target)
     except BaseException:
@@ -66,25 +65,17 @@ def atomic_writer(path: str | os.PathLike, mode: str = "wb", *, durable: bool = 
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, *, suffix: str = "") -> Iterator[Path]:
-    """A temporary file name next to ``path`` (ending in ``suffix``, so format-sniffing
-    writers see the right extension); once the block has written it, fsync and rename
-    it over ``path``. On an exception the temporary file is removed, ``path`` untouched."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=f".tmp{suffix}", dir=target.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        yield tmp
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
-    _fsync_dir(target.parent)
+def atomic_writer(path: str | os.PathLike, mode: str = "wb", *, durable: bool = True) -> Iterator[IO[Any]]:
+    """Open a temporary file next to ``path``; on success fsync and rename it over ``path``.
+
+    On an exception the temporary file is removed and ``path`` is left untouched.
+    ``durable`` as in :func:`atomic_path`.
+    """
+    if mode not in ("w", "wb"):
+        raise ValueError(f"atomic_writer mode must be 'w' or 'wb', not {mode!r}")
+    with atomic_path(path, durable=durable) as tmp:
+        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as handle:
+            yield handle
 
 
 def atomic_save_npy(path: str | os.PathLike, array: np.ndarray) -> None:

@@ -94,7 +94,7 @@ def _run_status(run_dir: Path) -> dict:
 
 
 def _train_side_by_side(jobs: dict[str, list[str]], run_dirs: dict[str, Path], minutes: float, *,
-                        log: Callable[[str], None], progress=None) -> dict[str, dict]:
+                        progress=None) -> dict[str, dict]:
     """Start each job, wait for all, show progress; one clear error if any fails."""
     procs = {}
     logs = {}
@@ -183,7 +183,7 @@ def run_demo(out: str | os.PathLike = "demo_out", settings: DemoSettings | None 
             f"{minutes:.2f} min (to {fraction * s.minutes:.2f} of {s.minutes:g} min)")
         jobs = {n: _train_command(n, configs[n], run_dirs[n], prepared, minutes, s.device) for n in run_dirs}
         status = _train_side_by_side(
-            jobs, run_dirs, minutes, log=log,
+            jobs, run_dirs, minutes,
             progress=(lambda d, n, info: progress("train", d, n, info)) if progress else None)
         snapshot = {"minutes": round(fraction * s.minutes, 3)}
         for name in run_dirs:
@@ -222,7 +222,7 @@ def run_demo(out: str | os.PathLike = "demo_out", settings: DemoSettings | None 
     t = time.perf_counter()
     log(f"[4/6] baseline: the defect filled with the mean of the {len({c.skull_id for c in train_cases})} registered training skulls")
     base_root = out / "baseline"
-    base_stats = _run_baseline(raw, prepared, base_root, log=log)
+    base_stats = _run_baseline(prepared, base_root)
     baseline_eval = evaluate_predictions(base_root, raw, cases=case_ids)
     write_reports(baseline_eval, base_root)
     timings["baseline_s"] = time.perf_counter() - t
@@ -262,7 +262,7 @@ def _mean_dsc(evaluation, case_ids: list[str]) -> float:
     return float(sum(v if v is not None and math.isfinite(v) else 0.0 for v in values) / max(len(values), 1))
 
 
-def _run_baseline(raw: Path, prepared: Path, out: Path, *, log) -> dict:
+def _run_baseline(prepared: Path, out: Path) -> dict:
     """Mean-of-registered-training-skulls implants for the test split into ``out/<case_id>/implant.nrrd``."""
     from pointforge.data.skulls import PreparedDataset
     from pointforge.data.volumes import read_binary_volume, write_volume

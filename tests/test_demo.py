@@ -41,18 +41,18 @@ def _toy_job(run_dir: Path, minutes: float, *extra: str) -> list[str]:
 def test_jobs_train_side_by_side_and_resume_in_phases(tmp_path):
     runs = {"a": tmp_path / "runs" / "a", "b": tmp_path / "runs" / "b"}
     seen = []
-    first = demo._train_side_by_side({n: _toy_job(d, 0.01) for n, d in runs.items()}, runs, 0.01, log=print,
+    first = demo._train_side_by_side({n: _toy_job(d, 0.01) for n, d in runs.items()}, runs, 0.01,
                                      progress=lambda done, total, info: seen.append(info))
     assert {first[n]["status"] for n in runs} == {"finished"}
     steps = {n: first[n]["global_step"] for n in runs}
     assert all(s >= 1 for s in steps.values())
-    second = demo._train_side_by_side({n: _toy_job(d, 0.01) for n, d in runs.items()}, runs, 0.01, log=print)
+    second = demo._train_side_by_side({n: _toy_job(d, 0.01) for n, d in runs.items()}, runs, 0.01)
     assert all(second[n]["global_step"] > steps[n] for n in runs)  # resumed, not restarted
     assert "time budget" in (runs["a"] / "train.log").read_text()
 
     bad = {"a": _toy_job(runs["a"], 0.01, "optim.lrr=1")}
     with pytest.raises(DataError, match=r"training a failed \(exit 2\).*optim.lrr"):
-        demo._train_side_by_side(bad, {"a": runs["a"]}, 0.01, log=print)
+        demo._train_side_by_side(bad, {"a": runs["a"]}, 0.01)
 
 
 def _evaluation(values: dict[str, float | None]) -> Evaluation:

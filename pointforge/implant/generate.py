@@ -126,9 +126,9 @@ def load_models(pcdiff: str | os.PathLike, voxelizer: str | os.PathLike, *, devi
     from pointforge.tasks.completion import load_pcdiff
 
     dev = resolve_device(device)
-    for flag, path in (("--pcdiff", pcdiff), ("--voxelizer", voxelizer), ("--upsample", upsample)):
+    for task, path in (("pcdiff", pcdiff), ("voxelizer", voxelizer), ("upsampler", upsample)):
         if path is not None and not Path(path).is_file():
-            raise UserError(f"{flag} {path}: no such file; give a checkpoint written by `pointforge train`")
+            raise UserError(f"{path}: no such file; give a checkpoint written by `pointforge train {task}`")
     loaded = load_pcdiff(pcdiff, dev)
     vox_model, vox_cfg = load_voxelizer(voxelizer, dev)
     ups = None
@@ -380,7 +380,8 @@ def _json_default(value):
 
 
 def write_case(result: Generated, folder: Path, *, suffix: str, report: dict) -> dict:
-    """Write every output of one case into ``folder`` (which the caller renames into place)."""
+    """Write every output of one case into ``folder`` (which the caller renames into place);
+    returns ``report`` completed with what was written. The caller writes report.json last."""
     from pointforge.data.surface import make_well_composed
     from pointforge.implant.export import Layer, render_preview
     from pointforge.implant.voxelize import field_to_mesh
@@ -429,7 +430,6 @@ def write_case(result: Generated, folder: Path, *, suffix: str, report: dict) ->
         "notes": result.notes,
         "versions": _versions(),
     })
-    (folder / REPORT).write_text(json.dumps(report, indent=1, default=_json_default))
     return report
 
 
