@@ -172,13 +172,13 @@ def test_linear_schedule_endpoints_and_monotone_alphas():
     assert schedule.num_timesteps == 1000
     assert schedule.betas_float64[0] == 1e-4 and schedule.betas_float64[-1] == 0.02
     assert bool((schedule.alphas_cumprod_float64.diff() < 0).all())
-    assert set(SCHEDULE_NAMES) == {"linear", "warm0.1", "warm0.2", "warm0.5"}
+    assert set(SCHEDULE_NAMES) == {"linear", "warm0.1", "warm0.2", "warm0.5", "cosine"}
 
 
 @pytest.mark.parametrize(
     "kwargs,fragment",
     [
-        (dict(name="cosine"), "linear, warm0.1, warm0.2, warm0.5"),
+        (dict(name="sigmoid"), "linear, warm0.1, warm0.2, warm0.5, cosine"),
         (dict(beta_start=0.0), "0 < beta_start"),
         (dict(beta_end=1.0), "0 < beta_start"),
         (dict(beta_start=0.03, beta_end=0.02), "beta_start <= beta_end"),
@@ -197,7 +197,7 @@ def test_schedule_validation_errors(kwargs, fragment):
 
 
 @pytest.mark.parametrize(
-    "betas", [np.zeros((2, 3)) + 0.01, [0.01], [0.01, 0.0], [0.01, 1.0], [0.01, float("inf")]]
+    "betas", [np.zeros((2, 3)) + 0.01, [0.01], [0.01, 0.0], [1.0, 0.01], [0.01, 1.0], [0.01, float("inf")]]
 )
 def test_custom_betas_validation(betas):
     with pytest.raises(ConfigError):

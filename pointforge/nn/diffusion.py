@@ -38,9 +38,14 @@ __all__ = [
     "SPACINGS",
     "Denoiser",
     "ProgressCallback",
+    "PREDICTIONS",
+    "LOSS_WEIGHTINGS",
     "make_betas",
+    "rescale_zero_terminal_snr",
     "NoiseSchedule",
+    "model_prediction",
     "diffusion_loss",
+    "MarkConditioning",
     "StepOutput",
     "Sampler",
     "DDPMSampler",
@@ -52,7 +57,12 @@ __all__ = [
     "sample_ensemble",
 ]
 
-SCHEDULE_NAMES = ("linear", "warm0.1", "warm0.2", "warm0.5")
+SCHEDULE_NAMES = ("linear", "warm0.1", "warm0.2", "warm0.5", "cosine")
+# What the network outputs for the generated points: the noise (upstream PCDiff), the
+# clean points, or the velocity v = sqrt(ac) * eps - sqrt(1 - ac) * x0 (Salimans & Ho 2022).
+PREDICTIONS = ("eps", "x0", "v")
+# How the loss weights the clean-point error at each step, in x0 terms (see diffusion_loss).
+LOSS_WEIGHTINGS = ("natural", "min_snr", "trunc_snr")
 SAMPLER_NAMES = ("ddpm", "ddim", "dpm++2m")
 SPACINGS = ("uniform", "quadratic", "logsnr")
 
@@ -99,7 +109,8 @@ def make_betas(
 
     ``linear``: ``linspace(beta_start, beta_end, T)``. ``warm0.1/0.2/0.5`` (PVD's):
     ``beta_end`` everywhere except a linear warm-up from ``beta_start`` over the
-    first ``int(T * fraction)`` steps.
+    first ``int(T * fraction)`` steps. ``cosine`` (Nichol & Dhariwal 2021, offset
+    0.008, betas capped at 0.999) ignores ``beta_start``/``beta_end``.
     """
     if name not in SCHEDULE_NAMES:
         raise ConfigError(
@@ -115,10 +126,34 @@ def make_betas(
         )
     if name == "linear":
         return np.linspace(beta_start, beta_end, num_timesteps, dtype=np.float64)
+    if name == "cosine":
+        steps = np.arange(num_timesteps + 1, dtype=np.float64) / num_timesteps
+        f = np.cos((steps + 0.008) / 1.008 * math.pi / 2) ** 2
+        return np.clip(1.0 - f[1:] / f[:-1], 0.0, 0.999)
     betas = np.full(num_timesteps, beta_end, dtype=np.float64)
     warmup = int(num_timesteps * _WARMUP_FRACTIONS[name])
     betas[:warmup] = np.linspace(beta_start, beta_end, warmup, dtype=np.float64)
     return betas
+
+
+def rescale_zero_terminal_snr(betas: np.ndarray) -> np.ndarray:
+    """Betas whose last step leaves no signal (ᾱ_T = 0), the rest as close as can be.
+
+    Lin et al. 2024 ("Common diffusion noise schedules and sample steps are
+    flawed"): shift ``sqrt(ᾱ)`` so its last value is 0 and scale it so its first
+    value is unchanged. Then the last training step sees pure noise, as sampling
+    starts from pure noise, so nothing about the clean points (e.g. where they
+    are) can leak into the noisiest inputs the network learns from. The last beta
+    becomes 1; such a schedule needs ``x0`` or ``v`` prediction (ε says nothing
+    about the clean points when no signal is left).
+    """
+    root = np.sqrt(np.cumprod(1.0 - np.asarray(betas, dtype=np.float64)))
+    first, last = root[0], root[-1]
+    root = (root - last) * first / (first - last)
+    ac = root**2
+    out = 1.0 - ac / np.concatenate([[1.0], ac[:-1]])
+    out[-1] = 1.0
+    return out
 
 
 def _derived_tables(betas: Tensor, alphas: Tensor, ac: Tensor) -> dict[str, Tensor]:
@@ -167,7 +202,15 @@ class NoiseSchedule:
         "posterior_mean_coef2",
     )
 
-    def __init__(self, betas: Union[np.ndarray, Tensor, Sequence[float]], name: str = "custom"):
+    def __init__(
+        self,
+        betas: Union[np.ndarray, Tensor, Sequence[float]],
+        name: str = "custom",
+        *,
+        prediction: str = "eps",
+    ):
+        if prediction not in PREDICTIONS:
+            raise ConfigError(f"unknown prediction {prediction!r}; choose one of: {', '.join(PREDICTIONS)}")
         if isinstance(betas, Tensor):
             betas = betas.detach().cpu().numpy()
         betas64 = np.asarray(betas, dtype=np.float64)
@@ -175,9 +218,23 @@ class NoiseSchedule:
             raise ConfigError(
                 f"betas must be a 1-D table of at least 2 steps, got shape {tuple(betas64.shape)}"
             )
-        if not np.all(np.isfinite(betas64)) or not np.all((betas64 > 0) & (betas64 < 1)):
-            raise ConfigError("every beta must be finite and strictly between 0 and 1")
+        inner = betas64[:-1]
+        if (
+            not np.all(np.isfinite(betas64))
+            or not np.all((inner > 0) & (inner < 1))
+            or not 0 < betas64[-1] <= 1
+        ):
+            raise ConfigError(
+                "every beta must be finite and strictly between 0 and 1 "
+                "(the last may be 1: a zero-terminal-SNR schedule)"
+            )
+        if betas64[-1] == 1 and prediction == "eps":
+            raise ConfigError(
+                "a zero-terminal-SNR schedule (last beta 1) needs prediction x0 or v: "
+                "predicted noise says nothing about the points when no signal is left"
+            )
         self.name = name
+        self.prediction = prediction
         self.num_timesteps = int(betas64.size)
         ac64 = np.cumprod(1.0 - betas64)
         self.betas_float64 = torch.from_numpy(betas64)
@@ -205,12 +262,29 @@ class NoiseSchedule:
         beta_start: float = 1e-4,
         beta_end: float = 0.02,
         num_timesteps: int = 1000,
+        *,
+        prediction: str = "eps",
+        zero_terminal_snr: bool = False,
     ) -> "NoiseSchedule":
-        """A named schedule (see :func:`make_betas`); defaults are the paper's."""
-        return cls(make_betas(name, beta_start, beta_end, num_timesteps), name=name)
+        """A named schedule (see :func:`make_betas`); defaults are the paper's.
+
+        ``zero_terminal_snr`` rescales it (:func:`rescale_zero_terminal_snr`).
+        """
+        betas = make_betas(name, beta_start, beta_end, num_timesteps)
+        if zero_terminal_snr:
+            betas = rescale_zero_terminal_snr(betas)
+        return cls(betas, name=name + ("+zsnr" if zero_terminal_snr else ""), prediction=prediction)
 
     def __repr__(self) -> str:
-        return f"NoiseSchedule(name={self.name!r}, num_timesteps={self.num_timesteps})"
+        return (
+            f"NoiseSchedule(name={self.name!r}, num_timesteps={self.num_timesteps}, "
+            f"prediction={self.prediction!r})"
+        )
+
+    def snr(self, t: Tensor, like: Tensor) -> Tensor:
+        """Signal-to-noise ratio ᾱ/(1 - ᾱ) at steps ``t``, shaped to broadcast against ``like``."""
+        ac = self.coefficient("alphas_cumprod", t, like)
+        return ac / (1.0 - ac)
 
     def table(self, name: str, device: torch.device, dtype: torch.dtype) -> Tensor:
         """Table ``name`` on ``device``: float64 values for float64 work, float32 otherwise."""
@@ -309,7 +383,7 @@ def _randn(shape, like: Tensor, generator: Optional[torch.Generator]) -> Tensor:
     return torch.randn(shape, generator=generator, device=device, dtype=like.dtype).to(like.device)
 
 
-def _predict_eps(model: Denoiser, x: Tensor, t: Tensor, n_generated: int) -> Tensor:
+def _model_output(model: Denoiser, x: Tensor, t: Tensor, n_generated: int) -> Tensor:
     out = model(x, t)
     batch, channels, num_points = x.shape
     if (
@@ -320,10 +394,47 @@ def _predict_eps(model: Denoiser, x: Tensor, t: Tensor, n_generated: int) -> Ten
     ):
         got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
         raise ConfigError(
-            f"the denoiser returned {got} for input {tuple(x.shape)}; it must return the "
-            f"noise as [B, C, N] or [B, C, n_generated={n_generated}]"
+            f"the denoiser returned {got} for input {tuple(x.shape)}; it must return its "
+            f"prediction as [B, C, N] or [B, C, n_generated={n_generated}]"
         )
     return out[:, :, out.shape[2] - n_generated :]
+
+
+def model_prediction(
+    model: Denoiser, schedule: NoiseSchedule, x: Tensor, t: Tensor, n_generated: int
+) -> tuple[Tensor, Tensor]:
+    """The model's noise and clean-point estimates ``(eps, x0)`` for the generated points.
+
+    Whatever the network predicts (``schedule.prediction``), both are derived
+    from it exactly; for ``x0``/``v`` this stays finite where ᾱ = 0 (a
+    zero-terminal-SNR schedule's last step), which the ε form cannot.
+    """
+    out = _model_output(model, x, t, n_generated).to(x.dtype)
+    x_gen = x[:, :, x.shape[2] - n_generated :]
+    if schedule.prediction == "eps":
+        return out, schedule.predict_x0(x_gen, t, out)
+    signal = schedule.coefficient("sqrt_alphas_cumprod", t, x_gen)
+    noise = schedule.coefficient("sqrt_one_minus_alphas_cumprod", t, x_gen)
+    if schedule.prediction == "x0":
+        return (x_gen - signal * out) / noise, out
+    return noise * x_gen + signal * out, signal * x_gen - noise * out
+
+
+def _loss_weight(schedule: NoiseSchedule, t: Tensor, like: Tensor, weighting: str, gamma: float) -> Tensor:
+    """Per-example factor turning the prediction's MSE into the chosen x0-error weighting.
+
+    In clean-point terms the plain MSE of an ε prediction weights the x0 error
+    by the SNR, of an x0 prediction by 1, of a v prediction by SNR + 1.
+    ``min_snr`` re-weights to min(SNR, γ) (Hang et al. 2023), ``trunc_snr`` to
+    max(SNR, 1) (Salimans & Ho 2022), which keeps the noisiest steps, where an
+    implant's placement is decided, from counting for nothing.
+    """
+    snr = schedule.snr(t, like).reshape(-1)
+    natural = {"eps": snr, "x0": torch.ones_like(snr), "v": snr + 1.0}[schedule.prediction]
+    if weighting == "natural":
+        return torch.ones_like(snr)
+    wanted = torch.clamp_max(snr, gamma) if weighting == "min_snr" else torch.clamp_min(snr, 1.0)
+    return wanted / natural
 
 
 # --------------------------------------------------------------------------- training loss
@@ -339,14 +450,18 @@ def diffusion_loss(
     noise: Optional[Tensor] = None,
     generator: Optional[torch.Generator] = None,
     reduction: str = "mean",
+    weighting: str = "natural",
+    snr_gamma: float = 5.0,
 ) -> Tensor:
-    """ε-prediction MSE on the generated points, as PCDiff trains.
+    """MSE of the network's prediction on the generated points (ε for upstream PCDiff).
 
     ``x0`` is the clean cloud ``[B, C, N]``; its last ``n_generated`` points are
     diffused to a uniformly drawn step ``t`` (or the given one) with Gaussian
-    noise (or the given ``[B, C, n_generated]`` noise), the rest stay clean. Each
-    example's loss is the mean of ``(noise - eps_pred)**2`` over its ``C *
-    n_generated`` values; ``reduction="mean"`` averages those over the batch,
+    noise (or the given ``[B, C, n_generated]`` noise), the rest stay clean. The
+    target is what ``schedule.prediction`` names (the noise, the clean points or
+    the velocity). Each example's loss is the mean squared error over its ``C *
+    n_generated`` values times the ``weighting`` factor (``natural``: 1; see
+    :func:`_loss_weight`); ``reduction="mean"`` averages those over the batch,
     ``"none"`` returns them ``[B]``.
     """
     _check_cloud(x0, "x0")
@@ -354,6 +469,8 @@ def diffusion_loss(
     n_generated = _check_n_generated(n_generated, num_points)
     if reduction not in ("mean", "none"):
         raise ConfigError(f"reduction must be 'mean' or 'none', got {reduction!r}")
+    if weighting not in LOSS_WEIGHTINGS:
+        raise ConfigError(f"unknown loss weighting {weighting!r}; choose one of: {', '.join(LOSS_WEIGHTINGS)}")
     if t is None:
         device = generator.device if generator is not None else x0.device
         t = torch.randint(
@@ -371,9 +488,43 @@ def diffusion_loss(
             f"got {tuple(noise.shape)}"
         )
     noisy = schedule._q_sample(clean_generated, t, noise)
-    eps_pred = _predict_eps(model, torch.cat([x0[:, :, :n_cond], noisy], dim=2), t, n_generated)
-    per_example = (noise - eps_pred).pow(2).mean(dim=(1, 2))
+    out = _model_output(model, torch.cat([x0[:, :, :n_cond], noisy], dim=2), t, n_generated)
+    if schedule.prediction == "eps":
+        target = noise
+    elif schedule.prediction == "x0":
+        target = clean_generated
+    else:
+        target = (
+            schedule.coefficient("sqrt_alphas_cumprod", t, noise) * noise
+            - schedule.coefficient("sqrt_one_minus_alphas_cumprod", t, noise) * clean_generated
+        )
+    per_example = (target - out).pow(2).mean(dim=(1, 2))
+    if weighting != "natural":
+        per_example = per_example * _loss_weight(schedule, t, noise, weighting, snr_gamma).to(per_example.dtype)
     return per_example.mean() if reduction == "mean" else per_example
+
+
+class MarkConditioning(torch.nn.Module):
+    """A denoiser that also tells the network which points are the condition.
+
+    Appends one feature channel to ``x`` (1 on the conditioning points, 0 on the
+    ``n_generated`` generated ones) and returns the wrapped network's first ``C``
+    output channels. Upstream PCDiff feeds xyz only, so the network must tell an
+    implant point from a skull point by where it lies; with the mark it need not.
+    The wrapped network takes ``C + 1`` input channels (PVCNN2's
+    ``extra_feature_channels = 1``).
+    """
+
+    def __init__(self, net: torch.nn.Module, n_generated: int):
+        super().__init__()
+        self.net = net
+        self.n_generated = _check_int(n_generated, "n_generated", 1)
+
+    def forward(self, x: Tensor, t: Tensor) -> Tensor:
+        batch, channels, num_points = x.shape
+        mark = torch.zeros(batch, 1, num_points, dtype=x.dtype, device=x.device)
+        mark[:, :, : num_points - self.n_generated] = 1.0
+        return self.net(torch.cat([x, mark], dim=1), t)[:, :channels]
 
 
 # --------------------------------------------------------------------------- samplers
@@ -584,8 +735,7 @@ class DDPMSampler(Sampler):
         schedule = self.schedule
         n_cond = x.shape[2] - n_generated
         x_gen = x[:, :, n_cond:]
-        eps = _predict_eps(model, x, t, n_generated).to(x.dtype)
-        pred_x0 = schedule.predict_x0(x_gen, t, eps)
+        eps, pred_x0 = model_prediction(model, schedule, x, t, n_generated)
         mean = (
             schedule.coefficient("posterior_mean_coef1", t, x_gen) * pred_x0
             + schedule.coefficient("posterior_mean_coef2", t, x_gen) * x_gen
@@ -644,7 +794,9 @@ class DDIMSampler(Sampler):
         kept = self.timesteps.flip(0)  # ascending
         ac32 = self.schedule.alphas_cumprod
         before = torch.cat([torch.ones(1), ac32[kept[:-1]]])
-        respaced = NoiseSchedule((1.0 - ac32[kept] / before).double(), name="ddim-respaced")
+        respaced = NoiseSchedule(
+            (1.0 - ac32[kept] / before).double(), name="ddim-respaced", prediction=self.schedule.prediction
+        )
         ac64 = self.schedule.alphas_cumprod_float64
         exact = {
             "alphas_cumprod": ac64[kept],
@@ -688,11 +840,16 @@ class DDIMSampler(Sampler):
         alpha_bar_prev = self.coefficient("alphas_cumprod_prev", t, x_gen)
         sqrt_recip = self.coefficient("sqrt_recip_alphas_cumprod", t, x_gen)
         sqrt_recipm1 = self.coefficient("sqrt_recipm1_alphas_cumprod", t, x_gen)
-        eps = _predict_eps(model, x, t, n_generated).to(x.dtype)
-        pred_x0 = sqrt_recip * x_gen - sqrt_recipm1 * eps
-        # Upstream re-derives the noise from the clean estimate; doing the same keeps
-        # float32 rounding equal to its reference.
-        eps_used = (sqrt_recip * x_gen - pred_x0) / sqrt_recipm1
+        if self.schedule.prediction == "eps":
+            eps = _model_output(model, x, t, n_generated).to(x.dtype)
+            pred_x0 = sqrt_recip * x_gen - sqrt_recipm1 * eps
+            # Upstream re-derives the noise from the clean estimate; doing the same keeps
+            # float32 rounding equal to its reference.
+            eps_used = (sqrt_recip * x_gen - pred_x0) / sqrt_recipm1
+        else:
+            # x0/v: both estimates come from the network's output, finite even where ᾱ = 0.
+            eps, pred_x0 = model_prediction(model, self.schedule, x, t, n_generated)
+            eps_used = eps
         x_prev = pred_x0 * torch.sqrt(alpha_bar_prev)
         if self.eta > 0:
             alpha_bar = self.coefficient("alphas_cumprod", t, x_gen)
@@ -748,8 +905,7 @@ class DPMSolverPP2MSampler(Sampler):
     def _step(self, model, x, t, n_generated, noise, generator, previous):
         n_cond = x.shape[2] - n_generated
         x_gen = x[:, :, n_cond:]
-        eps = _predict_eps(model, x, t, n_generated).to(x.dtype)
-        pred_x0 = self.schedule.predict_x0(x_gen, t, eps)
+        eps, pred_x0 = model_prediction(model, self.schedule, x, t, n_generated)
 
         # Step coefficients are [B] scalars: float64 on the CPU, then moved.
         t_cpu = t.cpu()
