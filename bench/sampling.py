@@ -1,6 +1,6 @@
 """PCDiff sampling: time per case and Chamfer distance to the true implant, per sampler.
 
-One validation case of a prepared dataset is completed with ``pointforge.tasks.completion.complete``
+One validation case of a prepared dataset is completed with ``pointforge.inference.pcdiff.complete``
 (the function ``pointforge generate`` calls) under DDPM-1000, DDIM-100/50/25 and
 DPM-Solver++(2M) at 20 and 10 steps, with n = 1 and n = 5 proposals in one batched
 pass. Every sampler runs the same network on the same case in the same process, so the
@@ -47,7 +47,8 @@ sys.path.insert(0, str(REPO))
 from pointforge.config import load_train_config  # noqa: E402
 from pointforge.data.skulls import PreparedDataset, bbox_normalization  # noqa: E402
 from pointforge.nn.diffusion import make_sampler  # noqa: E402
-from pointforge.tasks.completion import HALF_EXTENT, complete, ensure_prepared_dataset, implant_distances, load_pcdiff  # noqa: E402
+from pointforge.inference.pcdiff import complete, load_pcdiff  # noqa: E402
+from pointforge.tasks.completion import HALF_EXTENT, ensure_prepared_dataset, implant_distances  # noqa: E402
 from pointforge.train.engine import train  # noqa: E402
 
 SAMPLERS = [("ddpm", None), ("ddim", 100), ("ddim", 50), ("ddim", 25), ("dpm++2m", 20), ("dpm++2m", 10)]

@@ -16,16 +16,15 @@ from typer.testing import CliRunner
 from pointforge.config import load_train_config
 from pointforge.data.skulls import PreparedDataset, bbox_normalization
 from pointforge.errors import CheckpointError, ConfigError, DataError, UserError
+from pointforge.inference.pcdiff import complete, load_pcdiff
 from pointforge.nn.diffusion import NoiseSchedule, diffusion_loss, make_sampler
+from pointforge.ops.pcdiff_import import import_pcdiff_checkpoint
 from pointforge.tasks import completion as pc
 from pointforge.tasks.completion import (
     CompletionTask,
     PCDiffDataset,
     SyntheticSection,
-    complete,
     ensure_prepared_dataset,
-    import_pcdiff_checkpoint,
-    load_pcdiff,
 )
 from pointforge.train import checkpoint as ck
 from pointforge.train.engine import train
@@ -407,3 +406,11 @@ def test_load_pcdiff_refuses_other_checkpoints(tmp_path, upstream_tiny):
         load_pcdiff(tmp_path / "ours.pt", weights="ema")
     with pytest.raises(CheckpointError, match="does not exist"):
         load_pcdiff(tmp_path / "nope.pt")
+
+
+def test_moved_names_still_import_from_the_task_module_with_a_warning():
+    for name, new in (("load_pcdiff", load_pcdiff), ("complete", complete), ("import_pcdiff_checkpoint", import_pcdiff_checkpoint)):
+        with pytest.warns(DeprecationWarning, match=name):
+            assert getattr(pc, name) is new
+    with pytest.raises(AttributeError):
+        pc.no_such_name

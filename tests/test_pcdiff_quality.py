@@ -27,8 +27,8 @@ from pointforge.tasks.completion import (
     SyntheticSection,
     ensure_prepared_dataset,
     implant_distances,
-    load_pcdiff,
 )
+from pointforge.inference.pcdiff import load_pcdiff
 from pointforge.train.data import derive_seed, seed_everything
 from pointforge.train.engine import train
 

@@ -7,7 +7,7 @@ Stages (REFERENCE.md, "post-processing"), each timed:
    coordinates. A scan with anisotropic voxels (SkullFix) is first resampled to
    isotropic voxels of its finest spacing, as ``pointforge data prepare`` does for
    training; every output is mapped back to the input's grid at the end.
-2. **sample** — :func:`~pointforge.tasks.completion.complete`: the conditioning
+2. **sample** — :func:`~pointforge.inference.pcdiff.complete`: the conditioning
    subsample, the same normalisation as in training, ``n`` implant proposals in
    one batched pass of the chosen sampler, mapped back to voxel coordinates.
 3. **voxelize** — per proposal, the voxelizer (Shape-as-Points + DPSR,
@@ -123,7 +123,7 @@ def load_models(pcdiff: str | os.PathLike, voxelizer: str | os.PathLike, *, devi
     CheckpointError naming the file and the task it belongs to.
     """
     from pointforge.implant.voxelize import load_voxelizer
-    from pointforge.tasks.completion import load_pcdiff
+    from pointforge.inference.pcdiff import load_pcdiff
 
     dev = resolve_device(device)
     for task, path in (("pcdiff", pcdiff), ("voxelizer", voxelizer), ("upsampler", upsample)):
@@ -257,7 +257,7 @@ def generate_implant(defective: Volume, models: Models, options: GenerateOptions
     from pointforge.data.surface import surface_points
     from pointforge.implant.postprocess import implant_from_proposals
     from pointforge.implant.voxelize import points_to_volume
-    from pointforge.tasks.completion import complete
+    from pointforge.inference.pcdiff import complete
 
     options = options or GenerateOptions()
     options.validate()

@@ -17,15 +17,10 @@ The task (``pointforge train pcdiff --config configs/pcdiff/{tiny,small,paper}.y
   ``best.pt`` is chosen by) and in millimetres via the case's scale and the
   prepared metadata's voxel spacing (``val_chamfer_mm2``, ``val_mean_dist_mm``).
 
-The Python API, for the implant pipeline and for users:
-
-* :func:`load_pcdiff` — a trained network, its noise schedule and task config
-  from a pointforge checkpoint (through the engine's one checkpoint loader);
-* :func:`complete` — ``n`` implant proposals for a defective skull given as
-  points in any coordinates, sampled in one batched pass and returned in those
-  coordinates;
-* :func:`import_pcdiff_checkpoint` — an upstream PCDiff checkpoint converted
-  into a pointforge training checkpoint (``pointforge ckpt import-pcdiff``).
+Using a trained network lives a layer up: :mod:`pointforge.inference.pcdiff`
+(``load_pcdiff``, ``complete``); converting upstream checkpoints is
+:mod:`pointforge.ops.pcdiff_import`. Their old names here still import (with a
+DeprecationWarning) through the module ``__getattr__`` at the end.
 """
 
 from __future__ import annotations
@@ -35,22 +30,20 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import Any, Literal, Mapping
 
 import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from pointforge.config import load_train_config, to_dict, train_config_from_dict
-from pointforge.data.skulls import CompletionDataset, PreparedDataset, bbox_normalization
-from pointforge.errors import CheckpointError, ConfigError, DataError, DeviceError
+from pointforge.data.skulls import CompletionDataset, PreparedDataset
+from pointforge.errors import ConfigError, DataError
 from pointforge.nn.diffusion import (
     NoiseSchedule,
     Sampler,
     diffusion_loss,
     make_sampler,
-    sample_ensemble,
 )
 from pointforge.nn.pvcnn import PVCNN2, get_preset
 from pointforge.tasks.base import EvalContext, StepContext, Task
@@ -64,15 +57,10 @@ __all__ = [
     "PCDiffConfig",
     "CompletionTask",
     "PCDiffDataset",
-    "LoadedPCDiff",
-    "ImportResult",
     "build_schedule",
     "build_eval_sampler",
     "ensure_prepared_dataset",
     "implant_distances",
-    "load_pcdiff",
-    "complete",
-    "import_pcdiff_checkpoint",
 ]
 
 log = get_logger("pcdiff")
@@ -420,286 +408,24 @@ def _save_samples(path: Path, saved: Mapping[str, list]) -> None:
         )
 
 
-# --------------------------------------------------------------------------- loading and sampling
+# Names that moved up a layer (inference, ops): imported by string on first use,
+# since importing them here would import upward (they import this module).
+_MOVED = {
+    "LoadedPCDiff": "pointforge.inference.pcdiff",
+    "load_pcdiff": "pointforge.inference.pcdiff",
+    "complete": "pointforge.inference.pcdiff",
+    "ImportResult": "pointforge.ops.pcdiff_import",
+    "import_pcdiff_checkpoint": "pointforge.ops.pcdiff_import",
+}
 
 
-class LoadedPCDiff(tuple):
-    """``(model, schedule, config)`` from :func:`load_pcdiff`; ``.weights`` says which were loaded.
+def __getattr__(name: str) -> Any:
+    """Keep ``from pointforge.tasks.completion import load_pcdiff`` (and the other moved names) working."""
+    home = _MOVED.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    import warnings
 
-    Unpacks as a 3-tuple; ``.model``, ``.schedule``, ``.config`` and
-    ``.weights`` (``"ema"`` or ``"model"``) name the parts.
-    """
-
-    def __new__(cls, model: PVCNN2, schedule: NoiseSchedule, config: PCDiffConfig, weights: str):
-        obj = super().__new__(cls, (model, schedule, config))
-        obj.weights = weights
-        return obj
-
-    model = property(lambda self: self[0])
-    schedule = property(lambda self: self[1])
-    config = property(lambda self: self[2])
-
-
-def _device(device: str | torch.device) -> torch.device:
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise DeviceError(f"'{device}' is not a device; use cpu, cuda or cuda:N") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise DeviceError(f"device {device} asked for, but CUDA is not available here; use device='cpu'")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise DeviceError(f"device {device} does not exist; {torch.cuda.device_count()} CUDA device(s) are visible")
-    return dev
-
-
-def load_pcdiff(
-    checkpoint_path: str | os.PathLike,
-    device: str | torch.device = "cpu",
-    *,
-    weights: Literal["auto", "ema", "model"] = "auto",
-) -> LoadedPCDiff:
-    """A trained PCDiff network (eval mode, on ``device``), its noise schedule and task config.
-
-    Reads a pointforge checkpoint of the ``pcdiff`` task (a training run's
-    ``best.pt``/``latest.pt``, or ``pointforge ckpt import-pcdiff`` output)
-    through the engine's checkpoint loader. ``weights="auto"`` takes the EMA
-    weights when the checkpoint has them and the trained weights otherwise;
-    the result's ``.weights`` says which (and it is logged).
-    """
-    from pointforge.train.checkpoint import is_pointforge_checkpoint, load_checkpoint, load_model_state
-
-    path = Path(checkpoint_path)
-    if weights not in ("auto", "ema", "model"):
-        raise ConfigError(f"weights must be auto, ema or model, got {weights!r}")
-    dev = _device(device)
-    ckpt = load_checkpoint(path)
-    if not is_pointforge_checkpoint(ckpt):
-        raise CheckpointError(
-            f"{path} is not a pointforge checkpoint; an upstream PCDiff checkpoint must first be converted "
-            f"with `pointforge ckpt import-pcdiff {path} OUT.pt`"
-        )
-    if ckpt.get("task") != CompletionTask.name:
-        raise CheckpointError(f"{path} was written by task '{ckpt.get('task')}', not '{CompletionTask.name}'; load it with that task's loader")
-    try:
-        cfg = train_config_from_dict(ckpt.get("config") or {}).task
-    except ConfigError as err:
-        raise CheckpointError(f"{path} holds a pcdiff config this version cannot read ({err})") from None
-    has_ema = ckpt.get("ema") is not None
-    if weights == "ema" and not has_ema:
-        raise CheckpointError(f"{path} has no EMA weights (the run had train.ema_decay unset); use weights='model'")
-    chosen = "ema" if (weights == "ema" or (weights == "auto" and has_ema)) else "model"
-    model = build_model(cfg)
-    load_model_state(model, ckpt["ema"] if chosen == "ema" else ckpt["model"])
-    model.to(dev).eval()
-    progress = ckpt.get("progress") or {}
-    log.info(
-        f"loaded PCDiff ({cfg.model} preset, {cfg.n_skull}+{cfg.n_implant} points, T={cfg.diffusion.timesteps}) "
-        f"from {path}: {'EMA' if chosen == 'ema' else 'trained (non-EMA)'} weights, step {progress.get('global_step')}"
-    )
-    return LoadedPCDiff(model, build_schedule(cfg.diffusion), cfg, chosen)
-
-
-def _as_points(skull_points: Any) -> tuple[np.ndarray, bool]:
-    is_torch = isinstance(skull_points, torch.Tensor)
-    array = skull_points.detach().cpu().numpy() if is_torch else np.asarray(skull_points)
-    if array.ndim != 2 or array.shape[1] != 3 or array.shape[0] < 2:
-        raise DataError(f"skull points must be an [M, 3] array with M >= 2, got shape {tuple(array.shape)}")
-    if not np.issubdtype(array.dtype, np.number):
-        raise DataError(f"skull points must be numbers, got dtype {array.dtype}")
-    array = array.astype(np.float64)
-    if not np.isfinite(array).all():
-        raise DataError("skull points contain NaN or infinite coordinates")
-    return array, is_torch
-
-
-def _subsample_indices(points: np.ndarray, n: int, how: str, generator: torch.Generator | None) -> np.ndarray:
-    m = points.shape[0]
-    if m <= n:
-        # Fewer points than the network was trained with: all of them, topped up with repeats.
-        extra = torch.randint(0, m, (n - m,), generator=generator).numpy() if n > m else np.empty(0, np.int64)
-        return np.concatenate([np.arange(m), extra])
-    if how == "random":
-        return torch.randperm(m, generator=generator)[:n].numpy()
-    from pointforge.nn.pvops import furthest_point_sample_indices
-
-    coords = torch.from_numpy(points.T[None].astype(np.float32))
-    return furthest_point_sample_indices(coords, n)[0].numpy()
-
-
-def complete(
-    skull_points: Any,
-    model: nn.Module,
-    sampler: Sampler,
-    n: int = 1,
-    *,
-    config: PCDiffConfig | None = None,
-    n_skull: int | None = None,
-    n_implant: int | None = None,
-    subsample: Literal["random", "fps"] = "random",
-    generator: torch.Generator | None = None,
-    progress: Callable[[int, int], None] | None = None,
-) -> np.ndarray | torch.Tensor:
-    """``n`` implant proposals ``[n, n_implant, 3]`` for a defective skull, in the input's coordinates.
-
-    ``skull_points``: ``[M, 3]`` (NumPy or torch) points of the defective skull
-    in any coordinates, e.g. voxel indices of its surface. They are
-    subsampled to the ``n_skull`` conditioning points the model was trained
-    with (``random``, as training draws them, or ``fps``; with fewer than
-    ``n_skull`` points all are used and some repeated), normalised exactly as
-    the dataset normalises (centre and half-extent 3 of the subsampled
-    skull's bounding box), completed ``n`` times in one batched pass of
-    ``sampler`` (:func:`~pointforge.nn.diffusion.sample_ensemble`) and mapped
-    back. ``n_skull``/``n_implant`` default to ``config``'s (the third item
-    of :func:`load_pcdiff`). ``generator`` (a CPU generator gives the same
-    result on any device) draws the subsample and the starting noise;
-    ``progress(step, steps)`` is called after each sampler step.
-
-    Returns a NumPy float32 array for NumPy input, a CPU float32 tensor for a tensor.
-    """
-    if config is not None:
-        n_skull = config.n_skull if n_skull is None else n_skull
-        n_implant = config.n_implant if n_implant is None else n_implant
-        if sampler.schedule.num_timesteps != config.diffusion.timesteps:
-            raise ConfigError(
-                f"the sampler runs a {sampler.schedule.num_timesteps}-step schedule but the model was trained with "
-                f"{config.diffusion.timesteps} steps; build it with make_sampler(..., schedule=<load_pcdiff's schedule>)"
-            )
-    if n_skull is None or n_implant is None:
-        raise ConfigError("complete() needs the model's point counts: pass config= (from load_pcdiff) or n_skull= and n_implant=")
-    for name, value in (("n", n), ("n_skull", n_skull), ("n_implant", n_implant)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-    if subsample not in ("random", "fps"):
-        raise ConfigError(f"subsample must be 'random' or 'fps', got {subsample!r}")
-    points, as_torch = _as_points(skull_points)
-    chosen = points[_subsample_indices(points, int(n_skull), subsample, generator)]
-    norm = bbox_normalization(chosen, HALF_EXTENT)
-    device = next(model.parameters()).device
-    cond = torch.from_numpy(norm.apply(chosen)).to(device).T.contiguous()  # [3, n_skull]
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            out = sample_ensemble(sampler, model, cond, int(n_implant), int(n), generator=generator, progress=progress)
-    finally:
-        model.train(was_training)
-    implants = out[:, :, int(n_skull) :].transpose(1, 2)  # [n, n_implant, 3] normalised
-    mapped = norm.inverse(implants.float())
-    return torch.from_numpy(mapped) if as_torch else mapped
-
-
-# --------------------------------------------------------------------------- importing upstream checkpoints
-
-
-@dataclass
-class ImportResult:
-    path: Path
-    preset: str
-    prefix: str  # the key prefix stripped ("model." or "model.module.")
-    upstream_epoch: int | None
-    epochs_done: int  # what a resumed run counts as finished
-    tensors: int
-    parameters: int
-
-
-def import_pcdiff_checkpoint(
-    source: str | os.PathLike,
-    target: str | os.PathLike,
-    *,
-    preset: str | None = None,
-    config: str | os.PathLike | None = None,
-    overrides: Sequence[str] = (),
-    overwrite: bool = False,
-    trust: bool = False,
-) -> ImportResult:
-    """Convert an upstream PCDiff checkpoint into a pointforge ``pcdiff`` training checkpoint.
-
-    ``source``: upstream's ``{"epoch", "model_state", "optimizer_state"}`` file
-    (keys ``model.`` or, from DDP, ``model.module.``) or a bare state dict. The
-    network is identified by :func:`~pointforge.nn.pcdiff_import.import_upstream_state_dict`
-    (``preset`` forces one). The written file has the engine's layout: the
-    resolved training config (``config`` YAML and ``overrides``, else the
-    defaults, with ``task.model`` set to the preset), the weights, no EMA,
-    and a *fresh* optimizer and LR-schedule state — upstream's Adam moments
-    are dropped — plus progress saying ``upstream epoch + 1`` epochs are done
-    (the epoch upstream would resume at) with the step counter at 0. So both
-    ``load_pcdiff`` and ``pointforge train pcdiff --resume OUT.pt`` accept it.
-    Written atomically; an existing ``target`` is kept unless ``overwrite``.
-    """
-    from pointforge.nn.pcdiff_import import import_upstream_state_dict
-    from pointforge.train.checkpoint import capture_rng, is_pointforge_checkpoint, load_checkpoint, load_model_state, restore_rng, save_checkpoint
-    from pointforge.train.data import derive_seed, seed_everything
-    from pointforge.train.schedule import build_optimizer, build_scheduler
-
-    source, target = Path(source), Path(target)
-    if target.exists() and not overwrite:
-        raise ConfigError(f"{target} already exists; choose another output path or pass --force to replace it")
-    if target.resolve() == source.resolve():
-        raise ConfigError(f"the output {target} is the input checkpoint; write the converted file elsewhere")
-    if preset is not None and preset not in PRESET_POINTS:
-        raise ConfigError(f"unknown PVCNN2 preset {preset!r}; choose one of {', '.join(PRESET_POINTS)}")
-    upstream = load_checkpoint(source, weights_only=not trust)
-    if is_pointforge_checkpoint(upstream):
-        raise CheckpointError(f"{source} is already a pointforge checkpoint (task '{upstream.get('task')}'); load it directly")
-    imported = import_upstream_state_dict(upstream, preset)
-    if imported.preset is None:
-        raise CheckpointError(
-            f"{source} holds a PVCNN2 that differs from every preset ({', '.join(PRESET_POINTS)}); "
-            "the pcdiff task builds its network from a preset, so this checkpoint cannot be trained or loaded here"
-        )
-    cfg = load_train_config(CompletionTask.name, config, list(overrides))
-    chosen = cfg.task.model
-    named_in_config = config is not None or any(o.split("=", 1)[0].strip() == "task.model" for o in overrides)
-    if named_in_config and chosen != imported.preset:
-        raise ConfigError(f"the config's task.model is '{chosen}' but {source} holds a '{imported.preset}' network; use a {imported.preset} config")
-    if chosen != imported.preset:
-        cfg = load_train_config(CompletionTask.name, config, [*overrides, f"task.model={imported.preset}"])
-    model = build_model(cfg.task)
-    load_model_state(model, imported.state_dict)
-    optimizer = build_optimizer(CompletionTask().parameters(model), cfg.optim, cfg.optim.lr)
-    scheduler = build_scheduler(optimizer, cfg.sched, max(1, cfg.train.epochs))
-    epochs_done = 0 if imported.epoch is None else imported.epoch + 1
-    # A single-rank resume gets the RNG streams a fresh run would have on rank 0.
-    saved_rng = capture_rng()
-    try:
-        seed_everything(derive_seed(cfg.train.seed, "rank", 0))
-        rng = capture_rng()
-    finally:
-        restore_rng(saved_rng)
-    state = {
-        "task": CompletionTask.name,
-        "config": to_dict(cfg),
-        "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
-        "ema": None,
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "scaler": None,
-        "progress": {
-            "epoch": epochs_done,
-            "step_in_epoch": 0,
-            "global_step": 0,
-            "samples_seen": 0,
-            "nonfinite_streak": 0,
-            "skipped_steps": 0,
-            "best_metric": CompletionTask.best_metric,
-            "best_mode": CompletionTask.best_mode,
-            "best_value": None,
-            "best_step": None,
-            "global_batch": cfg.data.global_batch,
-            "steps_per_epoch": None,
-            "world_size": 1,
-        },
-        "rng": {"world_size": 1, "per_rank": [rng]},
-        "metrics": {},
-        "imported_from": {
-            "path": str(source),
-            "format": "upstream PCDiff (train_completion.py)",
-            "upstream_epoch": imported.epoch,
-            "prefix": imported.prefix,
-            "optimizer_state": "dropped (fresh Adam state)",
-        },
-    }
-    save_checkpoint(target, state)
-    n_params = sum(int(p.numel()) for p in model.parameters())
-    return ImportResult(target, imported.preset, imported.prefix, imported.epoch, epochs_done, len(imported.state_dict), n_params)
+    warnings.warn(f"pointforge.tasks.completion.{name} moved to {home}.{name}", DeprecationWarning, stacklevel=2)
+    return getattr(importlib.import_module(home), name)

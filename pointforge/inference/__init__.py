@@ -1,0 +1,1 @@
+"""Using trained networks: load a checkpoint, run the network (one layer above the tasks)."""

@@ -1,0 +1,198 @@
+"""PCDiff inference: a trained network loaded from a checkpoint, and implant proposals sampled from it.
+
+* :func:`load_pcdiff` — a trained network, its noise schedule and task config
+  from a pointforge checkpoint (through the engine's one checkpoint loader);
+* :func:`complete` — ``n`` implant proposals for a defective skull given as
+  points in any coordinates, sampled in one batched pass and returned in those
+  coordinates.
+
+Apart from the task (:mod:`pointforge.tasks.completion`) because using a
+trained network is a layer above training one: the implant pipeline, the
+benchmarks and users need these, the engine never does.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+from pointforge.config import train_config_from_dict
+from pointforge.data.skulls import bbox_normalization
+from pointforge.errors import CheckpointError, ConfigError, DataError, DeviceError
+from pointforge.nn.diffusion import NoiseSchedule, Sampler, sample_ensemble
+from pointforge.nn.pvcnn import PVCNN2
+from pointforge.nn.pvops import furthest_point_sample_indices
+from pointforge.tasks.completion import HALF_EXTENT, CompletionTask, PCDiffConfig, build_model, build_schedule
+from pointforge.train.checkpoint import is_pointforge_checkpoint, load_checkpoint, load_model_state
+from pointforge.train.tracking import get_logger
+
+__all__ = ["LoadedPCDiff", "load_pcdiff", "complete"]
+
+log = get_logger("pcdiff")
+
+
+class LoadedPCDiff(tuple):
+    """``(model, schedule, config)`` from :func:`load_pcdiff`; ``.weights`` says which were loaded.
+
+    Unpacks as a 3-tuple; ``.model``, ``.schedule``, ``.config`` and
+    ``.weights`` (``"ema"`` or ``"model"``) name the parts.
+    """
+
+    def __new__(cls, model: PVCNN2, schedule: NoiseSchedule, config: PCDiffConfig, weights: str):
+        obj = super().__new__(cls, (model, schedule, config))
+        obj.weights = weights
+        return obj
+
+    model = property(lambda self: self[0])
+    schedule = property(lambda self: self[1])
+    config = property(lambda self: self[2])
+
+
+def _device(device: str | torch.device) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise DeviceError(f"'{device}' is not a device; use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError(f"device {device} asked for, but CUDA is not available here; use device='cpu'")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise DeviceError(f"device {device} does not exist; {torch.cuda.device_count()} CUDA device(s) are visible")
+    return dev
+
+
+def load_pcdiff(
+    checkpoint_path: str | os.PathLike,
+    device: str | torch.device = "cpu",
+    *,
+    weights: Literal["auto", "ema", "model"] = "auto",
+) -> LoadedPCDiff:
+    """A trained PCDiff network (eval mode, on ``device``), its noise schedule and task config.
+
+    Reads a pointforge checkpoint of the ``pcdiff`` task (a training run's
+    ``best.pt``/``latest.pt``, or ``pointforge ckpt import-pcdiff`` output)
+    through the engine's checkpoint loader. ``weights="auto"`` takes the EMA
+    weights when the checkpoint has them and the trained weights otherwise;
+    the result's ``.weights`` says which (and it is logged).
+    """
+    path = Path(checkpoint_path)
+    if weights not in ("auto", "ema", "model"):
+        raise ConfigError(f"weights must be auto, ema or model, got {weights!r}")
+    dev = _device(device)
+    ckpt = load_checkpoint(path)
+    if not is_pointforge_checkpoint(ckpt):
+        raise CheckpointError(
+            f"{path} is not a pointforge checkpoint; an upstream PCDiff checkpoint must first be converted "
+            f"with `pointforge ckpt import-pcdiff {path} OUT.pt`"
+        )
+    if ckpt.get("task") != CompletionTask.name:
+        raise CheckpointError(f"{path} was written by task '{ckpt.get('task')}', not '{CompletionTask.name}'; load it with that task's loader")
+    try:
+        cfg = train_config_from_dict(ckpt.get("config") or {}).task
+    except ConfigError as err:
+        raise CheckpointError(f"{path} holds a pcdiff config this version cannot read ({err})") from None
+    has_ema = ckpt.get("ema") is not None
+    if weights == "ema" and not has_ema:
+        raise CheckpointError(f"{path} has no EMA weights (the run had train.ema_decay unset); use weights='model'")
+    chosen = "ema" if (weights == "ema" or (weights == "auto" and has_ema)) else "model"
+    model = build_model(cfg)
+    load_model_state(model, ckpt["ema"] if chosen == "ema" else ckpt["model"])
+    model.to(dev).eval()
+    progress = ckpt.get("progress") or {}
+    log.info(
+        f"loaded PCDiff ({cfg.model} preset, {cfg.n_skull}+{cfg.n_implant} points, T={cfg.diffusion.timesteps}) "
+        f"from {path}: {'EMA' if chosen == 'ema' else 'trained (non-EMA)'} weights, step {progress.get('global_step')}"
+    )
+    return LoadedPCDiff(model, build_schedule(cfg.diffusion), cfg, chosen)
+
+
+def _as_points(skull_points: Any) -> tuple[np.ndarray, bool]:
+    is_torch = isinstance(skull_points, torch.Tensor)
+    array = skull_points.detach().cpu().numpy() if is_torch else np.asarray(skull_points)
+    if array.ndim != 2 or array.shape[1] != 3 or array.shape[0] < 2:
+        raise DataError(f"skull points must be an [M, 3] array with M >= 2, got shape {tuple(array.shape)}")
+    if not np.issubdtype(array.dtype, np.number):
+        raise DataError(f"skull points must be numbers, got dtype {array.dtype}")
+    array = array.astype(np.float64)
+    if not np.isfinite(array).all():
+        raise DataError("skull points contain NaN or infinite coordinates")
+    return array, is_torch
+
+
+def _subsample_indices(points: np.ndarray, n: int, how: str, generator: torch.Generator | None) -> np.ndarray:
+    m = points.shape[0]
+    if m <= n:
+        # Fewer points than the network was trained with: all of them, topped up with repeats.
+        extra = torch.randint(0, m, (n - m,), generator=generator).numpy() if n > m else np.empty(0, np.int64)
+        return np.concatenate([np.arange(m), extra])
+    if how == "random":
+        return torch.randperm(m, generator=generator)[:n].numpy()
+    coords = torch.from_numpy(points.T[None].astype(np.float32))
+    return furthest_point_sample_indices(coords, n)[0].numpy()
+
+
+def complete(
+    skull_points: Any,
+    model: nn.Module,
+    sampler: Sampler,
+    n: int = 1,
+    *,
+    config: PCDiffConfig | None = None,
+    n_skull: int | None = None,
+    n_implant: int | None = None,
+    subsample: Literal["random", "fps"] = "random",
+    generator: torch.Generator | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> np.ndarray | torch.Tensor:
+    """``n`` implant proposals ``[n, n_implant, 3]`` for a defective skull, in the input's coordinates.
+
+    ``skull_points``: ``[M, 3]`` (NumPy or torch) points of the defective skull
+    in any coordinates, e.g. voxel indices of its surface. They are
+    subsampled to the ``n_skull`` conditioning points the model was trained
+    with (``random``, as training draws them, or ``fps``; with fewer than
+    ``n_skull`` points all are used and some repeated), normalised exactly as
+    the dataset normalises (centre and half-extent 3 of the subsampled
+    skull's bounding box), completed ``n`` times in one batched pass of
+    ``sampler`` (:func:`~pointforge.nn.diffusion.sample_ensemble`) and mapped
+    back. ``n_skull``/``n_implant`` default to ``config``'s (the third item
+    of :func:`load_pcdiff`). ``generator`` (a CPU generator gives the same
+    result on any device) draws the subsample and the starting noise;
+    ``progress(step, steps)`` is called after each sampler step.
+
+    Returns a NumPy float32 array for NumPy input, a CPU float32 tensor for a tensor.
+    """
+    if config is not None:
+        n_skull = config.n_skull if n_skull is None else n_skull
+        n_implant = config.n_implant if n_implant is None else n_implant
+        if sampler.schedule.num_timesteps != config.diffusion.timesteps:
+            raise ConfigError(
+                f"the sampler runs a {sampler.schedule.num_timesteps}-step schedule but the model was trained with "
+                f"{config.diffusion.timesteps} steps; build it with make_sampler(..., schedule=<load_pcdiff's schedule>)"
+            )
+    if n_skull is None or n_implant is None:
+        raise ConfigError("complete() needs the model's point counts: pass config= (from load_pcdiff) or n_skull= and n_implant=")
+    for name, value in (("n", n), ("n_skull", n_skull), ("n_implant", n_implant)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    if subsample not in ("random", "fps"):
+        raise ConfigError(f"subsample must be 'random' or 'fps', got {subsample!r}")
+    points, as_torch = _as_points(skull_points)
+    chosen = points[_subsample_indices(points, int(n_skull), subsample, generator)]
+    norm = bbox_normalization(chosen, HALF_EXTENT)
+    device = next(model.parameters()).device
+    cond = torch.from_numpy(norm.apply(chosen)).to(device).T.contiguous()  # [3, n_skull]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = sample_ensemble(sampler, model, cond, int(n_implant), int(n), generator=generator, progress=progress)
+    finally:
+        model.train(was_training)
+    implants = out[:, :, int(n_skull) :].transpose(1, 2)  # [n, n_implant, 3] normalised
+    mapped = norm.inverse(implants.float())
+    return torch.from_numpy(mapped) if as_torch else mapped

@@ -1,0 +1,132 @@
+"""``pointforge ckpt import-pcdiff``: an upstream PCDiff checkpoint converted into a pointforge one.
+
+An operation on checkpoint files, like ``ckpt remap`` (:mod:`pointforge.ops.checkpoints`):
+it reads upstream's layout (:mod:`pointforge.nn.pcdiff_import` maps the
+weights) and writes the engine's, so it sits above both the ``pcdiff`` task
+and the engine it writes for.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from pointforge.config import load_train_config, to_dict
+from pointforge.errors import CheckpointError, ConfigError
+from pointforge.nn.pcdiff_import import import_upstream_state_dict
+from pointforge.tasks.completion import PRESET_POINTS, CompletionTask, build_model
+from pointforge.train.checkpoint import capture_rng, is_pointforge_checkpoint, load_checkpoint, load_model_state, restore_rng, save_checkpoint
+from pointforge.train.data import derive_seed, seed_everything
+from pointforge.train.schedule import build_optimizer, build_scheduler
+
+__all__ = ["ImportResult", "import_pcdiff_checkpoint"]
+
+
+@dataclass
+class ImportResult:
+    path: Path
+    preset: str
+    prefix: str  # the key prefix stripped ("model." or "model.module.")
+    upstream_epoch: int | None
+    epochs_done: int  # what a resumed run counts as finished
+    tensors: int
+    parameters: int
+
+
+def import_pcdiff_checkpoint(
+    source: str | os.PathLike,
+    target: str | os.PathLike,
+    *,
+    preset: str | None = None,
+    config: str | os.PathLike | None = None,
+    overrides: Sequence[str] = (),
+    overwrite: bool = False,
+    trust: bool = False,
+) -> ImportResult:
+    """Convert an upstream PCDiff checkpoint into a pointforge ``pcdiff`` training checkpoint.
+
+    ``source``: upstream's ``{"epoch", "model_state", "optimizer_state"}`` file
+    (keys ``model.`` or, from DDP, ``model.module.``) or a bare state dict. The
+    network is identified by :func:`~pointforge.nn.pcdiff_import.import_upstream_state_dict`
+    (``preset`` forces one). The written file has the engine's layout: the
+    resolved training config (``config`` YAML and ``overrides``, else the
+    defaults, with ``task.model`` set to the preset), the weights, no EMA,
+    and a *fresh* optimizer and LR-schedule state — upstream's Adam moments
+    are dropped — plus progress saying ``upstream epoch + 1`` epochs are done
+    (the epoch upstream would resume at) with the step counter at 0. So both
+    ``load_pcdiff`` and ``pointforge train pcdiff --resume OUT.pt`` accept it.
+    Written atomically; an existing ``target`` is kept unless ``overwrite``.
+    """
+    source, target = Path(source), Path(target)
+    if target.exists() and not overwrite:
+        raise ConfigError(f"{target} already exists; choose another output path or pass --force to replace it")
+    if target.resolve() == source.resolve():
+        raise ConfigError(f"the output {target} is the input checkpoint; write the converted file elsewhere")
+    if preset is not None and preset not in PRESET_POINTS:
+        raise ConfigError(f"unknown PVCNN2 preset {preset!r}; choose one of {', '.join(PRESET_POINTS)}")
+    upstream = load_checkpoint(source, weights_only=not trust)
+    if is_pointforge_checkpoint(upstream):
+        raise CheckpointError(f"{source} is already a pointforge checkpoint (task '{upstream.get('task')}'); load it directly")
+    imported = import_upstream_state_dict(upstream, preset)
+    if imported.preset is None:
+        raise CheckpointError(
+            f"{source} holds a PVCNN2 that differs from every preset ({', '.join(PRESET_POINTS)}); "
+            "the pcdiff task builds its network from a preset, so this checkpoint cannot be trained or loaded here"
+        )
+    cfg = load_train_config(CompletionTask.name, config, list(overrides))
+    chosen = cfg.task.model
+    named_in_config = config is not None or any(o.split("=", 1)[0].strip() == "task.model" for o in overrides)
+    if named_in_config and chosen != imported.preset:
+        raise ConfigError(f"the config's task.model is '{chosen}' but {source} holds a '{imported.preset}' network; use a {imported.preset} config")
+    if chosen != imported.preset:
+        cfg = load_train_config(CompletionTask.name, config, [*overrides, f"task.model={imported.preset}"])
+    model = build_model(cfg.task)
+    load_model_state(model, imported.state_dict)
+    optimizer = build_optimizer(CompletionTask().parameters(model), cfg.optim, cfg.optim.lr)
+    scheduler = build_scheduler(optimizer, cfg.sched, max(1, cfg.train.epochs))
+    epochs_done = 0 if imported.epoch is None else imported.epoch + 1
+    # A single-rank resume gets the RNG streams a fresh run would have on rank 0.
+    saved_rng = capture_rng()
+    try:
+        seed_everything(derive_seed(cfg.train.seed, "rank", 0))
+        rng = capture_rng()
+    finally:
+        restore_rng(saved_rng)
+    state = {
+        "task": CompletionTask.name,
+        "config": to_dict(cfg),
+        "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        "ema": None,
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "scaler": None,
+        "progress": {
+            "epoch": epochs_done,
+            "step_in_epoch": 0,
+            "global_step": 0,
+            "samples_seen": 0,
+            "nonfinite_streak": 0,
+            "skipped_steps": 0,
+            "best_metric": CompletionTask.best_metric,
+            "best_mode": CompletionTask.best_mode,
+            "best_value": None,
+            "best_step": None,
+            "global_batch": cfg.data.global_batch,
+            "steps_per_epoch": None,
+            "world_size": 1,
+        },
+        "rng": {"world_size": 1, "per_rank": [rng]},
+        "metrics": {},
+        "imported_from": {
+            "path": str(source),
+            "format": "upstream PCDiff (train_completion.py)",
+            "upstream_epoch": imported.epoch,
+            "prefix": imported.prefix,
+            "optimizer_state": "dropped (fresh Adam state)",
+        },
+    }
+    save_checkpoint(target, state)
+    n_params = sum(int(p.numel()) for p in model.parameters())
+    return ImportResult(target, imported.preset, imported.prefix, imported.epoch, epochs_done, len(imported.state_dict), n_params)
