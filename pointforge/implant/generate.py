@@ -284,7 +284,7 @@ def generate_implant(defective: Volume, models: Models, options: GenerateOptions
     sampler = _sampler(models, options)
     steps = getattr(sampler, "num_steps", None)
     implants = complete(skull_pts, model, sampler, options.ensemble, config=cfg, subsample=options.subsample,
-                        generator=generator,
+                        generator=generator, spacing=work.spacing,
                         progress=(lambda i, n: progress("sample", i, n)) if progress else None)
     implants = np.asarray(implants, dtype=np.float64)  # [n, P, 3] work voxel coordinates
     timings["sample_s"] = time.perf_counter() - t

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 import torch
@@ -28,6 +28,7 @@ from pointforge.nn.diffusion import NoiseSchedule, Sampler, sample_ensemble
 from pointforge.nn.pvcnn import PVCNN2
 from pointforge.nn.pvops import furthest_point_sample_indices
 from pointforge.tasks.completion import HALF_EXTENT, CompletionTask, PCDiffConfig, build_model, build_schedule
+from pointforge.tasks.completion_frame import atlas_center, frame_condition
 from pointforge.train.checkpoint import is_pointforge_checkpoint, load_checkpoint, load_model_state
 from pointforge.train.tracking import get_logger
 
@@ -136,6 +137,16 @@ def _subsample_indices(points: np.ndarray, n: int, how: str, generator: torch.Ge
     return furthest_point_sample_indices(coords, n)[0].numpy()
 
 
+def _framed_condition(points, model, config, n_skull, spacing, generator):
+    atlas = getattr(model, "atlas_mm", None)
+    if atlas is None or atlas.numel() == 0:
+        raise ConfigError("the config has task.frame but the model carries no atlas; load it with load_pcdiff from its checkpoint")
+    spacing = np.broadcast_to(np.asarray(spacing, dtype=np.float64), (3,))
+    center = atlas_center(atlas, points, spacing, config.frame)
+    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
+    return frame_condition(points, center, n_skull, config.frame, np.random.default_rng(seed), half_extent=HALF_EXTENT)
+
+
 def complete(
     skull_points: Any,
     model: nn.Module,
@@ -148,6 +159,7 @@ def complete(
     subsample: Literal["random", "fps"] = "random",
     generator: torch.Generator | None = None,
     progress: Callable[[int, int], None] | None = None,
+    spacing: float | Sequence[float] = 1.0,
 ) -> np.ndarray | torch.Tensor:
     """``n`` implant proposals ``[n, n_implant, 3]`` for a defective skull, in the input's coordinates.
 
@@ -163,6 +175,12 @@ def complete(
     of :func:`load_pcdiff`). ``generator`` (a CPU generator gives the same
     result on any device) draws the subsample and the starting noise;
     ``progress(step, steps)`` is called after each sampler step.
+
+    A model trained with ``task.frame`` (:mod:`pointforge.tasks.completion_frame`)
+    is conditioned as it was trained: its atlas estimates the implant centre
+    (``spacing``: mm per unit of ``skull_points``' coordinates, 1 for mm), the
+    ``n_skull`` points are drawn from the skull points nearest that centre
+    (``subsample`` does not apply) and sampling starts around it.
 
     Returns a NumPy float32 array for NumPy input, a CPU float32 tensor for a tensor.
     """
@@ -182,8 +200,11 @@ def complete(
     if subsample not in ("random", "fps"):
         raise ConfigError(f"subsample must be 'random' or 'fps', got {subsample!r}")
     points, as_torch = _as_points(skull_points)
-    chosen = points[_subsample_indices(points, int(n_skull), subsample, generator)]
-    norm = bbox_normalization(chosen, HALF_EXTENT)
+    if config is not None and config.frame is not None:
+        chosen, norm = _framed_condition(points, model, config, int(n_skull), spacing, generator)
+    else:
+        chosen = points[_subsample_indices(points, int(n_skull), subsample, generator)]
+        norm = bbox_normalization(chosen, HALF_EXTENT)
     device = next(model.parameters()).device
     cond = torch.from_numpy(norm.apply(chosen)).to(device).T.contiguous()  # [3, n_skull]
     was_training = model.training

@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
@@ -40,13 +40,16 @@ from torch.utils.data import Dataset
 from pointforge.data.skulls import CompletionDataset, PreparedDataset
 from pointforge.errors import ConfigError, DataError
 from pointforge.nn.diffusion import (
+    MarkConditioning,
     NoiseSchedule,
     Sampler,
     diffusion_loss,
     make_sampler,
 )
+from pointforge.nn.placement import condition_use, placement_metrics
 from pointforge.nn.pvcnn import PVCNN2, get_preset
 from pointforge.tasks.base import EvalContext, StepContext, Task
+from pointforge.tasks.completion_frame import FramedDenoiser, FrameSection, atlas_center, build_atlas, frame_condition
 from pointforge.train.tracking import get_logger
 
 __all__ = [
@@ -118,12 +121,20 @@ class SyntheticSection:
 
 @dataclass
 class DiffusionSection:
-    """The noise schedule (REFERENCE.md: T = 1000, linear betas 1e-4 → 0.02)."""
+    """The noise schedule and what the network predicts.
 
-    schedule: Literal["linear", "warm0.1", "warm0.2", "warm0.5"] = "linear"
+    The defaults are upstream PCDiff's (T = 1000, linear betas 1e-4 → 0.02,
+    ε-prediction, plain MSE); the other values are the options measured in
+    docs/pcdiff.md.
+    """
+
+    schedule: Literal["linear", "warm0.1", "warm0.2", "warm0.5", "cosine"] = "linear"
     beta_start: float = 1e-4
     beta_end: float = 0.02
     timesteps: int = 1000
+    prediction: Literal["eps", "x0", "v"] = "eps"
+    zero_terminal_snr: bool = False  # rescale so the last step is pure noise (needs x0 or v)
+    loss_weighting: Literal["natural", "min_snr", "trunc_snr"] = "natural"
 
     def validate(self, prefix: str) -> None:
         try:
@@ -165,6 +176,8 @@ class PCDiffConfig:
     n_implant: int | None = None
     rotate_degrees: float = 0.0  # training augmentation: random rotation within ± this about each axis
     data_seed: int = 0  # per-item subsampling and rotation: seeded by (data_seed, epoch, index)
+    condition_mark: bool = False  # an input channel marking the skull points (1) and the implant's (0)
+    frame: FrameSection | None = None  # diffuse in a local frame around the implant (completion_frame)
     diffusion: DiffusionSection = field(default_factory=DiffusionSection)
     eval: EvalSection = field(default_factory=EvalSection)
 
@@ -178,6 +191,10 @@ class PCDiffConfig:
     def validate(self, prefix: str) -> None:
         if self.synthetic is not None:
             self.synthetic.check(f"{prefix}.synthetic")
+        if self.frame is not None:
+            self.frame.validate(f"{prefix}.frame")
+            if self.rotate_degrees:
+                raise ConfigError(f"config key '{prefix}.rotate_degrees' must be 0 with '{prefix}.frame' (the atlas frame assumes aligned skulls)")
         if self.n_skull < 1 or self.n_implant < 1:
             raise ConfigError(f"config keys '{prefix}.n_skull' and '{prefix}.n_implant' must be at least 1, got {self.n_skull} and {self.n_implant}")
         need = get_preset(self.model).min_points
@@ -195,15 +212,25 @@ class PCDiffConfig:
 
 
 def build_schedule(section: DiffusionSection) -> NoiseSchedule:
-    return NoiseSchedule.from_name(section.schedule, section.beta_start, section.beta_end, section.timesteps)
+    return NoiseSchedule.from_name(
+        section.schedule, section.beta_start, section.beta_end, section.timesteps,
+        prediction=section.prediction, zero_terminal_snr=section.zero_terminal_snr,
+    )
 
 
 def build_eval_sampler(section: EvalSection, schedule: NoiseSchedule) -> Sampler:
     return make_sampler(section.sampler, section.steps, section.eta, schedule=schedule)
 
 
-def build_model(cfg: PCDiffConfig) -> PVCNN2:
-    return PVCNN2(get_preset(cfg.model))
+def build_model(cfg: PCDiffConfig, atlas: torch.Tensor | None = None) -> nn.Module:
+    """The network ``cfg`` describes: the PVCNN2 preset, with the condition mark and the
+    frame's atlas when configured (the upstream configuration is the bare PVCNN2)."""
+    preset = get_preset(cfg.model)
+    if cfg.condition_mark:
+        net: nn.Module = MarkConditioning(PVCNN2(replace(preset, extra_feature_channels=1)), cfg.n_implant)
+    else:
+        net = PVCNN2(preset)
+    return net if cfg.frame is None else FramedDenoiser(net, atlas)
 
 
 # --------------------------------------------------------------------------- data
@@ -254,11 +281,24 @@ class PCDiffDataset(CompletionDataset):
     ``max_cases`` keeps the first cases in ``cases.csv`` order.
     """
 
-    def __init__(self, root, split: str, *, max_cases: int | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        root,
+        split: str,
+        *,
+        max_cases: int | None = None,
+        frame: FrameSection | None = None,
+        atlas: torch.Tensor | None = None,
+        **kwargs: Any,
+    ):
         super().__init__(root, split, **kwargs)
         if max_cases is not None:
             self.cases = self.cases[:max_cases]
         self._spacing: dict[str, torch.Tensor] = {}
+        # With a frame: no atlas = the true implant centre, jittered (training);
+        # an atlas = its estimate, as inference makes it (validation).
+        self.frame, self.atlas = frame, atlas
+        self._centers: dict[str, np.ndarray] = {}
 
     def spacing(self, index: int) -> torch.Tensor:
         case = self.cases[index]
@@ -271,9 +311,30 @@ class PCDiffDataset(CompletionDataset):
         return self._spacing[case.defective]
 
     def __getitem__(self, index: int) -> dict:
-        item = super().__getitem__(index)
+        item = super().__getitem__(index) if self.frame is None else self._framed(index)
         item["spacing"] = self.spacing(index)
         return item
+
+    def _framed(self, index: int) -> dict:
+        case = self.cases[index]
+        rng = self._rng(index)
+        skull = np.asarray(self.data.points(case.defective), dtype=np.float64)
+        implant_all = self.data.points(case.implant)
+        implant = np.asarray(implant_all[np.sort(rng.choice(len(implant_all), self.n_implant, replace=len(implant_all) < self.n_implant))])
+        if self.atlas is None:
+            center = np.asarray(implant_all, dtype=np.float64).mean(axis=0)
+        else:
+            if case.case_id not in self._centers:
+                self._centers[case.case_id] = atlas_center(self.atlas, skull, self.spacing(index).numpy(), self.frame)
+            center = self._centers[case.case_id]
+        cond, norm = frame_condition(skull, center, self.n_skull, self.frame, rng,
+                                     half_extent=self.half_extent, jitter=self.atlas is None)
+        return {
+            "points": torch.from_numpy(norm.apply(np.concatenate([cond, implant]))),
+            "center": torch.from_numpy(norm.center.astype(np.float32)),
+            "scale": torch.tensor(norm.scale, dtype=torch.float32),
+            "case_id": case.case_id,
+        }
 
 
 # --------------------------------------------------------------------------- metrics
@@ -334,16 +395,26 @@ class CompletionTask(Task):
         self.sampler = build_eval_sampler(cfg.eval, self.schedule)
 
     def build_model(self, cfg: PCDiffConfig) -> nn.Module:
-        return build_model(cfg)
+        return build_model(cfg, self._atlas(cfg))
+
+    def _atlas(self, cfg: PCDiffConfig) -> torch.Tensor | None:
+        """The frame's atlas from the training split (built once per task object)."""
+        if cfg.frame is None:
+            return None
+        if getattr(self, "_atlas_cache", None) is None:
+            prepared = PreparedDataset(ensure_prepared_dataset(cfg.data_root, cfg.synthetic))
+            self._atlas_cache = build_atlas(prepared, cfg.train_split, cfg.frame.atlas_points)
+        return self._atlas_cache
 
     def build_datasets(self, cfg: PCDiffConfig) -> tuple[Dataset, Dataset | None]:
         root = ensure_prepared_dataset(cfg.data_root, cfg.synthetic)
         prepared = PreparedDataset(root)
-        common = dict(n_skull=cfg.n_skull, n_implant=cfg.n_implant, half_extent=HALF_EXTENT)
+        common = dict(n_skull=cfg.n_skull, n_implant=cfg.n_implant, half_extent=HALF_EXTENT, frame=cfg.frame)
         train = PCDiffDataset(prepared, cfg.train_split, rotate_degrees=cfg.rotate_degrees, seed=cfg.data_seed, **common)
         val = None
         if cfg.val_split is not None and prepared.split(cfg.val_split):
-            val = PCDiffDataset(prepared, cfg.val_split, max_cases=cfg.eval.max_cases, seed=cfg.data_seed + 1, **common)
+            val = PCDiffDataset(prepared, cfg.val_split, max_cases=cfg.eval.max_cases, seed=cfg.data_seed + 1,
+                                atlas=self._atlas(cfg), **common)
         elif cfg.val_split is not None:
             log.warning(f"{root}: the '{cfg.val_split}' split has no case with an implant; training without validation")
         return train, val
@@ -360,7 +431,7 @@ class CompletionTask(Task):
 
     def training_step(self, model: nn.Module, batch: Any, ctx: StepContext):
         x0 = batch["points"].transpose(1, 2)  # [B, 3, n_skull + n_implant]
-        return diffusion_loss(model, self.schedule, x0, self.cfg.n_implant)
+        return diffusion_loss(model, self.schedule, x0, self.cfg.n_implant, weighting=self.cfg.diffusion.loss_weighting)
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, loader, ctx: EvalContext) -> dict[str, float]:
@@ -370,6 +441,7 @@ class CompletionTask(Task):
         sums: dict[str, float] = {}
         count = 0
         saved: dict[str, list] = {"case_id": [], "pred_voxel": [], "true_voxel": []}
+        clean: list[torch.Tensor] = []
         started = time.perf_counter()
         for batch in loader:
             points = batch["points"].to(ctx.device)
@@ -378,7 +450,11 @@ class CompletionTask(Task):
             pred = out[:, :, n_skull:].transpose(1, 2).float()
             true = points[:, n_skull:].float()
             scale = batch["scale"].to(ctx.device)
-            found = implant_distances(pred, true, scale=scale, spacing=batch["spacing"].to(ctx.device))
+            spacing = batch["spacing"].to(ctx.device)
+            found = implant_distances(pred, true, scale=scale, spacing=spacing)
+            mm = scale.reshape(-1, 1, 1) * spacing.reshape(-1, 1, 3)
+            found.update({f"{k}_mm" if k != "spread_ratio" else k: v for k, v in placement_metrics(pred * mm, true * mm).items()})
+            clean.append(points.transpose(1, 2).cpu())
             for name, values in found.items():
                 sums[name] = sums.get(name, 0.0) + float(values.sum())
             count += points.shape[0]
@@ -393,6 +469,10 @@ class CompletionTask(Task):
             _save_samples(ctx.out_dir / "samples.npz", saved)
         metrics = {f"val_{name}": total / count for name, total in sums.items()}
         metrics["val_sample_s_per_case"] = (time.perf_counter() - started) / count
+        if count >= 2:
+            x0 = torch.cat(clean).to(ctx.device)
+            used = condition_use(model, self.schedule, x0, n_implant, generator=torch.Generator().manual_seed(cfg.eval.seed))
+            metrics.update({f"val_{k}": v for k, v in used.items() if k.startswith("cond_use")})
         return metrics
 
 

@@ -1,0 +1,127 @@
+"""PCDiff in a local frame around the implant: the frame section, its data and its model.
+
+With ``task.frame`` set (see :mod:`pointforge.data.frames` for why), every
+example is built by :func:`frame_condition`: the defective skull is
+normalised by its bounding box as usual, then moved to a frame centred on the
+implant (training: the true centre, jittered; validation and inference: the
+atlas estimate) and scaled by ``frame.scale``; the conditioning points are
+``n_skull`` of the skull points nearest that centre. Sampling therefore starts
+from noise around the estimated centre. The atlas (surface points of the
+training split's complete skulls, mm) travels inside the model as a buffer
+(:class:`FramedDenoiser`), so a checkpoint alone can place implants.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from pointforge.data.frames import estimate_implant_center, nearest_indices, subsample_fixed
+from pointforge.data.skulls import Normalization, PreparedDataset, bbox_normalization
+from pointforge.errors import ConfigError, DataError
+
+__all__ = ["FrameSection", "FramedDenoiser", "frame_condition", "build_atlas", "atlas_center"]
+
+
+@dataclass
+class FrameSection:
+    """``task.frame``: diffuse the implant in a local frame (module docs)."""
+
+    scale: float = 0.5  # normalised units per frame unit (an implant spans about ±1 frame units)
+    jitter: float = 0.3  # std of the training centre's offset from the true one, normalised units
+    crop: float = 2.5  # conditioning points drawn from the skull within this radius of the centre, normalised units
+    gap_mm: float = 12.0  # atlas bone farther than this from the defective skull counts as missing
+    radius_mm: float = 10.0  # missing points of every atlas skull within this radius agree on the defect
+    atlas_points: int = 2000  # surface points kept per atlas skull
+
+    def validate(self, prefix: str) -> None:
+        for key in ("scale", "gap_mm", "radius_mm"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"config key '{prefix}.{key}' must be positive, got {getattr(self, key)}")
+        if self.jitter < 0:
+            raise ConfigError(f"config key '{prefix}.jitter' must be 0 or more, got {self.jitter}")
+        if not self.crop > 0:
+            raise ConfigError(f"config key '{prefix}.crop' must be positive, got {self.crop}")
+        if self.atlas_points < 100:
+            raise ConfigError(f"config key '{prefix}.atlas_points' must be at least 100, got {self.atlas_points}")
+
+
+def frame_condition(
+    skull: np.ndarray,
+    center: np.ndarray,
+    n_skull: int,
+    section: FrameSection,
+    rng: np.random.Generator,
+    *,
+    half_extent: float,
+    jitter: bool = False,
+) -> tuple[np.ndarray, Normalization]:
+    """The conditioning points and the frame for one skull.
+
+    ``skull``: all surface points of the defective skull; ``center``: the
+    implant centre in the same coordinates. Returns ``n_skull`` skull points
+    drawn from those within ``crop`` (normalised units: a radius relative to the
+    skull's size, so the crop does not depend on how densely the surface was
+    sampled) of the (jittered) centre, or the ``n_skull`` nearest if none is, and the
+    :class:`Normalization` into the frame (``apply`` maps into it, ``inverse``
+    back), so callers treat it like the bounding-box normalisation.
+    """
+    box = bbox_normalization(skull, half_extent)
+    offset = (np.asarray(center, dtype=np.float64) - box.center) / box.scale
+    if jitter and section.jitter > 0:
+        offset = offset + rng.normal(0.0, section.jitter, 3)
+    frame = Normalization(center=box.center + offset * box.scale, scale=box.scale * section.scale)
+    within = np.flatnonzero(((skull - frame.center) ** 2).sum(axis=1) <= (section.crop * box.scale) ** 2)
+    pool = within if len(within) else nearest_indices(skull, frame.center, n_skull)
+    chosen = np.sort(rng.choice(pool, n_skull, replace=len(pool) < n_skull))
+    return np.asarray(skull[chosen], dtype=np.float64), frame
+
+
+def build_atlas(data: PreparedDataset, split: str, points: int) -> torch.Tensor:
+    """``[K, points, 3]`` float32 surface points (mm) of the split's complete skulls, each skull once."""
+    seen: dict[str, np.ndarray] = {}
+    for case in data.split(split, require=("complete",)):
+        if case.skull_id not in seen:
+            spacing = np.asarray(data.meta(case.complete)["spacing"], dtype=np.float64)
+            full = np.asarray(data.points(case.complete), dtype=np.float64) * spacing
+            seen[case.skull_id] = subsample_fixed(np.resize(full, (max(points, len(full)), 3)), points)
+    if not seen:
+        raise DataError(f"{data.root}: the {split!r} split has no complete skull; task.frame needs them as its atlas")
+    return torch.from_numpy(np.stack(list(seen.values())).astype(np.float32))
+
+
+def atlas_center(atlas: torch.Tensor, skull: np.ndarray, spacing: np.ndarray, section: FrameSection) -> np.ndarray:
+    """The atlas estimate of the implant centre for ``skull`` (points in units of ``spacing`` mm)."""
+    spacing = np.asarray(spacing, dtype=np.float64)
+    skulls = [a.double().numpy() for a in atlas.cpu()]
+    found = estimate_implant_center(
+        np.asarray(skull, dtype=np.float64) * spacing, skulls,
+        gap_mm=section.gap_mm, radius_mm=section.radius_mm, points=section.atlas_points,
+    )
+    return found / spacing
+
+
+class FramedDenoiser(nn.Module):
+    """The denoiser plus the atlas its frame is estimated from (a buffer: it is saved with the weights).
+
+    The buffer takes the saved shape when a checkpoint is loaded, so a model
+    built without data (inference) receives the training run's atlas.
+    """
+
+    def __init__(self, net: nn.Module, atlas: torch.Tensor | None = None):
+        super().__init__()
+        self.net = net
+        self.register_buffer("atlas_mm", atlas if atlas is not None else torch.zeros(0, 0, 3))
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return self.net(x, t)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args: Any, **kwargs: Any) -> None:
+        saved = state_dict.get(prefix + "atlas_mm")
+        if saved is not None and saved.shape != self.atlas_mm.shape:
+            self.atlas_mm = torch.zeros_like(saved, device=self.atlas_mm.device)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
