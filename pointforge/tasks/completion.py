@@ -192,7 +192,7 @@ class PCDiffConfig:
         if self.synthetic is not None:
             self.synthetic.check(f"{prefix}.synthetic")
         if self.frame is not None:
-            self.frame.validate(f"{prefix}.frame")
+            self.frame.check(f"{prefix}.frame")
             if self.rotate_degrees:
                 raise ConfigError(f"config key '{prefix}.rotate_degrees' must be 0 with '{prefix}.frame' (the atlas frame assumes aligned skulls)")
         if self.n_skull < 1 or self.n_implant < 1:

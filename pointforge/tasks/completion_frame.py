@@ -38,7 +38,9 @@ class FrameSection:
     radius_mm: float = 10.0  # missing points of every atlas skull within this radius agree on the defect
     atlas_points: int = 2000  # surface points kept per atlas skull
 
-    def validate(self, prefix: str) -> None:
+    # `check`, not `validate`: the config loader reports only "did not fit" for an
+    # optional section whose validate fails; PCDiffConfig.validate calls this instead.
+    def check(self, prefix: str) -> None:
         for key in ("scale", "gap_mm", "radius_mm"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"config key '{prefix}.{key}' must be positive, got {getattr(self, key)}")
