@@ -216,3 +216,40 @@ def test_framed_model_carries_its_atlas_through_a_state_dict():
 def test_formulation_config_errors(override, fragment):
     with pytest.raises(ConfigError, match=fragment.replace(".", r"\.")):
         load_train_config("pcdiff", CONFIGS / "tiny.yaml", override.split())
+
+
+# --------------------------------------------------------------------------- through the engine and back
+
+
+def test_framed_run_logs_placement_and_its_checkpoint_places_implants_alone(tmp_path, tmp_path_factory):
+    from pointforge.data.skulls import PreparedDataset
+    from pointforge.inference.pcdiff import complete, load_pcdiff
+    from pointforge.tasks.completion import SyntheticSection, ensure_prepared_dataset
+    from pointforge.train.engine import train
+
+    # The same path and spec as test_completion.py's dataset: whichever module runs first builds it.
+    root = ensure_prepared_dataset(tmp_path_factory.getbasetemp() / "pcdiff-synthetic",
+                                   SyntheticSection(skulls=4, size=64, seed=0, points=4096, split="0.5,0.25,0.25"))
+    cfg = load_train_config("pcdiff", CONFIGS / "tiny.yaml", [
+        f"run.dir={tmp_path / 'run'}", f"task.data_root={root}", "log.progress=off", "log.tensorboard=false",
+        "perf.threads=1", "train.epochs=1", "train.eval_every=1", "task.eval.steps=3",
+        "task.frame.scale=0.5", "task.diffusion.prediction=v", "task.diffusion.zero_terminal_snr=true",
+        "task.condition_mark=true"])
+    result = train("pcdiff", cfg)
+    assert result.status == "finished"
+    for name in ("val_centroid_error_mm", "val_spread_ratio", "val_pred_to_true_mm", "val_true_to_pred_mm", "val_cond_use_b3"):
+        assert np.isfinite(result.metrics[name]), name
+    loaded = load_pcdiff(tmp_path / "run" / "checkpoints" / "latest.pt")
+    assert loaded.config.frame is not None and loaded.schedule.prediction == "v"
+    assert loaded.model.atlas_mm.shape == (2, 2000, 3)  # the 2 training skulls travelled in the checkpoint
+    data = PreparedDataset(root)
+    case = data.split("val")[0]
+    skull = np.asarray(data.points(case.defective))
+    spacing = data.meta(case.defective)["spacing"]
+    implants = complete(skull, loaded.model, make_sampler("dpm++2m", 4, schedule=loaded.schedule), 2,
+                        config=loaded.config, generator=torch.Generator().manual_seed(0), spacing=spacing)
+    assert implants.shape == (2, 128, 3) and np.isfinite(implants).all()
+    # Untrained, the points still start around the atlas estimate of the implant, not the skull's centre.
+    true_center = np.asarray(data.points(case.implant)).mean(axis=0)
+    box_center = (skull.min(axis=0) + skull.max(axis=0)) / 2
+    assert np.linalg.norm(implants.mean(axis=(0, 1)) - true_center) < np.linalg.norm(box_center - true_center)
