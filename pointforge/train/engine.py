@@ -139,6 +139,15 @@ def train(
 
 
 class _Trainer:
+    """One rank's run, assembled from parts that hold their own state.
+
+    ``state`` (:class:`TrainState`: progress and best metric) is what a
+    checkpoint's ``progress`` saves; ``window`` (:class:`MetricWindow`) is
+    what the next log line reports; the plan, optimizer, scheduler, scaler and
+    EMA are built in :meth:`_setup`. The methods below follow a run's order:
+    set up, resume, the epoch loop, one step, logging, evaluation, saving, the end.
+    """
+
     def __init__(self, task: Task, cfg: TrainConfig, env: DistEnv, *, resume: Any, console: bool):
         self.task = task
         self.cfg = cfg
