@@ -40,6 +40,7 @@ from pointforge.config import load_train_config  # noqa: E402
 from pointforge.tasks.toy import ToyTask  # noqa: E402
 from pointforge.train.data import derive_seed, seed_everything  # noqa: E402
 from pointforge.train.engine import train  # noqa: E402
+from pointforge.train.launch import torchrun_command, worker_args, worker_environment  # noqa: E402
 from pointforge.train.schedule import lr_factor  # noqa: E402
 
 TINY = REPO / "configs" / "toy" / "tiny.yaml"
@@ -138,12 +139,10 @@ def overhead(workload: list[str], repeats: int, workdir: Path) -> dict:
 
 def torchrun_throughput(nproc: int, workdir: Path) -> dict:
     run_dir = workdir / f"ranks-{nproc}"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env = worker_environment(os.environ)
     env["OMP_NUM_THREADS"] = "1"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "pointforge.cli.train", "train", "toy", "--config", str(TINY),
-           *WORKLOADS["small"], "train.epochs=1", "log.every_steps=32", f"run.dir={run_dir}"]
+    overrides = [*WORKLOADS["small"], "train.epochs=1", "log.every_steps=32", f"run.dir={run_dir}"]
+    cmd = torchrun_command(worker_args("toy", config=TINY, overrides=overrides), nproc=nproc)
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     wall = time.perf_counter() - start

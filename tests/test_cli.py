@@ -21,6 +21,14 @@ def test_version_and_help():
     assert code == 0 and "data" in out and "demo" in out
 
 
+def test_the_torchrun_worker_entry_ends_like_the_pointforge_command():
+    for entry in ("pointforge.cli", "pointforge.cli.train"):
+        proc = subprocess.run([sys.executable, "-m", entry, "train", "nosuch"], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2 and proc.stderr.strip() == "error: unknown task 'nosuch'; available tasks: pcdiff, toy, upsampler, voxelizer"
+        proc = subprocess.run([sys.executable, "-m", entry, "train", "toy", "--bogus"], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2 and "No such option: --bogus" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_prepare_command_and_bad_inputs(tmp_path):
     raw = write_raw_dataset(tmp_path / "raw", "skullfix", n_skulls=2)
     code, out, err = run_cli("data", "prepare", raw, "--out", tmp_path / "prep", "--points", 1500, "--workers", 1)

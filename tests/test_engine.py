@@ -265,3 +265,43 @@ def test_engine_calls_set_epoch_before_each_epoch_also_on_resume(tmp_path):
     _EpochRecordingTask.calls.clear()
     train(_EpochRecordingTask.make(), make_cfg(tmp_path, "train.epochs=3"), resume="auto")
     assert _EpochRecordingTask.calls == [2]
+
+
+def test_train_state_is_the_checkpoint_progress_layout_and_tracks_the_best_once():
+    from pointforge.train.state import BestMetric, MetricWindow, TrainState
+
+    # A checkpoint's "progress" as the engine has always written it.
+    old = {"epoch": 3, "step_in_epoch": 2, "global_step": 26, "samples_seen": 208, "nonfinite_streak": 1, "skipped_steps": 4,
+           "best_metric": "val_loss", "best_mode": "min", "best_value": 0.5, "best_step": 16, "global_batch": 8,
+           "steps_per_epoch": 8, "world_size": 2}
+    state = TrainState.from_progress(old)
+    assert state.state_dict() == old  # same keys, same values: old files load, new files read the same
+    assert state.best.summary() == {"metric": "val_loss", "value": 0.5, "step": 16}
+
+    # The run's own rule wins over the file's; a changed global batch keeps the samples already seen behind us.
+    resumed = TrainState(best=BestMetric("val_iou", "max"))
+    resumed.load_state_dict(old)
+    assert (resumed.best.metric, resumed.best.mode, resumed.best.value) == ("val_iou", "max", 0.5)
+    assert resumed.rebatch(4, 1, 16) == 8 and resumed.step_in_epoch == 4 and resumed.state_dict()["global_batch"] == 4
+
+    best = BestMetric("val_loss", "min")
+    warned = []
+    assert best.offer({"val_loss": 0.4}, 10) and not best.offer({"val_loss": 0.45}, 11)
+    assert not best.offer({"val_loss": float("nan")}, 12) and best.offer({"val_loss": 0.3}, 13)
+    assert not best.offer({"other": 0.1}, 14, warn=warned.append) and "not among" in warned[0]
+    assert best.summary() == {"metric": "val_loss", "value": 0.3, "step": 13}
+
+    state = TrainState(global_batch=8)
+    assert state.count_skip() == 1 and state.count_skip() == 2
+    state.advance(skipped=True)
+    state.advance(skipped=False)
+    assert (state.global_step, state.samples_seen, state.nonfinite_streak, state.skipped_steps) == (2, 16, 0, 2)
+
+    window = MetricWindow(lr=0.1)
+    window.add_task_metrics({"mae": torch.tensor(2.0, dtype=torch.bfloat16)})
+    window.add_task_metrics({"mae": 4.0})
+    window.add_step(loss=1.0, lr=0.1, grad_norm=None, data_time=0.5, step_time=1.0)
+    window.add_step(loss=None, lr=0.05, grad_norm=3.0, data_time=0.0, step_time=1.0)
+    out = window.summary(global_batch=8, accumulation=1, skipped_steps=1)
+    assert out["loss"] == 1.0 and out["lr"] == 0.05 and out["it_per_s"] == 1.0 and out["samples_per_s"] == 8.0
+    assert out["data_wait_frac"] == 0.25 and out["grad_norm"] == 3.0 and out["mae"] == 3.0

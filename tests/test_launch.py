@@ -211,6 +211,23 @@ def test_each_job_gets_its_own_devices_port_and_environment(tmp_path, monkeypatc
     assert "without MASTER_PORT TORCHELASTIC_RESTART_COUNT" in text
 
 
+def test_launch_and_train_nproc_build_torchrun_the_same_way(tmp_path, monkeypatch):
+    from pointforge.train import launch as torchrun
+
+    root = torchrun.package_root()
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/elsewhere", root]))
+    spec = ops.PlanSpec(jobs=[job("a", cpu=2, overrides=["train.epochs=2"], resume="auto")], runs_dir=str(tmp_path / "runs"))
+    (a,) = ops.build_plan(spec, cwd=tmp_path, inventory=fake(0)).jobs
+    worker = torchrun.worker_args("toy", config=TINY, overrides=["train.epochs=2", "run.device=cpu", f"run.dir={a.run_dir}"], resume="auto")
+    assert a.command == torchrun.torchrun_command(worker, nproc=2, endpoint=f"localhost:{a.port}", run_id="a")
+    assert a.env_set["PYTHONPATH"] == os.pathsep.join([root, "/elsewhere"])  # this checkout first, once
+    # train --nproc: the same worker module and arguments, a standalone rendezvous instead of a planned port.
+    alone = torchrun.torchrun_command(worker, nproc=2)
+    assert "--standalone" in alone and alone[-len(worker) - 2:] == ["-m", torchrun.WORKER_MODULE, *worker]
+    assert torchrun.worker_environment({"PYTHONPATH": root})["PYTHONPATH"] == root
+    assert torchrun.worker_args("toy", config="c.yaml", overrides=["a=1"], wandb=True) == ["train", "toy", "--config", "c.yaml", "--wandb", "a=1"]
+
+
 def test_faked_gpus_run_on_the_cpu_and_say_so(tmp_path):
     spec = ops.PlanSpec(jobs=[job("a", gpus="0-1"), job("c", cpu=2)], runs_dir=str(tmp_path / "runs"))
     plan = ops.build_plan(spec, cwd=tmp_path, inventory=fake(2))

@@ -13,6 +13,7 @@ import typer
 from pointforge import __version__
 from pointforge.cli import data as data_cli
 from pointforge.cli.demo import demo as demo_command
+from pointforge.cli.entry import run
 from pointforge.cli.evaluate import evaluate as evaluate_command
 from pointforge.cli.generate import generate as generate_command
 from pointforge.cli import doctor as _doctor_cli
@@ -20,7 +21,6 @@ from pointforge.cli import launch as _launch_cli
 from pointforge.cli import monitor as _monitor_cli
 from pointforge.cli import train as _train_cli
 from pointforge.cli.upsample import upsample as upsample_command
-from pointforge.errors import UserError
 
 app = typer.Typer(
     name="pointforge",
@@ -28,7 +28,6 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    # Typer's standalone mode handles usage errors; UserError passes through to main().
 )
 
 
@@ -56,12 +55,9 @@ _doctor_cli.register(app)
 app.command("upsample")(upsample_command)
 
 
-
-
 def main() -> None:
-    """Entry point: usage errors are click's (exit 2); user errors become one clear line (exit 2)."""
-    try:
-        app()
-    except UserError as err:
-        typer.secho(f"error: {err}", err=True, fg=typer.colors.RED)
-        sys.exit(err.exit_code)
+    """Entry point: usage errors are click's (exit 2); user errors become one clear line (exit 2).
+
+    The same path (:func:`pointforge.cli.entry.run`) ends every torchrun worker.
+    """
+    sys.exit(run(app))

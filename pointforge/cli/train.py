@@ -6,13 +6,14 @@ Register with the root app::
     train_cli.register(app)
 
 Under torchrun each rank runs ``python -m pointforge.cli.train train ...``
-(what ``--nproc`` starts), or ``torchrun --no-python pointforge train ...``.
+(what ``--nproc`` and ``pointforge launch`` start), or ``torchrun --no-python
+pointforge train ...``. Both end through :func:`pointforge.cli.entry.run`,
+the one error-handling path.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 from pathlib import Path
@@ -20,20 +21,10 @@ from typing import List, Optional
 
 import typer
 
-from pointforge.errors import ConfigError, UserError
+from pointforge.cli.entry import hard_exit, run
+from pointforge.errors import ConfigError
 
 ckpt_app = typer.Typer(help="Inspect and convert checkpoints.", no_args_is_help=True, add_completion=False)
-
-
-def _worker_args(task: str, config: Optional[Path], overrides: List[str], resume: Optional[str], wandb: bool) -> list[str]:
-    args = ["train", task]
-    if config is not None:
-        args += ["--config", str(config)]
-    if resume:
-        args += ["--resume", resume]
-    if wandb:
-        args.append("--wandb")
-    return args + list(overrides)
 
 
 def train_command(
@@ -64,14 +55,15 @@ def train_command(
             typer.echo(plan.text())
         return
     if nproc is not None:
-        from pointforge.train.launch import launch
-        from pointforge.train.engine import dry_run_plan as _plan
+        from pointforge.train.launch import launch, worker_args
+        from pointforge.train.tracking import read_run_status
 
         # Check the batch split before starting processes: config errors
         # should cost a second, not a torchrun start-up.
-        _plan(task, cfg, world_size=nproc)
-        code = launch(_worker_args(task, config, overrides, resume, wandb), nproc=nproc, max_restarts=max_restarts, run_dir=cfg.run.dir)
-        status = _read_status(cfg.run.dir)
+        dry_run_plan(task, cfg, world_size=nproc)
+        worker = worker_args(task, config=config, overrides=overrides, resume=resume, wandb=wandb)
+        code = launch(worker, nproc=nproc, max_restarts=max_restarts, run_dir=cfg.run.dir)
+        status = read_run_status(cfg.run.dir) or {}
         if code == 0 and status.get("status") == "stopped":
             typer.echo(f"stopped at step {status.get('global_step')}; checkpoint {status.get('last_checkpoint')}; continue with --resume auto")
         # sys.exit, not typer.Exit: a non-standalone Typer app returns an Exit's
@@ -82,28 +74,13 @@ def train_command(
     except (TrainingDiverged, DistributedFailure) as err:
         typer.secho(f"error: {err}", err=True, fg=typer.colors.RED)
         if under_torchrun:
-            _hard_exit(1)
+            hard_exit(1)
         sys.exit(1)
     if result.status == "stopped" and int(os.environ.get("RANK", "0")) == 0:
         typer.echo(
             f"stopped by {result.signal or 'a signal'} at epoch {result.epoch}, step {result.global_step}; "
             f"checkpoint {result.checkpoint}; continue with --resume auto"
         )
-
-
-def _hard_exit(code: int) -> None:
-    # After a failed collective, torch's process-group destructors can block or
-    # abort; the job must end now with this code, not hang on the way out.
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def _read_status(run_dir: str) -> dict:
-    from pointforge.train.tracking import read_run_status
-
-    return read_run_status(run_dir) or {}
 
 
 @ckpt_app.command("inspect")
@@ -210,36 +187,10 @@ def register(app: typer.Typer) -> None:
 
 
 def _main() -> None:
-    """``python -m pointforge.cli.train``: the per-rank entry that torchrun runs."""
-    import traceback
-
-    from pointforge.cli import main as root
-
-    if not any(getattr(c, "name", None) == "train" for c in root.app.registered_commands):
-        register(root.app)
-    # The same contract as pointforge.cli.main.main (user errors: one line, exit
-    # 2), handled here so a rank's exit status always reaches torchrun.
-    try:
-        result = root.app(standalone_mode=False)
-        code = result if isinstance(result, int) else 0
-    except UserError as err:
-        typer.secho(f"error: {err}", err=True, fg=typer.colors.RED)
-        code = err.exit_code
-    except SystemExit as ex:
-        code = ex.code if isinstance(ex.code, int) else (0 if ex.code is None else 1)
-    except KeyboardInterrupt:
-        code = 130
-    except Exception as ex:
-        if callable(getattr(ex, "show", None)) and isinstance(getattr(ex, "exit_code", None), int):
-            ex.show()  # a usage error from the command-line parser
-            code = ex.exit_code
-        else:
-            traceback.print_exc()
-            code = 1
-    # Everything the run owns (loaders, logs, writers, process group) is closed
-    # by now; skipping the interpreter's slow module teardown lets torchrun see
-    # the exit, and restart or finish, a second sooner per rank.
-    _hard_exit(code)
+    """``python -m pointforge.cli.train``: the per-rank entry that torchrun runs (``train`` and ``ckpt``)."""
+    app = typer.Typer(name="pointforge", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+    register(app)
+    hard_exit(run(app))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import torch
 
 from pointforge.errors import CheckpointError
 from pointforge.train import checkpoint as ckpt_io
+from pointforge.train.state import TrainState
 
 # What a pointforge checkpoint needs to resume a run.
 RESUME_KEYS = ("task", "config", "model", "optimizer", "scheduler", "progress", "rng")
@@ -106,16 +107,19 @@ def inspect_checkpoint(path: str | os.PathLike, *, trust: bool = False) -> dict[
         key_prefixes=key_prefixes(ckpt_io.strip_prefixes(weights)),
     )
     if ours:
-        progress = dict(ckpt.get("progress") or {})
+        # Read as a resume would read it: one layout, owned by TrainState.
+        raw = dict(ckpt.get("progress") or {})
+        progress = TrainState.from_progress(raw)
+        best = progress.best.summary()
         info.update(
-            epoch=progress.get("epoch"),
-            global_step=progress.get("global_step"),
-            step_in_epoch=progress.get("step_in_epoch"),
-            world_size=(ckpt.get("rng") or {}).get("world_size") or progress.get("world_size"),
+            epoch=progress.epoch,
+            global_step=progress.global_step,
+            step_in_epoch=progress.step_in_epoch,
+            world_size=(ckpt.get("rng") or {}).get("world_size") or raw.get("world_size"),
             config=config_summary(ckpt.get("config")),
             has_ema=summary.get("has_ema"),
             has_scaler=summary.get("has_scaler"),
-            best={k: progress.get(k) for k in ("best_metric", "best_value", "best_step")} if progress.get("best_value") is not None else None,
+            best={f"best_{k}": v for k, v in best.items()} if best else None,
             metrics=summary.get("metrics"),
             saved_at=_when(ckpt.get("saved_at")),
         )

@@ -556,48 +556,15 @@ def run_doctor(
 ) -> DoctorReport:
     """Run every check that applies. ``shm_space``/``disk_space`` ((total, free) bytes) stand in for
     the real filesystems, for tests and what-if questions."""
-    from pointforge.config import load_train_config
-    from pointforge.tasks import get_task
-
     report = DoctorReport()
     add = report.checks.extend
     inventory = gpu_inventory(details=True)
+    launch_plan, plan_check = _load_launch_plan(plan)
+    if plan_check is not None:
+        add([plan_check])
+    task_obj, cfg, config_check = _load_config(config, task, overrides, run_dir)
 
-    launch_plan = None
-    if plan is not None:
-        from pointforge.ops.launch import build_plan, load_plan
-
-        try:
-            launch_plan = build_plan(load_plan(plan))
-        except UserError as err:
-            add([Check("plan", FAILURE, str(err), "fix the plan file")])
-
-    # What the run needs from the hardware.
-    cfg = task_obj = None
-    config_check = None
-    if config is not None or task is not None:
-        task_name = task or _task_from_config(config)
-        try:
-            task_obj = get_task(task_name) if task_name else None
-            if task_obj is None:
-                raise UserError(f"cannot tell the task of {config}; pass --task NAME")
-            cfg = load_train_config(task_obj.name, config, list(overrides) + ([f"run.dir={run_dir}"] if run_dir else []))
-            config_check = Check("config", OK, f"{config or 'defaults'} loads for task {task_obj.name}")
-        except UserError as err:
-            config_check = Check("config", FAILURE, str(err), "fix the config file or the override named")
-            cfg = None
-
-    physical_needed = sorted({g for j in launch_plan.jobs for g in j.gpus}) if launch_plan else None
-    visible_needed = None
-    needs_cuda = bool(launch_plan and physical_needed and not inventory.fake)
-    if cfg is not None and launch_plan is None:
-        device = cfg.run.device.strip().lower()
-        if device.startswith("cuda:"):
-            visible_needed = int(device.split(":", 1)[1]) + 1 if device.split(":", 1)[1].isdigit() else 1
-        elif device == "cuda" or (device == "auto" and inventory.count and not inventory.fake):
-            visible_needed = nproc or 1
-        needs_cuda = needs_cuda or bool(visible_needed)
-
+    physical_needed, visible_needed, needs_cuda = _gpus_needed(inventory, launch_plan, cfg, nproc)
     add([check_python()])
     add(_guard("torch", lambda: check_torch(needs_cuda)))
     add(_guard("GPUs", lambda: check_gpus(inventory, physical_needed=physical_needed, visible_needed=visible_needed)))
@@ -605,25 +572,11 @@ def run_doctor(
     if config_check is not None:
         add([config_check])
 
+    data_root = str(data) if data else None
     if launch_plan is not None:
-        if launch_plan.problems:
-            add([Check("plan", FAILURE, str(p), "fix the plan (pointforge launch PLAN --dry-run shows it)") for p in launch_plan.problems])
-        else:
-            jobs = ", ".join(
-                f"{j.name} on {('GPU ' + format_gpu_list(j.gpus)) if j.gpus else 'the CPU'}" + (f" (port {j.port})" if j.spec.port else "")
-                for j in launch_plan.jobs
-            )
-            add([Check("plan", OK, f"{plan}: {len(launch_plan.jobs)} job(s): {jobs}; GPUs, ports and run dirs free")])
-        for job in launch_plan.jobs:
-            try:
-                job_task = get_task(job.spec.task)
-                job_cfg = load_train_config(job_task.name, job.config_path, [*job.overrides, f"run.dir={job.run_dir}"])
-            except UserError:
-                continue  # already reported as a plan problem
-            add(_config_checks(f"job {job.name}", job_task, job_cfg, nproc=job.nproc, data=str(data) if data else None,
-                               resume=job.resume, shm_space=shm_space, disk_space=disk_space))
+        add(_plan_checks(plan, launch_plan, data=data_root, shm_space=shm_space, disk_space=disk_space))
     elif cfg is not None:
-        add(_config_checks("", task_obj, cfg, nproc=nproc or 1, data=str(data) if data else None, resume=resume,
+        add(_config_checks("", task_obj, cfg, nproc=nproc or 1, data=data_root, resume=resume,
                            shm_space=shm_space, disk_space=disk_space))
     else:
         if data is not None:
@@ -641,6 +594,81 @@ def run_doctor(
     if tmux_check is not None:
         add([tmux_check])
     return report
+
+
+# The config, task and launch modules import torch; they are imported when a
+# check needs them, so that doctor still runs, and says so, when torch is broken.
+
+
+def _load_launch_plan(plan: str | os.PathLike | None) -> tuple[Any, Check | None]:
+    """The launch plan, resolved and checked (None and a failed check when it does not load)."""
+    if plan is None:
+        return None, None
+    from pointforge.ops.launch import build_plan, load_plan
+
+    try:
+        return build_plan(load_plan(plan)), None
+    except UserError as err:
+        return None, Check("plan", FAILURE, str(err), "fix the plan file")
+
+
+def _load_config(config: str | os.PathLike | None, task: str | None, overrides: Sequence[str],
+                 run_dir: str | os.PathLike | None) -> tuple[Any, Any, Check | None]:
+    """(task, config, the config check) for ``--config``/``--task``; all None when neither is given."""
+    if config is None and task is None:
+        return None, None, None
+    from pointforge.config import load_train_config
+    from pointforge.tasks import get_task
+
+    task_name = task or _task_from_config(config)
+    try:
+        task_obj = get_task(task_name) if task_name else None
+        if task_obj is None:
+            raise UserError(f"cannot tell the task of {config}; pass --task NAME")
+        cfg = load_train_config(task_obj.name, config, list(overrides) + ([f"run.dir={run_dir}"] if run_dir else []))
+    except UserError as err:
+        return None, None, Check("config", FAILURE, str(err), "fix the config file or the override named")
+    return task_obj, cfg, Check("config", OK, f"{config or 'defaults'} loads for task {task_obj.name}")
+
+
+def _gpus_needed(inventory: GpuInventory, launch_plan: Any, cfg: Any, nproc: int | None) -> tuple[list[int] | None, int | None, bool]:
+    """(physical GPUs a plan names, GPUs a single run must see, whether CUDA is needed at all)."""
+    physical_needed = sorted({g for j in launch_plan.jobs for g in j.gpus}) if launch_plan else None
+    visible_needed = None
+    needs_cuda = bool(launch_plan and physical_needed and not inventory.fake)
+    if cfg is not None and launch_plan is None:
+        device = cfg.run.device.strip().lower()
+        if device.startswith("cuda:"):
+            visible_needed = int(device.split(":", 1)[1]) + 1 if device.split(":", 1)[1].isdigit() else 1
+        elif device == "cuda" or (device == "auto" and inventory.count and not inventory.fake):
+            visible_needed = nproc or 1
+        needs_cuda = needs_cuda or bool(visible_needed)
+    return physical_needed, visible_needed, needs_cuda
+
+
+def _plan_checks(plan: Any, launch_plan: Any, *, data: str | None, shm_space: tuple[int, int] | None,
+                 disk_space: tuple[int, int] | None) -> list[Check]:
+    """The plan's own problems (or its summary), then every job's config checks."""
+    from pointforge.config import load_train_config
+    from pointforge.tasks import get_task
+
+    if launch_plan.problems:
+        checks = [Check("plan", FAILURE, str(p), "fix the plan (pointforge launch PLAN --dry-run shows it)") for p in launch_plan.problems]
+    else:
+        jobs = ", ".join(
+            f"{j.name} on {('GPU ' + format_gpu_list(j.gpus)) if j.gpus else 'the CPU'}" + (f" (port {j.port})" if j.spec.port else "")
+            for j in launch_plan.jobs
+        )
+        checks = [Check("plan", OK, f"{plan}: {len(launch_plan.jobs)} job(s): {jobs}; GPUs, ports and run dirs free")]
+    for job in launch_plan.jobs:
+        try:
+            job_task = get_task(job.spec.task)
+            job_cfg = load_train_config(job_task.name, job.config_path, [*job.overrides, f"run.dir={job.run_dir}"])
+        except UserError:
+            continue  # already reported as a plan problem
+        checks += _config_checks(f"job {job.name}", job_task, job_cfg, nproc=job.nproc, data=data,
+                                 resume=job.resume, shm_space=shm_space, disk_space=disk_space)
+    return checks
 
 
 def _task_from_config(config: str | os.PathLike | None) -> str | None:

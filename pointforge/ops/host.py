@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pointforge.errors import ConfigError
+# Process liveness lives with the torchrun module (whose workers it checks); re-exported for ops.
+from pointforge.train.launch import pid_alive, pid_alive_since, process_start_time  # noqa: F401
 
 FAKE_GPUS_ENV = "POINTFORGE_FAKE_GPUS"
 
@@ -356,24 +358,6 @@ def port_owner(port: int) -> int | None:
 # --------------------------------------------------------------------------- processes
 
 
-def pid_alive(pid: int | None) -> bool:
-    """Whether process ``pid`` exists on this machine and has not exited (a zombie counts as gone)."""
-    if not pid or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # someone else's process, but it exists
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True  # no /proc (macOS): os.kill is all we have
-    state = stat.rsplit(")", 1)[1].split()[0]
-    return state not in ("Z", "X")
-
-
 def process_cmdline(pid: int) -> str | None:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
@@ -393,41 +377,6 @@ def pid_runs(pid: int | None, *needles: str) -> bool:
     if cmdline is None:
         return True
     return any(n in cmdline for n in needles)
-
-
-_BOOT_TIME: float | None = None
-
-
-def process_start_time(pid: int) -> float | None:
-    """When process ``pid`` started (seconds since the epoch), from /proc; None where unknown."""
-    global _BOOT_TIME
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        if _BOOT_TIME is None:
-            for line in Path("/proc/stat").read_text().splitlines():
-                if line.startswith("btime "):
-                    _BOOT_TIME = float(line.split()[1])
-        ticks = os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None
-    if _BOOT_TIME is None:
-        return None
-    # Field 22 of stat is the start time in clock ticks after boot; fields[0] is field 3.
-    return _BOOT_TIME + int(fields[19]) / ticks
-
-
-def pid_alive_since(pid: int | None, recorded_at: float | None, *, slack_s: float = 2.0) -> bool:
-    """``pid`` is alive and is the process that recorded itself at ``recorded_at``.
-
-    A run's recorded pid may, long after the run died, belong to an unrelated
-    process; that one started later than the record was written.
-    """
-    if not pid_alive(pid):
-        return False
-    if recorded_at is None:
-        return True
-    started = process_start_time(int(pid))  # type: ignore[arg-type]
-    return started is None or started <= float(recorded_at) + slack_s
 
 
 def this_host() -> str:

@@ -36,6 +36,7 @@ path can be rehearsed and tested anywhere.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import shlex
@@ -48,6 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from pointforge.atomic import atomic_write_json, atomic_write_text
+from pointforge.config import load_train_config, load_yaml
 from pointforge.errors import CheckpointError, ConfigError, DeviceError, UserError
 from pointforge.ops.host import (
     FAKE_GPUS_ENV,
@@ -72,7 +75,9 @@ from pointforge.ops.runs import (
     read_launch,
     run_state,
 )
-from pointforge.atomic import atomic_write_json, atomic_write_text
+from pointforge.train import checkpoint as ckpt_io
+from pointforge.train.launch import package_root, torchrun_command, worker_args, worker_pythonpath  # noqa: F401
+from pointforge.train.schedule import plan_batches
 
 DEFAULT_RUNS_DIR = "runs"
 DEFAULT_SESSION = "pointforge"
@@ -121,8 +126,6 @@ class PlanSpec:
 
 
 def _check_keys(data: Mapping[str, Any], allowed: Sequence[str], where: str) -> None:
-    import difflib
-
     for key in data:
         if key not in allowed:
             close = difflib.get_close_matches(str(key), list(allowed), n=1)
@@ -199,8 +202,6 @@ def job_from_mapping(data: Mapping[str, Any], where: str) -> JobSpec:
 
 def load_plan(path: str | os.PathLike) -> PlanSpec:
     """Read a plan file (ConfigError for a missing file, bad YAML or a wrong key)."""
-    from pointforge.config import load_yaml
-
     path = Path(path)
     data = load_yaml(path)
     where = f"plan {path}"
@@ -350,12 +351,6 @@ def _stripped(name: str) -> bool:
     return name in _STRIPPED or name.startswith(_STRIPPED_PREFIXES)
 
 
-def package_root() -> str:
-    import pointforge
-
-    return str(Path(pointforge.__file__).resolve().parent.parent)
-
-
 def _abs(path: str | os.PathLike, cwd: Path) -> Path:
     p = Path(path).expanduser()
     return p if p.is_absolute() else (cwd / p)
@@ -367,6 +362,23 @@ def _override_key(item: str) -> str:
 
 def _as(err: UserError, prefix: str) -> UserError:
     return type(err)(f"{prefix}: {err}")
+
+
+@dataclass
+class _Planning:
+    """What the checks share while they walk the jobs: who already holds which name, GPU, run dir and port."""
+
+    spec: PlanSpec
+    extra_overrides: Sequence[str]
+    resume: str | None
+    cwd: Path
+    base: Mapping[str, str]
+    inventory: GpuInventory
+    problems: list[UserError] = field(default_factory=list)
+    names: set[str] = field(default_factory=set)
+    gpu_owner: dict[int, str] = field(default_factory=dict)
+    dir_owner: dict[Path, str] = field(default_factory=dict)
+    ports_taken: set[int] = field(default_factory=set)
 
 
 def build_plan(
@@ -381,165 +393,167 @@ def build_plan(
     """Resolve and check ``spec`` without starting anything; problems are collected in ``plan.problems``.
 
     ``extra_overrides`` apply to every job (after the plan's own); ``resume``
-    (``"auto"`` or a path) replaces every job's ``resume``.
+    (``"auto"`` or a path) replaces every job's ``resume``. Each job goes
+    through the checks in :func:`_plan_job`, one function per thing checked.
     """
-    from pointforge.config import load_train_config
-    from pointforge.train import checkpoint as ckpt_io
-    from pointforge.train.schedule import plan_batches
-
-    cwd = Path(cwd or os.getcwd()).resolve()
-    base = dict(os.environ if environ is None else environ)
-    inventory = inventory or gpu_inventory(details=False)
-    problems: list[UserError] = []
-    jobs: list[JobPlan] = []
-    names: set[str] = set()
-    gpu_owner: dict[int, str] = {}
-    dir_owner: dict[Path, str] = {}
-    ports_taken: set[int] = set()
-    root = package_root()
-
-    for spec_job in spec.jobs:
-        name = spec_job.name
-        where = f"job {name}"
-        if name in names:
-            problems.append(ConfigError(f"two jobs are named {name}; give each job its own name"))
-            continue
-        names.add(name)
-        notes: list[str] = []
-
-        # GPUs: existing, not shared, one process per GPU.
-        if spec_job.gpus:
-            missing = [g for g in spec_job.gpus if g >= inventory.count]
-            if missing:
-                if inventory.count == 0:
-                    have = f"no GPUs (no NVIDIA driver, NVML or nvidia-smi found); use cpu: N for a CPU job, or set {FAKE_GPUS_ENV}=N to rehearse the plan"
-                else:
-                    source = f"{FAKE_GPUS_ENV}={inventory.count}" if inventory.fake else f"from {inventory.source}"
-                    have = f"GPUs 0-{inventory.count - 1} ({source}); number GPUs as nvidia-smi does"
-                problems.append(DeviceError(f"{where} asks for GPU {format_gpu_list(missing)} but this machine has {have}"))
-            for g in spec_job.gpus:
-                if g in gpu_owner:
-                    problems.append(ConfigError(f"jobs {gpu_owner[g]} and {name} both use GPU {g}; give each job its own GPUs"))
-                else:
-                    gpu_owner[g] = name
-            nproc = spec_job.nproc or len(spec_job.gpus)
-            if nproc > len(spec_job.gpus):
-                problems.append(DeviceError(
-                    f"{where}: nproc {nproc} needs {nproc} GPUs but the job has {len(spec_job.gpus)} ({format_gpu_list(spec_job.gpus)}); "
-                    "each process takes one GPU: lower nproc or add GPUs"
-                ))
-            elif nproc < len(spec_job.gpus):
-                idle = spec_job.gpus[nproc:]
-                notes.append(f"nproc {nproc} < {len(spec_job.gpus)} GPUs: GPU(s) {format_gpu_list(idle)} stay idle")
-            device = "cpu" if inventory.fake else "cuda"
-            visible = ",".join(str(g) for g in spec_job.gpus)
-        else:
-            nproc = spec_job.nproc or int(spec_job.cpu or 1)
-            device, visible = "cpu", ""
-
-        # Run directory: absolute, not shared, not in use by a live job.
-        if any(_override_key(o) == "run.dir" for o in [*spec_job.overrides, *extra_overrides]):
-            problems.append(ConfigError(f"{where}: set the run directory with run_dir in the plan (or --runs-dir), not a run.dir override"))
-        run_dir = _abs(spec_job.run_dir, cwd) if spec_job.run_dir else _abs(spec.runs_dir, cwd) / name
-        run_dir = Path(os.path.normpath(run_dir))
-        if run_dir in dir_owner:
-            problems.append(ConfigError(f"jobs {dir_owner[run_dir]} and {name} both write to {run_dir}; give each job its own run_dir"))
-        dir_owner.setdefault(run_dir, name)
-        state = run_state(run_dir, with_disk=False)
-        if is_live(state):
-            pid = state.job_pid or state.pid
-            problems.append(ConfigError(
-                f"{where}: run dir {run_dir} is in use by a live job ({state.status}, pid {pid}); "
-                f"stop it first (pointforge launch --stop {state.name}) or choose another run_dir"
-            ))
-
-        # Config: loads, fits the devices, splits its batch over nproc.
-        overrides = [*spec_job.overrides, *extra_overrides]
-        device_keys = [o for o in overrides if _override_key(o) == "run.device"]
-        if device == "cpu":
-            overrides.append("run.device=cpu")
-            if spec_job.gpus:
-                notes.append("faked GPUs: the job's processes run on the CPU (run.device=cpu, gloo)")
-        config_path = _abs(spec_job.config, cwd) if spec_job.config else None
-        cfg = None
-        try:
-            cfg = load_train_config(spec_job.task, config_path, [*overrides, f"run.dir={run_dir}"])
-        except UserError as err:
-            problems.append(_as(err, where))
-        if cfg is not None:
-            wanted = cfg.run.device.strip().lower()
-            if device == "cpu" and any(k.split("=", 1)[1].strip().lower() not in ("cpu", "auto") for k in device_keys):
-                problems.append(ConfigError(f"{where} runs on the CPU ({'faked GPUs' if spec_job.gpus else 'cpu job'}) but overrides {device_keys[-1]}; drop that override"))
-            elif device == "cuda" and wanted not in ("auto", "cuda"):
-                problems.append(DeviceError(
-                    f"{where}: run.device={cfg.run.device} pins a device, but the job's GPUs are cuda:0 … cuda:{len(spec_job.gpus) - 1} "
-                    "(each process takes cuda:LOCAL_RANK); use run.device=auto and choose GPUs with gpus:"
-                ))
-            try:
-                plan_batches(cfg.data.global_batch, nproc, cfg.data.micro_batch)
-            except UserError as err:
-                problems.append(_as(err, where))
-
-        # Resume: existing checkpoints are continued only when asked.
-        job_resume = resume if resume is not None else spec_job.resume
-        if job_resume in ("none", ""):
-            job_resume = None
-        existing = ckpt_io.resume_candidates(run_dir)
-        if job_resume is None and existing:
-            problems.append(CheckpointError(
-                f"{where}: run dir {run_dir} already holds checkpoints ({existing[0].name}, ...); "
-                "add --resume auto (or resume: auto in the plan) to continue it, or choose a new run_dir"
-            ))
-        elif job_resume == "auto":
-            notes.append(f"continues from {existing[0]}" if existing else "no checkpoint yet: starts from scratch")
-        elif job_resume is not None:
-            ck = _abs(job_resume, cwd)
-            if not ck.is_file():
-                problems.append(CheckpointError(f"{where}: resume checkpoint {ck} does not exist; check the path or use --resume auto"))
-            job_resume = str(ck)
-
-        # Port: the plan's (checked), or a free one.
-        if spec_job.port is not None:
-            port = spec_job.port
-            if port in ports_taken:
-                problems.append(ConfigError(f"{where}: port {port} is given to two jobs; give each job its own port, or leave port out"))
-            elif not port_free(port):
-                owner = port_owner(port)
-                by = f" (by pid {owner})" if owner else ""
-                problems.append(ConfigError(f"{where}: rendezvous port {port} is in use{by}; choose another port, or leave port out and a free one is picked"))
-        else:
-            port = pick_free_port(ports_taken | {j.port for j in spec.jobs if j.port})
-        ports_taken.add(port)
-
-        worker = ["train", spec_job.task]
-        if config_path is not None:
-            worker += ["--config", str(config_path)]
-        worker += [*overrides, f"run.dir={run_dir}"]
-        if job_resume:
-            worker += ["--resume", job_resume]
-        command = [
-            sys.executable, "-m", "torch.distributed.run",
-            "--nnodes=1", f"--nproc-per-node={nproc}",
-            "--rdzv-backend=c10d", f"--rdzv-endpoint=localhost:{port}", f"--rdzv-id={name}",
-            f"--max-restarts={spec_job.max_restarts}",
-            "-m", "pointforge.cli.train", *worker,
-        ]
-        path_parts = [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]
-        env_set = {
-            "CUDA_VISIBLE_DEVICES": visible,
-            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-            "PYTHONPATH": os.pathsep.join([root, *path_parts]),
-            "PYTHONUNBUFFERED": "1",
-            **spec.env,
-            **spec_job.env,
-        }
-        env_unset = sorted(k for k in base if _stripped(k) and k not in env_set)
-        jobs.append(JobPlan(spec_job, run_dir, nproc, device, visible, port, command, env_set, env_unset, job_resume,
-                            config_path, overrides, notes))
-
+    ctx = _Planning(
+        spec, extra_overrides, resume, Path(cwd or os.getcwd()).resolve(), dict(os.environ if environ is None else environ),
+        inventory or gpu_inventory(details=False),
+    )
+    jobs = [job for job in (_plan_job(spec_job, ctx) for spec_job in spec.jobs) if job is not None]
     if shutil.which("bash") is None:
-        problems.append(ConfigError("bash is not installed; pointforge launch runs each job through a small bash script"))
-    return LaunchPlan(jobs, inventory, spec.session, cwd, spec.source, problems)
+        ctx.problems.append(ConfigError("bash is not installed; pointforge launch runs each job through a small bash script"))
+    return LaunchPlan(jobs, ctx.inventory, spec.session, ctx.cwd, spec.source, ctx.problems)
+
+
+def _plan_job(job: JobSpec, ctx: _Planning) -> JobPlan | None:
+    """One job through every check; its problems go to ``ctx.problems`` (None: not planned at all)."""
+    if not _check_name(job, ctx):
+        return None
+    notes: list[str] = []
+    nproc, device, visible = _check_gpus(job, ctx, notes)
+    run_dir = _check_run_dir(job, ctx)
+    overrides, config_path = _check_config(job, ctx, run_dir, nproc, device, notes)
+    resume = _check_resume(job, ctx, run_dir, notes)
+    port = _check_port(job, ctx)
+    worker = worker_args(job.task, config=config_path, overrides=[*overrides, f"run.dir={run_dir}"], resume=resume)
+    command = torchrun_command(worker, nproc=nproc, max_restarts=job.max_restarts, endpoint=f"localhost:{port}", run_id=job.name)
+    env_set = {
+        "CUDA_VISIBLE_DEVICES": visible,
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "PYTHONPATH": worker_pythonpath(ctx.base.get("PYTHONPATH")),
+        "PYTHONUNBUFFERED": "1",
+        **ctx.spec.env,
+        **job.env,
+    }
+    env_unset = sorted(k for k in ctx.base if _stripped(k) and k not in env_set)
+    return JobPlan(job, run_dir, nproc, device, visible, port, command, env_set, env_unset, resume, config_path, overrides, notes)
+
+
+def _check_name(job: JobSpec, ctx: _Planning) -> bool:
+    if job.name in ctx.names:
+        ctx.problems.append(ConfigError(f"two jobs are named {job.name}; give each job its own name"))
+        return False
+    ctx.names.add(job.name)
+    return True
+
+
+def _check_gpus(job: JobSpec, ctx: _Planning, notes: list[str]) -> tuple[int, str, str]:
+    """GPUs exist, are not shared, one process each; returns (nproc, device, CUDA_VISIBLE_DEVICES)."""
+    where, inventory = f"job {job.name}", ctx.inventory
+    if not job.gpus:
+        return job.nproc or int(job.cpu or 1), "cpu", ""
+    missing = [g for g in job.gpus if g >= inventory.count]
+    if missing:
+        if inventory.count == 0:
+            have = f"no GPUs (no NVIDIA driver, NVML or nvidia-smi found); use cpu: N for a CPU job, or set {FAKE_GPUS_ENV}=N to rehearse the plan"
+        else:
+            source = f"{FAKE_GPUS_ENV}={inventory.count}" if inventory.fake else f"from {inventory.source}"
+            have = f"GPUs 0-{inventory.count - 1} ({source}); number GPUs as nvidia-smi does"
+        ctx.problems.append(DeviceError(f"{where} asks for GPU {format_gpu_list(missing)} but this machine has {have}"))
+    for g in job.gpus:
+        if g in ctx.gpu_owner:
+            ctx.problems.append(ConfigError(f"jobs {ctx.gpu_owner[g]} and {job.name} both use GPU {g}; give each job its own GPUs"))
+        else:
+            ctx.gpu_owner[g] = job.name
+    nproc = job.nproc or len(job.gpus)
+    if nproc > len(job.gpus):
+        ctx.problems.append(DeviceError(
+            f"{where}: nproc {nproc} needs {nproc} GPUs but the job has {len(job.gpus)} ({format_gpu_list(job.gpus)}); "
+            "each process takes one GPU: lower nproc or add GPUs"
+        ))
+    elif nproc < len(job.gpus):
+        notes.append(f"nproc {nproc} < {len(job.gpus)} GPUs: GPU(s) {format_gpu_list(job.gpus[nproc:])} stay idle")
+    return nproc, "cpu" if inventory.fake else "cuda", ",".join(str(g) for g in job.gpus)
+
+
+def _check_run_dir(job: JobSpec, ctx: _Planning) -> Path:
+    """Absolute, not shared with another job, not in use by a live job."""
+    where = f"job {job.name}"
+    if any(_override_key(o) == "run.dir" for o in [*job.overrides, *ctx.extra_overrides]):
+        ctx.problems.append(ConfigError(f"{where}: set the run directory with run_dir in the plan (or --runs-dir), not a run.dir override"))
+    run_dir = _abs(job.run_dir, ctx.cwd) if job.run_dir else _abs(ctx.spec.runs_dir, ctx.cwd) / job.name
+    run_dir = Path(os.path.normpath(run_dir))
+    if run_dir in ctx.dir_owner:
+        ctx.problems.append(ConfigError(f"jobs {ctx.dir_owner[run_dir]} and {job.name} both write to {run_dir}; give each job its own run_dir"))
+    ctx.dir_owner.setdefault(run_dir, job.name)
+    state = run_state(run_dir, with_disk=False)
+    if is_live(state):
+        pid = state.job_pid or state.pid
+        ctx.problems.append(ConfigError(
+            f"{where}: run dir {run_dir} is in use by a live job ({state.status}, pid {pid}); "
+            f"stop it first (pointforge launch --stop {state.name}) or choose another run_dir"
+        ))
+    return run_dir
+
+
+def _check_config(job: JobSpec, ctx: _Planning, run_dir: Path, nproc: int, device: str, notes: list[str]) -> tuple[list[str], Path | None]:
+    """The config loads, fits the job's devices and splits its batch over ``nproc``; returns (overrides, config path)."""
+    where = f"job {job.name}"
+    overrides = [*job.overrides, *ctx.extra_overrides]
+    device_keys = [o for o in overrides if _override_key(o) == "run.device"]
+    if device == "cpu":
+        overrides.append("run.device=cpu")
+        if job.gpus:
+            notes.append("faked GPUs: the job's processes run on the CPU (run.device=cpu, gloo)")
+    config_path = _abs(job.config, ctx.cwd) if job.config else None
+    try:
+        cfg = load_train_config(job.task, config_path, [*overrides, f"run.dir={run_dir}"])
+    except UserError as err:
+        ctx.problems.append(_as(err, where))
+        return overrides, config_path
+    wanted = cfg.run.device.strip().lower()
+    if device == "cpu" and any(k.split("=", 1)[1].strip().lower() not in ("cpu", "auto") for k in device_keys):
+        ctx.problems.append(ConfigError(f"{where} runs on the CPU ({'faked GPUs' if job.gpus else 'cpu job'}) but overrides {device_keys[-1]}; drop that override"))
+    elif device == "cuda" and wanted not in ("auto", "cuda"):
+        ctx.problems.append(DeviceError(
+            f"{where}: run.device={cfg.run.device} pins a device, but the job's GPUs are cuda:0 … cuda:{len(job.gpus) - 1} "
+            "(each process takes cuda:LOCAL_RANK); use run.device=auto and choose GPUs with gpus:"
+        ))
+    try:
+        plan_batches(cfg.data.global_batch, nproc, cfg.data.micro_batch)
+    except UserError as err:
+        ctx.problems.append(_as(err, where))
+    return overrides, config_path
+
+
+def _check_resume(job: JobSpec, ctx: _Planning, run_dir: Path, notes: list[str]) -> str | None:
+    """Existing checkpoints are continued only when asked; a named checkpoint exists."""
+    where = f"job {job.name}"
+    resume = ctx.resume if ctx.resume is not None else job.resume
+    if resume in ("none", ""):
+        resume = None
+    existing = ckpt_io.resume_candidates(run_dir)
+    if resume is None and existing:
+        ctx.problems.append(CheckpointError(
+            f"{where}: run dir {run_dir} already holds checkpoints ({existing[0].name}, ...); "
+            "add --resume auto (or resume: auto in the plan) to continue it, or choose a new run_dir"
+        ))
+    elif resume == "auto":
+        notes.append(f"continues from {existing[0]}" if existing else "no checkpoint yet: starts from scratch")
+    elif resume is not None:
+        ck = _abs(resume, ctx.cwd)
+        if not ck.is_file():
+            ctx.problems.append(CheckpointError(f"{where}: resume checkpoint {ck} does not exist; check the path or use --resume auto"))
+        resume = str(ck)
+    return resume
+
+
+def _check_port(job: JobSpec, ctx: _Planning) -> int:
+    """The plan's port (free, not given twice), or a free one."""
+    where = f"job {job.name}"
+    if job.port is not None:
+        port = job.port
+        if port in ctx.ports_taken:
+            ctx.problems.append(ConfigError(f"{where}: port {port} is given to two jobs; give each job its own port, or leave port out"))
+        elif not port_free(port):
+            owner = port_owner(port)
+            by = f" (by pid {owner})" if owner else ""
+            ctx.problems.append(ConfigError(f"{where}: rendezvous port {port} is in use{by}; choose another port, or leave port out and a free one is picked"))
+    else:
+        port = pick_free_port(ctx.ports_taken | {j.port for j in ctx.spec.jobs if j.port})
+    ctx.ports_taken.add(port)
+    return port
 
 
 # --------------------------------------------------------------------------- starting

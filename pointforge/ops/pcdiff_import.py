@@ -20,6 +20,7 @@ from pointforge.tasks.completion import PRESET_POINTS, CompletionTask, build_mod
 from pointforge.train.checkpoint import capture_rng, is_pointforge_checkpoint, load_checkpoint, load_model_state, restore_rng, save_checkpoint
 from pointforge.train.data import derive_seed, seed_everything
 from pointforge.train.schedule import build_optimizer, build_scheduler
+from pointforge.train.state import BestMetric, TrainState
 
 __all__ = ["ImportResult", "import_pcdiff_checkpoint"]
 
@@ -102,21 +103,10 @@ def import_pcdiff_checkpoint(
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "scaler": None,
-        "progress": {
-            "epoch": epochs_done,
-            "step_in_epoch": 0,
-            "global_step": 0,
-            "samples_seen": 0,
-            "nonfinite_streak": 0,
-            "skipped_steps": 0,
-            "best_metric": CompletionTask.best_metric,
-            "best_mode": CompletionTask.best_mode,
-            "best_value": None,
-            "best_step": None,
-            "global_batch": cfg.data.global_batch,
-            "steps_per_epoch": None,
-            "world_size": 1,
-        },
+        "progress": TrainState(
+            epoch=epochs_done, world_size=1, global_batch=cfg.data.global_batch,
+            best=BestMetric(CompletionTask.best_metric, CompletionTask.best_mode),
+        ).state_dict(),
         "rng": {"world_size": 1, "per_rank": [rng]},
         "metrics": {},
         "imported_from": {

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pointforge.ops.host import pid_alive_since, pid_runs, this_host
+from pointforge.ops.host import pid_runs, this_host
+from pointforge.train.launch import live_worker_pids, pid_alive_since, rank_records
 from pointforge.train.tracking import read_run_status
 
 LAUNCH_JSON = "launch.json"
@@ -58,20 +59,9 @@ def read_launch(run_dir: str | os.PathLike) -> dict[str, Any] | None:
     return record
 
 
-def worker_pids(run_dir: str | os.PathLike, since: float = 0.0) -> list[dict[str, Any]]:
-    """The ``ranks/rank*.json`` records written at or after ``since``, on this host."""
-    host = this_host()
-    found = []
-    for path in sorted(Path(run_dir, "ranks").glob("rank*.json")):
-        info = read_json(path)
-        if not info or info.get("host") != host or float(info.get("started_at", 0)) < since:
-            continue
-        found.append(info)
-    return found
-
-
-def live_workers(run_dir: str | os.PathLike, since: float = 0.0) -> list[int]:
-    return [int(w["pid"]) for w in worker_pids(run_dir, since) if pid_alive_since(int(w.get("pid", 0)), w.get("started_at"))]
+# The rank files are the engine's; the torchrun module reads them for both launchers.
+worker_pids = rank_records
+live_workers = live_worker_pids
 
 
 def tail_lines(path: Path, n: int, *, max_bytes: int = 1 << 20) -> list[str]:
@@ -179,74 +169,17 @@ def run_state(run_dir: str | os.PathLike, *, with_disk: bool = True, now: float 
     launch = read_launch(run_dir)
     if status is None and launch is None:
         return None
-    host = this_host()
     state = RunState(run_dir=run_dir, name=(launch or {}).get("name") or run_dir.name, status="unknown")
-    if launch:
-        state.task = launch.get("task")
-        state.job_pid = launch.get("pid")
-        state.gpus = launch.get("gpus")
-        state.port = launch.get("port")
-        state.faked_gpus = bool(launch.get("faked_gpus"))
-        state.world_size = launch.get("nproc")
     launched_at = float((launch or {}).get("launched_at") or 0.0)
-    job_alive = bool(launch) and (launch.get("host") == host) and pid_runs(launch.get("pid"), *JOB_MARKERS)
-    # run.json from before this launch (a resumed run) says nothing about the new job.
-    current = status is not None and float(status.get("started_at") or 0.0) >= launched_at
-
+    if launch:
+        _read_launch_record(state, launch)
     if status is not None:
-        state.task = status.get("task") or state.task
-        state.host = status.get("host")
-        state.pid = status.get("pid")
-        state.epoch = status.get("epoch")
-        state.epochs = status.get("epochs")
-        state.step = status.get("global_step")
-        state.total_steps = status.get("total_steps")
-        state.world_size = status.get("world_size") or state.world_size
-        state.last_checkpoint = status.get("last_checkpoint")
-        state.error = status.get("error")
-        if status.get("updated_at"):
-            state.updated_age_s = max(0.0, now - float(status["updated_at"]))
-        metrics = dict(status.get("metrics") or {})
-        newest = last_train_metrics(run_dir)
-        if newest and int(newest.get("step", -1)) >= int(status.get("global_step") or 0):
-            metrics.update(newest)
-            state.step = max(int(newest["step"]), int(state.step or 0))
-        state.loss = _float(metrics.get("train/loss"))
-        state.val_loss = _float(metrics.get("val_loss"))
-        state.lr = _float(metrics.get("train/lr"))
-        state.it_per_s = _float(metrics.get("train/it_per_s"))
-        state.samples_per_s = _float(metrics.get("train/samples_per_s"))
-
-    if status is not None and current:
-        recorded = status.get("status") or "unknown"
-        if recorded in ("running", "starting"):
-            if state.host and state.host != host:
-                state.status = recorded
-                state.note = f"on host {state.host}; liveness not checked from here"
-            elif pid_alive_since(state.pid, status.get("started_at")):
-                state.status = "running"
-            elif job_alive:
-                state.status = "restarting"
-                state.note = "rank 0 is gone; torchrun is still up (restarting or ending the job)"
-            else:
-                state.status = "crashed"
-                state.note = "the process is gone without a final status"
-        else:
-            state.status = recorded
+        _read_run_status(state, status, run_dir, now)
+    # run.json from before this launch (a resumed run) says nothing about the new job.
+    if status is not None and float(status.get("started_at") or 0.0) >= launched_at:
+        _judge_running(state, status, launch)
     else:
-        # Launched, but no run.json from this launch yet.
-        if job_alive or (launch and launch.get("pid") is None and now - launched_at < PID_GRACE_S):
-            state.status = "starting"
-        elif launch and launch.get("host") != host:
-            state.status = "starting"
-            state.note = f"launched on host {launch.get('host')}; liveness not checked from here"
-        else:
-            state.error = _last_error_line(run_dir) or state.error
-            # An "error: ..." line is the CLI reporting a problem it understood (a config
-            # or data error found while starting): a failure, not a crash.
-            state.status = "failed" if (state.error or "").startswith("error:") else "crashed"
-            state.note = "the job ended before training started"
-
+        _judge_launched(state, launch, run_dir, now)
     if state.status == "running" and state.it_per_s and state.total_steps is not None and state.step is not None:
         state.eta_s = max(0, state.total_steps - state.step) / state.it_per_s
     checkpoint = Path(state.last_checkpoint) if state.last_checkpoint else run_dir / "checkpoints" / "latest.pt"
@@ -260,6 +193,80 @@ def run_state(run_dir: str | os.PathLike, *, with_disk: bool = True, now: float 
     if with_disk:
         state.disk_bytes = dir_size(run_dir)
     return state
+
+
+def _read_launch_record(state: RunState, launch: dict[str, Any]) -> None:
+    state.task = launch.get("task")
+    state.job_pid = launch.get("pid")
+    state.gpus = launch.get("gpus")
+    state.port = launch.get("port")
+    state.faked_gpus = bool(launch.get("faked_gpus"))
+    state.world_size = launch.get("nproc")
+
+
+def _read_run_status(state: RunState, status: dict[str, Any], run_dir: Path, now: float) -> None:
+    """Progress and the last metrics (metrics.csv's newest row when it is newer than run.json)."""
+    state.task = status.get("task") or state.task
+    state.host = status.get("host")
+    state.pid = status.get("pid")
+    state.epoch = status.get("epoch")
+    state.epochs = status.get("epochs")
+    state.step = status.get("global_step")
+    state.total_steps = status.get("total_steps")
+    state.world_size = status.get("world_size") or state.world_size
+    state.last_checkpoint = status.get("last_checkpoint")
+    state.error = status.get("error")
+    if status.get("updated_at"):
+        state.updated_age_s = max(0.0, now - float(status["updated_at"]))
+    metrics = dict(status.get("metrics") or {})
+    newest = last_train_metrics(run_dir)
+    if newest and int(newest.get("step", -1)) >= int(status.get("global_step") or 0):
+        metrics.update(newest)
+        state.step = max(int(newest["step"]), int(state.step or 0))
+    state.loss = _float(metrics.get("train/loss"))
+    state.val_loss = _float(metrics.get("val_loss"))
+    state.lr = _float(metrics.get("train/lr"))
+    state.it_per_s = _float(metrics.get("train/it_per_s"))
+    state.samples_per_s = _float(metrics.get("train/samples_per_s"))
+
+
+def _job_alive(launch: dict[str, Any] | None) -> bool:
+    """The launched job's torchrun is alive here (and is still that job, not a reused pid)."""
+    return bool(launch) and launch.get("host") == this_host() and pid_runs(launch.get("pid"), *JOB_MARKERS)
+
+
+def _judge_running(state: RunState, status: dict[str, Any], launch: dict[str, Any] | None) -> None:
+    """Status from this run's own run.json: a 'running' run whose rank 0 is gone crashed (or is restarting)."""
+    recorded = status.get("status") or "unknown"
+    if recorded not in ("running", "starting"):
+        state.status = recorded
+    elif state.host and state.host != this_host():
+        state.status = recorded
+        state.note = f"on host {state.host}; liveness not checked from here"
+    elif pid_alive_since(state.pid, status.get("started_at")):
+        state.status = "running"
+    elif _job_alive(launch):
+        state.status = "restarting"
+        state.note = "rank 0 is gone; torchrun is still up (restarting or ending the job)"
+    else:
+        state.status = "crashed"
+        state.note = "the process is gone without a final status"
+
+
+def _judge_launched(state: RunState, launch: dict[str, Any] | None, run_dir: Path, now: float) -> None:
+    """Status of a job launched but without a run.json of its own yet."""
+    launched_at = float((launch or {}).get("launched_at") or 0.0)
+    if _job_alive(launch) or (launch and launch.get("pid") is None and now - launched_at < PID_GRACE_S):
+        state.status = "starting"
+    elif launch and launch.get("host") != this_host():
+        state.status = "starting"
+        state.note = f"launched on host {launch.get('host')}; liveness not checked from here"
+    else:
+        state.error = _last_error_line(run_dir) or state.error
+        # An "error: ..." line is the CLI reporting a problem it understood (a config
+        # or data error found while starting): a failure, not a crash.
+        state.status = "failed" if (state.error or "").startswith("error:") else "crashed"
+        state.note = "the job ended before training started"
 
 
 def is_live(state: RunState | None) -> bool:

@@ -2,7 +2,9 @@
 
 Public entry points (imported lazily, so ``import pointforge.train`` is cheap):
 
-- :func:`train` / :func:`dry_run_plan` / :class:`TrainResult` / :class:`RunPlan` (``engine``)
+- :func:`train` / :class:`TrainResult` (``engine``); :func:`dry_run_plan` / :class:`RunPlan` (``plan``)
+- :class:`Task` / :func:`get_task` / :func:`register_task` (``task``: the contract and registry)
+- :class:`TrainState` (``state``: progress and best metric, a checkpoint's ``progress``)
 - :func:`load_checkpoint`, :func:`save_checkpoint`, :func:`load_model_state`,
   :func:`model_weights`, :func:`find_resume_checkpoint` (``checkpoint``)
 - :func:`plan_batches`, :func:`scale_lr` (``schedule``)
@@ -16,9 +18,14 @@ from typing import Any
 
 _EXPORTS = {
     "train": "engine",
-    "dry_run_plan": "engine",
+    "dry_run_plan": "plan",
     "TrainResult": "engine",
-    "RunPlan": "engine",
+    "RunPlan": "plan",
+    "Task": "task",
+    "get_task": "task",
+    "register_task": "task",
+    "available_tasks": "task",
+    "TrainState": "state",
     "TrainingDiverged": "engine",
     "load_checkpoint": "checkpoint",
     "save_checkpoint": "checkpoint",

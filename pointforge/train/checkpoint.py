@@ -11,7 +11,7 @@ loading). Its top-level keys:
 ``model``          state dict of the bare model (no ``module.``/``_orig_mod.``), CPU tensors
 ``ema``            EMA state dict or ``None``
 ``optimizer``/``scheduler``/``scaler``   their ``state_dict()`` (scaler may be ``None``)
-``progress``       epoch, step_in_epoch, global_step, samples_seen, best metric, ...
+``progress``       :meth:`TrainState.state_dict() <pointforge.train.state.TrainState.state_dict>`: epoch, step_in_epoch, global_step, samples_seen, best metric, ...
 ``rng``            ``{"world_size": W, "per_rank": [...]}``: python, numpy, torch, CUDA states per rank
 ``metrics``        the last logged/evaluated metrics
 

@@ -1,6 +1,11 @@
 """The training engine: one loop for every task, from one CPU to many GPUs.
 
-Entry point: :func:`train` (and :func:`dry_run_plan` for ``--dry-run``).
+Entry point: :func:`train` (``--dry-run``'s :func:`dry_run_plan` lives in
+:mod:`pointforge.train.plan`). The trainer is assembled from parts with their
+own state: :class:`~pointforge.train.state.TrainState` (progress and best
+metric, saved as a checkpoint's ``progress``), a
+:class:`~pointforge.train.state.MetricWindow` per log line, the run plan, and
+the optimizer, scheduler, scaler and EMA.
 
 What a step does, on every rank, in lockstep:
 
@@ -34,12 +39,10 @@ import torch
 from torch import nn
 
 from pointforge import __version__
-from pointforge.config import TrainConfig, to_dict
-from pointforge.errors import CheckpointError, ConfigError, DeviceError, UserError
-from pointforge.tasks import get_task
-from pointforge.tasks.base import EvalContext, StepContext, Task, split_step_output
-from pointforge.train import checkpoint as ckpt_io
 from pointforge.atomic import atomic_write_json
+from pointforge.config import TrainConfig, save_yaml, to_dict
+from pointforge.errors import CheckpointError, ConfigError, DeviceError, UserError
+from pointforge.train import checkpoint as ckpt_io
 from pointforge.train.data import (
     EpochBatches,
     build_loader,
@@ -59,86 +62,25 @@ from pointforge.train.dist import (
     check_equal,
     failure_message,
     init_distributed,
-    probe_env,
     rank0_section,
     report,
     shutdown_distributed,
     stop_signals,
 )
 from pointforge.train.ema import EMA
-from pointforge.train.schedule import BatchPlan, build_optimizer, build_scheduler, plan_batches, restore_scheduler, scale_lr
+from pointforge.train.plan import RunPlan, best_rule, dry_run_plan, make_plan
+from pointforge.train.schedule import build_optimizer, build_scheduler, restore_scheduler
+from pointforge.train.state import BestMetric, MetricWindow, TrainState
+from pointforge.train.task import EvalContext, StepContext, Task, get_task, split_step_output
 from pointforge.train.tracking import LogSetup, MetricsWriter, Progress, RunStatus, format_duration, get_logger
+
+__all__ = ["train", "dry_run_plan", "RunPlan", "TrainResult", "TrainingDiverged"]
 
 log = get_logger("train")
 
 
 class TrainingDiverged(RuntimeError):
     """The loss was non-finite for ``train.max_nonfinite`` steps in a row."""
-
-
-@dataclass
-class RunPlan:
-    """Everything ``--dry-run`` prints: the run as it will happen."""
-
-    task: str
-    run_dir: Path
-    world_size: int
-    backend: str
-    devices: list[str]
-    batch: BatchPlan
-    lr: float
-    lr_scaled: float
-    lr_scaling: str
-    base_batch: int | None
-    schedule: str
-    train_size: int
-    val_size: int | None
-    steps_per_epoch: int
-    epochs: int
-    total_steps: int
-    samples_dropped: int
-    amp: str
-    compile: bool
-    tf32: bool
-    ema_decay: float | None
-    eval_on: str
-    eval_every: int
-    checkpoints: str
-    workers: int
-    existing_checkpoints: int = 0
-
-    def lines(self) -> list[str]:
-        b = self.batch
-        accum = f" × {b.accumulation} accumulation steps" if b.accumulation > 1 else ""
-        if self.lr_scaling == "none" or self.base_batch is None:
-            lr = f"{self.lr:g} (no scaling)"
-        else:
-            lr = f"{self.lr:g} tuned for batch {self.base_batch}, {self.lr_scaling} scaling to batch {b.global_batch} → {self.lr_scaled:g}"
-        devices = ", ".join(self.devices) if len(set(self.devices)) > 1 or len(self.devices) == 1 else f"{self.devices[0]} ×{len(self.devices)}"
-        val = f"{self.val_size} validation" if self.val_size is not None else "no validation set"
-        dropped = f", {self.samples_dropped} dropped per epoch to keep batches whole" if self.samples_dropped else ""
-        existing = (
-            f" (holds {self.existing_checkpoints} checkpoint(s): add --resume auto to continue)" if self.existing_checkpoints else " (new)"
-        )
-        return [
-            f"pointforge train {self.task} — plan",
-            f"  run dir          {self.run_dir}{existing}",
-            f"  world size       {self.world_size} ({self.backend}); devices: {devices}",
-            f"  batch            global {b.global_batch} = {b.world_size} rank(s) × {b.micro_batch} per device{accum}",
-            f"  effective batch  {b.effective_batch} samples per optimizer step",
-            f"  learning rate    {lr}",
-            f"  schedule         {self.schedule}",
-            f"  data             {self.train_size} training samples, {val}; {self.steps_per_epoch} steps per epoch{dropped}",
-            f"  length           {self.epochs} epoch(s) = {self.total_steps} optimizer steps",
-            f"  precision        amp {self.amp}, compile {'on' if self.compile else 'off'}, tf32 {'on' if self.tf32 else 'off'}"
-            + (f", EMA {self.ema_decay}" if self.ema_decay else ""),
-            f"  evaluation       {'every ' + str(self.eval_every) + ' epoch(s) on ' + ('all ranks' if self.eval_on == 'all' else 'rank 0') if self.eval_every and self.val_size else 'off'}",
-            f"  checkpoints      {self.checkpoints}",
-            f"  loader workers   {self.workers} per rank",
-        ]
-
-    def text(self) -> str:
-        return "\n".join(self.lines())
 
 
 @dataclass
@@ -152,124 +94,6 @@ class TrainResult:
     best: dict[str, Any] | None = None
     signal: str | None = None
     resumed_from: Path | None = None
-
-
-# --------------------------------------------------------------------------- planning
-
-
-def _schedule_text(cfg: TrainConfig) -> str:
-    s = cfg.sched
-    warm = f"linear warm-up over {s.warmup_steps} steps, then " if s.warmup_steps else ""
-    body = {
-        "constant": "constant",
-        "cosine": f"cosine decay to {s.min_lr_ratio:g}×lr",
-        "exponential": f"exponential decay ×{s.gamma:g} per step",
-    }[s.name]
-    return warm + body
-
-
-def _ckpt_text(cfg: TrainConfig, best_metric: str | None, best_mode: str) -> str:
-    c = cfg.ckpt
-    when = []
-    if c.every_steps:
-        when.append(f"every {c.every_steps} steps")
-    if c.every_minutes:
-        when.append(f"every {c.every_minutes:g} min")
-    when.append("at each epoch end")
-    parts = [f"latest {', '.join(when)}"]
-    if c.every_epochs:
-        parts.append(f"epoch-NNNN every {c.every_epochs} epoch(s), keep {c.keep_last or 'all'}")
-    if best_metric:
-        parts.append(f"best by {best_metric} ({best_mode})")
-    return "; ".join(parts)
-
-
-def _steps_per_epoch(task: Task, cfg: TrainConfig, train_ds: Any, batch: BatchPlan, rank: int, epoch: int = 0) -> tuple[int, list[list[int]] | None]:
-    custom = task.batch_sampler(
-        train_ds, rank=rank, world_size=batch.world_size, micro_batch=batch.micro_batch,
-        accumulation=batch.accumulation, seed=cfg.train.seed, epoch=epoch,
-    )
-    if custom is not None:
-        batches = [list(b) for b in custom]
-        return len(batches) // batch.accumulation, batches
-    if len(train_ds) < batch.global_batch:
-        from pointforge.errors import DataError
-
-        raise DataError(
-            f"the training set has {len(train_ds)} samples, fewer than data.global_batch={batch.global_batch}; lower data.global_batch or add data"
-        )
-    return len(train_ds) // batch.global_batch, None
-
-
-def _best(task: Task, cfg: TrainConfig) -> tuple[str | None, str]:
-    return (cfg.ckpt.best_metric or task.best_metric, cfg.ckpt.best_mode or task.best_mode)
-
-
-def _make_plan(task: Task, cfg: TrainConfig, *, world_size: int, backend: str, devices: list[str], train_ds: Any, val_ds: Any, rank: int) -> RunPlan:
-    batch = plan_batches(cfg.data.global_batch, world_size, cfg.data.micro_batch)
-    steps, custom = _steps_per_epoch(task, cfg, train_ds, batch, rank)
-    if steps < 1:
-        raise ConfigError(f"an epoch would have no optimizer steps ({len(train_ds)} samples, global batch {batch.global_batch}); lower data.global_batch")
-    total = steps * cfg.train.epochs
-    if cfg.train.max_steps is not None:
-        total = min(total, cfg.train.max_steps)
-    best_metric, best_mode = _best(task, cfg)
-    return RunPlan(
-        task=task.name,
-        run_dir=Path(cfg.run.dir),
-        world_size=world_size,
-        backend=backend,
-        devices=devices,
-        batch=batch,
-        lr=cfg.optim.lr,
-        lr_scaled=scale_lr(cfg.optim.lr, cfg.optim.lr_scaling, batch.global_batch, cfg.optim.base_batch),
-        lr_scaling=cfg.optim.lr_scaling,
-        base_batch=cfg.optim.base_batch,
-        schedule=_schedule_text(cfg),
-        train_size=len(train_ds),
-        val_size=len(val_ds) if val_ds is not None else None,
-        steps_per_epoch=steps,
-        epochs=cfg.train.epochs,
-        total_steps=total,
-        samples_dropped=(len(train_ds) - steps * batch.global_batch) if custom is None else 0,
-        amp=cfg.perf.amp,
-        compile=cfg.perf.compile,
-        tf32=cfg.perf.tf32,
-        ema_decay=cfg.train.ema_decay,
-        eval_on=getattr(task, "eval_on", "all"),
-        eval_every=cfg.train.eval_every,
-        checkpoints=_ckpt_text(cfg, best_metric, best_mode),
-        workers=cfg.data.num_workers,
-        existing_checkpoints=len(ckpt_io.resume_candidates(cfg.run.dir)),
-    )
-
-
-def dry_run_plan(task: Task | str, cfg: TrainConfig, *, world_size: int | None = None) -> RunPlan:
-    """The plan for ``cfg`` without training (``world_size`` overrides the torchrun environment)."""
-    task = get_task(task)
-    task.configure(cfg.task)
-    env = probe_env(cfg.run.device) if world_size is None else None
-    if env is None:
-        from pointforge.train.dist import resolve_device
-
-        first = resolve_device(cfg.run.device, local_rank=0, world_size=world_size)
-        if first.type == "cuda":
-            count = torch.cuda.device_count()
-            if world_size > count:
-                raise DeviceError(f"--nproc {world_size} asks for {world_size} GPUs but {count} are visible; use --nproc {count} or fewer")
-            devices = [f"cuda:{i}" for i in range(world_size)]
-        else:
-            devices = ["cpu"] * world_size
-        size = world_size
-    else:
-        devices = [str(env.device)] if env.world_size == 1 else [str(env.device.type)] * env.world_size
-        size = env.world_size
-    backend = cfg.dist.backend if cfg.dist.backend != "auto" else ("nccl" if devices[0].startswith("cuda") else "gloo")
-    if size == 1:
-        backend = "single process"
-    seed_everything(derive_seed(cfg.train.seed, "init"))
-    train_ds, val_ds = task.build_datasets(cfg.task)
-    return _make_plan(task, cfg, world_size=size, backend=backend, devices=devices, train_ds=train_ds, val_ds=val_ds, rank=0)
 
 
 # --------------------------------------------------------------------------- entry point
@@ -315,6 +139,15 @@ def train(
 
 
 class _Trainer:
+    """One rank's run, assembled from parts that hold their own state.
+
+    ``state`` (:class:`TrainState`: progress and best metric) is what a
+    checkpoint's ``progress`` saves; ``window`` (:class:`MetricWindow`) is
+    what the next log line reports; the plan, optimizer, scheduler, scaler and
+    EMA are built in :meth:`_setup`. The methods below follow a run's order:
+    set up, resume, the epoch loop, one step, logging, evaluation, saving, the end.
+    """
+
     def __init__(self, task: Task, cfg: TrainConfig, env: DistEnv, *, resume: Any, console: bool):
         self.task = task
         self.cfg = cfg
@@ -326,15 +159,8 @@ class _Trainer:
         self.run_dir = Path(cfg.run.dir)
         self.device = env.device
         self.doing = "starting up"
-        # progress
-        self.epoch = 0
-        self.step_in_epoch = 0
-        self.global_step = 0
-        self.samples_seen = 0
-        self.nonfinite_streak = 0
-        self.skipped_steps = 0
-        self.best_value: float | None = None
-        self.best_step: int | None = None
+        self.state = TrainState(world_size=env.world_size, best=BestMetric(*best_rule(task, cfg)))
+        self.window = MetricWindow()
         self.last_metrics: dict[str, float] = {}
         self.last_saved_step: int | None = None
         self.last_checkpoint: Path | None = None
@@ -414,9 +240,21 @@ class _Trainer:
     # ------------------------------------------------------------------ setup
 
     def _setup(self) -> None:
-        cfg, env, task = self.cfg, self.env, self.task
+        """Build everything a step needs, in the order the ranks must agree on."""
         self.doing = "setting up"
-        perf = cfg.perf
+        self._set_precision()
+        self._build_model_and_data()
+        self._plan_run()
+        if self.env.is_main:
+            for line in self.plan.lines():
+                log.info(line)
+        self._resume()
+        self._wrap_model()
+        if self.env.is_main:
+            self._open_records()
+
+    def _set_precision(self) -> None:
+        perf = self.cfg.perf
         if perf.threads:
             torch.set_num_threads(perf.threads)
         if self.device.type == "cuda":
@@ -429,19 +267,24 @@ class _Trainer:
             device_type, dtype = self.device.type, self.amp_dtype
             self._autocast = lambda: torch.autocast(device_type, dtype=dtype)
 
+    def _build_model_and_data(self) -> None:
+        cfg, task = self.cfg, self.task
         # Same seed on every rank for the weights and the data; per-rank seeds after.
         seed_everything(derive_seed(cfg.train.seed, "init"))
         model = task.build_model(cfg.task)
         if not isinstance(model, nn.Module):
             raise TypeError(f"task {task.name!r} build_model returned {type(model).__name__}, not an nn.Module")
-        if perf.channels_last:
+        if cfg.perf.channels_last:
             _to_channels_last(model)
         self.model = model.to(self.device)
         self.train_ds, self.val_ds = task.build_datasets(cfg.task)
-        seed_everything(derive_seed(cfg.train.seed, "rank", env.rank))
+        seed_everything(derive_seed(cfg.train.seed, "rank", self.env.rank))
 
+    def _plan_run(self) -> None:
+        """The run plan, and the optimizer, schedule, scaler and EMA it implies."""
+        cfg, env, task = self.cfg, self.env, self.task
         devices = [str(self.device)] * env.world_size if env.world_size > 1 else [str(self.device)]
-        self.plan = _make_plan(
+        self.plan = make_plan(
             task, cfg, world_size=env.world_size, backend=env.backend or "single process",
             devices=devices, train_ds=self.train_ds, val_ds=self.val_ds, rank=env.rank,
         )
@@ -453,21 +296,20 @@ class _Trainer:
         self.batch = self.plan.batch
         self.total_steps = self.plan.total_steps
         self.peak_lr = self.plan.lr_scaled
+        self.state.rebatch(self.batch.global_batch, env.world_size, self.plan.steps_per_epoch)
         self.optimizer = build_optimizer(task.parameters(self.model), cfg.optim, self.peak_lr)
         self.scheduler = build_scheduler(self.optimizer, cfg.sched, self.total_steps)
         self.scaler = torch.amp.GradScaler("cuda") if cfg.perf.amp == "fp16" else None
         self.ema = EMA(self.model, cfg.train.ema_decay) if cfg.train.ema_decay else None
-        self.best_metric, self.best_mode = _best(task, cfg)
         self.files = ckpt_io.CheckpointFiles(self.run_dir, cfg.ckpt.keep_last)
 
-        if env.is_main:
-            for line in self.plan.lines():
-                log.info(line)
-        self._resume()
-
+    def _wrap_model(self) -> None:
+        """DDP and ``torch.compile`` around the bare model (which checkpoints and EMA keep using)."""
+        env, perf = self.env, self.cfg.perf
         self.train_model: nn.Module = self.model
+        self._where: dict[str, int] = {}
         if env.distributed:
-            ddp_kwargs: dict[str, Any] = {"find_unused_parameters": cfg.dist.find_unused_parameters}
+            ddp_kwargs: dict[str, Any] = {"find_unused_parameters": self.cfg.dist.find_unused_parameters}
             if self.device.type == "cuda":
                 ddp_kwargs["device_ids"] = [self.device.index]
                 ddp_kwargs["output_device"] = self.device.index
@@ -475,29 +317,28 @@ class _Trainer:
             # Marks the moment a rank leaves its forward pass, so a timeout can
             # tell a rank stuck computing from one waiting in the gradient all-reduce.
             # (Not under torch.compile, which would have to trace the hook.)
-            self._where: dict[str, int] = {}
             if not perf.compile:
                 self.model.register_forward_hook(lambda *_: report(env, "in backward (gradient all-reduce)", **self._where))
         if perf.compile:
             self.train_model = torch.compile(self.train_model)
 
-        if env.is_main:
-            from pointforge.config import save_yaml
-
-            save_yaml(cfg, self.run_dir / "config.yaml")
-            self.status = RunStatus(
-                self.run_dir / "run.json",
-                task=task.name, run_dir=str(self.run_dir), world_size=env.world_size,
-                restarts=env.restart_count, pointforge_version=__version__,
-                total_steps=self.total_steps, steps_per_epoch=self.plan.steps_per_epoch, epochs=cfg.train.epochs,
-            )
-            self.status.update(
-                status="running", epoch=self.epoch, global_step=self.global_step,
-                resumed_from=str(self.resumed_from) if self.resumed_from else None,
-                last_checkpoint=str(self.last_checkpoint) if self.last_checkpoint else None, error=None,
-            )
-            self.writer = MetricsWriter(self.run_dir, cfg.log, config=to_dict(cfg), run_name=f"{task.name}:{self.run_dir.name}", resume=self.resumed_from is not None)
-            self.progress = Progress(cfg.log.progress, self.total_steps, self.global_step)
+    def _open_records(self) -> None:
+        """Rank 0's config copy, ``run.json``, metrics writers and progress bar."""
+        cfg, env, state = self.cfg, self.env, self.state
+        save_yaml(cfg, self.run_dir / "config.yaml")
+        self.status = RunStatus(
+            self.run_dir / "run.json",
+            task=self.task.name, run_dir=str(self.run_dir), world_size=env.world_size,
+            restarts=env.restart_count, pointforge_version=__version__,
+            total_steps=self.total_steps, steps_per_epoch=self.plan.steps_per_epoch, epochs=cfg.train.epochs,
+        )
+        self.status.update(
+            status="running", epoch=state.epoch, global_step=state.global_step,
+            resumed_from=str(self.resumed_from) if self.resumed_from else None,
+            last_checkpoint=str(self.last_checkpoint) if self.last_checkpoint else None, error=None,
+        )
+        self.writer = MetricsWriter(self.run_dir, cfg.log, config=to_dict(cfg), run_name=f"{self.task.name}:{self.run_dir.name}", resume=self.resumed_from is not None)
+        self.progress = Progress(cfg.log.progress, self.total_steps, state.global_step)
 
     def _amp_dtype(self) -> torch.dtype | None:
         amp = self.cfg.perf.amp
@@ -557,62 +398,97 @@ class _Trainer:
             raise CheckpointError(f"checkpoint {path} was written by task '{state.get('task')}', not '{self.task.name}'")
         self._restore(state, path)
 
-    def _restore(self, state: Mapping[str, Any], path: Path) -> None:
+    def _restore(self, ckpt: Mapping[str, Any], path: Path) -> None:
         cfg, env = self.cfg, self.env
-        old_cfg = state.get("config") or {}
+        old_cfg = ckpt.get("config") or {}
         changed = _config_changes(old_cfg, to_dict(cfg))
         if changed and env.is_main:
             log.warning("config differs from the checkpoint's: " + "; ".join(changed[:8]) + (" ..." if len(changed) > 8 else ""))
-        ckpt_io.load_model_state(self.model, state["model"])
+        ckpt_io.load_model_state(self.model, ckpt["model"])
         if self.ema is not None:
-            if state.get("ema") is not None:
-                self.ema.load_state_dict(state["ema"])
+            if ckpt.get("ema") is not None:
+                self.ema.load_state_dict(ckpt["ema"])
             else:
                 self.ema = EMA(self.model, cfg.train.ema_decay)
         same_optimizer = (old_cfg.get("optim") or {}).get("name", cfg.optim.name) == cfg.optim.name
         if same_optimizer:
             try:
-                self.optimizer.load_state_dict(state["optimizer"])
+                self.optimizer.load_state_dict(ckpt["optimizer"])
             except (ValueError, KeyError, RuntimeError) as err:
                 raise CheckpointError(f"the optimizer state in {path} does not fit this model ({ckpt_io._short(err)}); check the task config") from None
         elif env.is_main:
             log.warning(f"optim.name changed from {(old_cfg.get('optim') or {}).get('name')} to {cfg.optim.name}; starting the optimizer state afresh")
-        restore_scheduler(self.scheduler, state["scheduler"], [self.peak_lr] * len(self.optimizer.param_groups))
-        if self.scaler is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        progress = dict(state.get("progress") or {})
-        self.epoch = int(progress.get("epoch", 0))
-        self.step_in_epoch = int(progress.get("step_in_epoch", 0))
-        self.global_step = int(progress.get("global_step", 0))
-        self.samples_seen = int(progress.get("samples_seen", 0))
-        self.nonfinite_streak = int(progress.get("nonfinite_streak", 0))
-        self.skipped_steps = int(progress.get("skipped_steps", 0))
-        self.best_value = progress.get("best_value")
-        self.best_step = progress.get("best_step")
-        self.last_metrics = dict(state.get("metrics") or {})
-        old_batch = int(progress.get("global_batch", self.batch.global_batch))
-        if self.step_in_epoch and old_batch != self.batch.global_batch:
-            # Keep the samples already seen this epoch behind us as nearly as whole batches allow.
-            self.step_in_epoch = (self.step_in_epoch * old_batch) // self.batch.global_batch
-            if env.is_main:
-                log.warning(f"data.global_batch changed from {old_batch} to {self.batch.global_batch}; resuming epoch {self.epoch} at step {self.step_in_epoch}")
-        rng = state.get("rng") or {}
+        restore_scheduler(self.scheduler, ckpt["scheduler"], [self.peak_lr] * len(self.optimizer.param_groups))
+        if self.scaler is not None and ckpt.get("scaler"):
+            self.scaler.load_state_dict(ckpt["scaler"])
+        progress = self.state
+        progress.load_state_dict(ckpt.get("progress") or {})
+        self.last_metrics = dict(ckpt.get("metrics") or {})
+        old_batch = progress.rebatch(self.batch.global_batch, env.world_size, self.plan.steps_per_epoch)
+        if old_batch is not None and env.is_main:
+            log.warning(f"data.global_batch changed from {old_batch} to {self.batch.global_batch}; resuming epoch {progress.epoch} at step {progress.step_in_epoch}")
+        rng = ckpt.get("rng") or {}
         if rng.get("world_size") == env.world_size and len(rng.get("per_rank") or []) == env.world_size:
             ckpt_io.restore_rng(rng["per_rank"][env.rank], self.device)
         else:
-            seed_everything(derive_seed(cfg.train.seed, "rank", env.rank, "resume", self.global_step))
+            seed_everything(derive_seed(cfg.train.seed, "rank", env.rank, "resume", progress.global_step))
             if env.is_main:
                 log.warning(
                     f"checkpoint was written by {rng.get('world_size')} rank(s), this run has {env.world_size}: "
                     "weights, optimizer and schedule continue exactly, random streams are re-seeded"
                 )
-        self.last_saved_step = self.global_step
+        self.last_saved_step = progress.global_step
         self.last_checkpoint = path
         self.resumed_from = path
         if env.is_main:
-            log.info(f"resumed from {path} at epoch {self.epoch}, step {self.global_step} (step {self.step_in_epoch} of the epoch)")
+            log.info(f"resumed from {path} at epoch {progress.epoch}, step {progress.global_step} (step {progress.step_in_epoch} of the epoch)")
 
     # ------------------------------------------------------------------ the loop
+
+    def _open_loader(self) -> None:
+        """One loader for the whole run; each epoch hands its sampler that epoch's batches."""
+        cfg = self.cfg
+        self.sampler = EpochBatches()
+        self.generator = torch.Generator()
+        self.pinned = bool(cfg.data.pin_memory and self.device.type == "cuda")
+        self.loader = build_loader(
+            self.train_ds, self.sampler, collate_fn=self.task.collate, data_cfg=cfg.data, pin_memory=self.pinned,
+            generator=self.generator,
+        )
+
+    def _loop(self, stopper) -> TrainResult:
+        cfg, state = self.cfg, self.state
+        self._open_loader()
+        self.window.reset(self._lr())
+        self.last_save_time = time.monotonic()
+        self.train_model.train()
+        self.stop_noted = False
+        self.budget_start = time.monotonic()
+        self.out_of_time = False
+
+        for epoch in range(state.epoch, cfg.train.epochs):
+            if state.global_step >= self.total_steps or self.out_of_time:
+                break
+            start, n_steps = self._start_epoch(epoch)
+            ran, stopped = self._run_epoch(epoch, start, n_steps, stopper)
+            if stopped:
+                return self._stopped(stopper)
+            self.doing = f"finishing epoch {epoch}"
+            check_equal(self.env, start + ran, f"the number of steps run in epoch {epoch}",
+                        "a rank's data loader ended early; check the dataset and Task.batch_sampler")
+            if state.step_in_epoch < n_steps:
+                break  # max_steps reached mid-epoch
+            self.iterator = None
+            state.epoch_done(epoch)
+            metrics = {}
+            every = cfg.train.eval_every
+            if self.val_ds is not None and every and ((epoch + 1) % every == 0 or epoch + 1 == cfg.train.epochs):
+                metrics = self._evaluate(epoch)
+            self._save(end_of_epoch=True, eval_metrics=metrics)
+
+        if self.last_saved_step != state.global_step:
+            self._save(end_of_epoch=False)
+        return self._finished()
 
     def _epoch_batches(self, epoch: int) -> list[list[int]]:
         b = self.batch
@@ -627,106 +503,93 @@ class _Trainer:
             world_size=b.world_size, rank=self.env.rank, seed=self.cfg.train.seed, epoch=epoch,
         )
 
-    def _loop(self, stopper) -> TrainResult:
-        cfg, env = self.cfg, self.env
-        accum = self.batch.accumulation
-        sampler = EpochBatches()
-        generator = torch.Generator()
-        pinned = bool(cfg.data.pin_memory and self.device.type == "cuda")
-        self.loader = build_loader(
-            self.train_ds, sampler, collate_fn=self.task.collate, data_cfg=cfg.data, pin_memory=pinned, generator=generator,
+    def _start_epoch(self, epoch: int) -> tuple[int, int]:
+        """Hand the loader this epoch's batches (from the resume point); return (first step, steps)."""
+        cfg, env, accum = self.cfg, self.env, self.batch.accumulation
+        self.doing = f"preparing epoch {epoch}"
+        batches = self._epoch_batches(epoch)
+        n_steps = len(batches) // accum
+        report(env, "comparing step counts", epoch=epoch, step=self.state.global_step)
+        check_equal(
+            env, n_steps, f"the number of optimizer steps in epoch {epoch}",
+            "every rank must get the same number of batches: use the engine's sampler (drop_last by construction) "
+            "or make Task.batch_sampler return equal counts",
         )
-        self._window_reset()
-        self.last_save_time = time.monotonic()
-        self.train_model.train()
-        stop_noted = False
-        self.budget_start = time.monotonic()
-        self.out_of_time = False
+        start = self.state.step_in_epoch if epoch == self.state.epoch else 0
+        self.sampler.set(batches[start * accum : n_steps * accum])
+        self.generator.manual_seed(derive_seed(cfg.train.seed, "loader", env.rank, epoch))
+        set_epoch = getattr(self.train_ds, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)  # per-epoch augmentation from (seed, epoch, index): exact on resume
+        self.iterator = iter(self.loader)
+        return start, n_steps
 
-        for epoch in range(self.epoch, cfg.train.epochs):
-            if self.global_step >= self.total_steps or self.out_of_time:
+    def _run_epoch(self, epoch: int, start: int, n_steps: int, stopper) -> tuple[int, bool]:
+        """Steps ``start .. n_steps`` of ``epoch``, with logging and mid-epoch saves; return (steps run, stopped)."""
+        cfg, state = self.cfg, self.state
+        ran = 0
+        for step_in_epoch in range(start, n_steps):
+            if state.global_step >= self.total_steps:
                 break
-            self.doing = f"preparing epoch {epoch}"
-            batches = self._epoch_batches(epoch)
-            n_steps = len(batches) // accum
-            report(env, "comparing step counts", epoch=epoch, step=self.global_step)
-            check_equal(
-                env, n_steps, f"the number of optimizer steps in epoch {epoch}",
-                "every rank must get the same number of batches: use the engine's sampler (drop_last by construction) "
-                "or make Task.batch_sampler return equal counts",
-            )
-            start = self.step_in_epoch if epoch == self.epoch else 0
-            sampler.set(batches[start * accum : n_steps * accum])
-            generator.manual_seed(derive_seed(cfg.train.seed, "loader", env.rank, epoch))
-            set_epoch = getattr(self.train_ds, "set_epoch", None)
-            if callable(set_epoch):
-                set_epoch(epoch)  # per-epoch augmentation from (seed, epoch, index): exact on resume
-            self.iterator = iter(self.loader)
-            ran = 0
-            for step_in_epoch in range(start, n_steps):
-                if self.global_step >= self.total_steps:
-                    break
-                self.doing = f"training (epoch {epoch}, step {self.global_step})"
-                flags = self._train_step(epoch, pinned, stopper)
-                ran += 1
-                self.step_in_epoch = step_in_epoch + 1
-                stop = flags["stop"]
-                if flags["time_up"] and not stop:
-                    self.out_of_time = True
-                    if env.is_main:
-                        log.info(f"time budget of {cfg.train.max_minutes:g} min (train.max_minutes) reached at step "
-                                 f"{self.global_step}: saving and finishing")
-                if stop and not stop_noted and env.is_main:
-                    stop_noted = True
-                    log.info(f"stop requested ({stopper.requested or 'signal on another rank'}): saving a checkpoint and exiting")
-                if self.global_step % cfg.log.every_steps == 0:
-                    self._log_window(epoch, n_steps)
-                due = flags["ckpt_due"] or (cfg.ckpt.every_steps and self.global_step % cfg.ckpt.every_steps == 0)
-                if stop or (due and self.step_in_epoch < n_steps):
-                    self._save(end_of_epoch=False)
-                if stop:
-                    return self._stopped(stopper)
-                if self.out_of_time:
-                    break
-            self.doing = f"finishing epoch {epoch}"
-            check_equal(env, start + ran, f"the number of steps run in epoch {epoch}",
-                        "a rank's data loader ended early; check the dataset and Task.batch_sampler")
-            if self.step_in_epoch < n_steps:
-                break  # max_steps reached mid-epoch
-            self.iterator = None
-            self.epoch = epoch + 1
-            self.step_in_epoch = 0
-            metrics = {}
-            every = cfg.train.eval_every
-            if self.val_ds is not None and every and ((epoch + 1) % every == 0 or epoch + 1 == cfg.train.epochs):
-                metrics = self._evaluate(epoch)
-            self._save(end_of_epoch=True, eval_metrics=metrics)
+            self.doing = f"training (epoch {epoch}, step {state.global_step})"
+            vote = self._train_step(epoch, stopper)
+            ran += 1
+            state.step_in_epoch = step_in_epoch + 1
+            self._note_vote(vote, stopper)
+            if state.global_step % cfg.log.every_steps == 0:
+                self._log_window(epoch, n_steps)
+            due = vote.ckpt_due or (cfg.ckpt.every_steps and state.global_step % cfg.ckpt.every_steps == 0)
+            if vote.stop or (due and state.step_in_epoch < n_steps):
+                self._save(end_of_epoch=False)
+            if vote.stop:
+                return ran, True
+            if self.out_of_time:
+                break
+        return ran, False
 
-        if self.last_saved_step != self.global_step:
-            self._save(end_of_epoch=False)
-        return self._finished()
+    def _note_vote(self, vote: "_Vote", stopper) -> None:
+        """Act on (and say once) what the ranks agreed: out of time, or stop requested."""
+        if vote.time_up and not vote.stop:
+            self.out_of_time = True
+            if self.env.is_main:
+                log.info(f"time budget of {self.cfg.train.max_minutes:g} min (train.max_minutes) reached at step "
+                         f"{self.state.global_step}: saving and finishing")
+        if vote.stop and not self.stop_noted and self.env.is_main:
+            self.stop_noted = True
+            log.info(f"stop requested ({stopper.requested or 'signal on another rank'}): saving a checkpoint and exiting")
 
-    def _train_step(self, epoch: int, pinned: bool, stopper) -> dict[str, bool]:
-        cfg, env = self.cfg, self.env
-        accum = self.batch.accumulation
+    # ------------------------------------------------------------------ one step
+
+    def _train_step(self, epoch: int, stopper) -> "_Vote":
+        """Forward/backward over the micro-batches, the ranks' vote, then the optimizer step."""
         t0 = time.perf_counter()
-        self._where = {"epoch": epoch, "step": self.global_step}
-        report(env, "in training_step (forward)", **self._where)
+        self._where = {"epoch": epoch, "step": self.state.global_step}
+        report(self.env, "in training_step (forward)", **self._where)
+        loss_sum, data_time = self._forward_backward(epoch)
+        vote = self._vote(loss_sum, epoch, stopper)
+        lr_used = self._lr()
+        skipped, grad_norm = self._optimizer_step(vote.mean_loss, epoch)
+        self.window.add_step(
+            loss=None if skipped else vote.mean_loss, lr=lr_used,
+            grad_norm=float(grad_norm) if grad_norm is not None and self.env.is_main else None,
+            data_time=data_time, step_time=time.perf_counter() - t0,
+        )
+        return vote
+
+    def _forward_backward(self, epoch: int) -> tuple[torch.Tensor, float]:
+        """``accumulation`` micro-batches; gradients reduced once (``no_sync`` on all but the last).
+
+        Returns the summed (unscaled) loss, left on the device, and the time spent waiting for data.
+        """
+        env, accum = self.env, self.batch.accumulation
         losses = []
         data_time = 0.0
         for micro in range(accum):
-            td = time.perf_counter()
-            try:
-                batch = next(self.iterator)
-            except StopIteration:
-                raise RuntimeError(
-                    f"the data loader on rank {env.rank} ran out after {micro} of {accum} micro-batches in epoch {epoch}"
-                ) from None
-            if self.device.type != "cpu":  # loader output is on the CPU already
-                batch = move_to_device(batch, self.device, non_blocking=pinned)
-            data_time += time.perf_counter() - td
+            waited = time.perf_counter()
+            batch = self._next_batch(epoch, micro)
+            data_time += time.perf_counter() - waited
             ctx = StepContext(
-                epoch=epoch, global_step=self.global_step, micro_step=micro, accumulation=accum, device=self.device,
+                epoch=epoch, global_step=self.state.global_step, micro_step=micro, accumulation=accum, device=self.device,
                 rank=env.rank, world_size=env.world_size, amp_dtype=self.amp_dtype,
             )
             sync = self.train_model.no_sync() if env.distributed and micro < accum - 1 else contextlib.nullcontext()
@@ -743,17 +606,23 @@ class _Trainer:
                     scaled.backward()
             losses.append(loss.detach())
             if metrics and env.is_main:
-                window = self.window_metrics
-                for name, value in metrics.items():
-                    if isinstance(value, torch.Tensor):
-                        value = value.detach()
-                        if value.dtype != torch.float32:  # bf16 sums drift
-                            value = value.float()
-                    else:
-                        value = float(value)
-                    window[name] = window.get(name, 0.0) + value
-        loss_sum = losses[0] if accum == 1 else torch.stack(losses).sum()
+                self.window.add_task_metrics(metrics)
+        return (losses[0] if accum == 1 else torch.stack(losses).sum()), data_time
 
+    def _next_batch(self, epoch: int, micro: int) -> Any:
+        try:
+            batch = next(self.iterator)
+        except StopIteration:
+            raise RuntimeError(
+                f"the data loader on rank {self.env.rank} ran out after {micro} of {self.batch.accumulation} micro-batches in epoch {epoch}"
+            ) from None
+        if self.device.type != "cpu":  # loader output is on the CPU already
+            batch = move_to_device(batch, self.device, non_blocking=self.pinned)
+        return batch
+
+    def _vote(self, loss_sum: torch.Tensor, epoch: int, stopper) -> "_Vote":
+        """The step's one all-reduce: the loss and every flag a rank could otherwise decide alone."""
+        cfg, env, accum = self.cfg, self.env, self.batch.accumulation
         due = (
             env.is_main and cfg.ckpt.every_minutes > 0
             and time.monotonic() - self.last_save_time >= cfg.ckpt.every_minutes * 60
@@ -763,21 +632,27 @@ class _Trainer:
             env.is_main and cfg.train.max_minutes is not None
             and time.monotonic() - self.budget_start >= cfg.train.max_minutes * 60
         )
+        local = [1.0 if stopper.requested else 0.0, 1.0 if due else 0.0, 1.0 if time_up else 0.0]
         if env.distributed:
-            report(env, "in the step's all-reduce", epoch=epoch, step=self.global_step)
+            report(env, "in the step's all-reduce", epoch=epoch, step=self.state.global_step)
             # Every rank-dependent decision rides on this one reduction, so all
             # ranks skip, stop and save at the same step. A NaN or inf on any
             # rank makes the summed loss non-finite on every rank.
-            flags = torch.tensor([1.0 if stopper.requested else 0.0, 1.0 if due else 0.0, 1.0 if time_up else 0.0],
-                                 device=self.device)
+            flags = torch.tensor(local, device=self.device)
             total, n_stop, n_due, n_time = all_reduce_sum(env, torch.cat([loss_sum.reshape(1), flags])).tolist()
             mean_loss = total / (accum * env.world_size)
         else:
             mean_loss = loss_sum.item() / accum
-            n_stop, n_due = (1.0 if stopper.requested else 0.0), (1.0 if due else 0.0)
-            n_time = 1.0 if time_up else 0.0
+            n_stop, n_due, n_time = local
+        return _Vote(mean_loss=mean_loss, stop=n_stop > 0, ckpt_due=n_due > 0, time_up=n_time > 0)
+
+    def _optimizer_step(self, mean_loss: float, epoch: int) -> tuple[bool, torch.Tensor | None]:
+        """Unscale, clip and step, or skip a non-finite step; the schedule advances either way.
+
+        Returns (skipped, gradient norm when clipping).
+        """
+        cfg = self.cfg
         loss_bad = not math.isfinite(mean_loss)
-        lr_used = self.optimizer.param_groups[0]["lr"]
         skip = loss_bad
         grad_norm = None
         if not skip:
@@ -791,24 +666,8 @@ class _Trainer:
                     skip = True
         if skip:
             self.optimizer.zero_grad(set_to_none=True)
-            self.nonfinite_streak += 1
-            self.skipped_steps += 1
-            limit = cfg.train.max_nonfinite
-            if env.is_main:
-                where = "loss" if loss_bad else "gradient norm"
-                log.warning(
-                    f"non-finite {where} at step {self.global_step} (epoch {epoch}); "
-                    f"step skipped ({self.nonfinite_streak} in a row, limit {limit})"
-                )
-            if self.nonfinite_streak >= limit:
-                raise TrainingDiverged(
-                    f"training diverged: non-finite loss for {self.nonfinite_streak} steps in a row "
-                    f"(train.max_nonfinite={limit}) at epoch {epoch}, step {self.global_step}; "
-                    "lower optim.lr, add train.grad_clip, or check the data; the last good checkpoint is "
-                    f"{self.last_checkpoint or 'not written yet'}"
-                )
+            self._count_skip("loss" if loss_bad else "gradient norm", epoch)
         else:
-            self.nonfinite_streak = 0
             if self.scaler is not None:
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
@@ -818,66 +677,48 @@ class _Trainer:
             if self.ema is not None:
                 self.ema.update(self.model)
         self.scheduler.step()
-        self.global_step += 1
-        self.samples_seen += self.batch.global_batch
+        self.state.advance(skipped=skip)
+        return skip, grad_norm
 
-        self.window_steps += 1
-        if not skip:
-            self.window_loss += mean_loss
-            self.window_good += 1
-        self.window_lr = lr_used
-        if grad_norm is not None and env.is_main:
-            self.window_grad_norm = float(grad_norm)
-        self.window_data_time += data_time
-        self.window_time += time.perf_counter() - t0
-        return {"stop": n_stop > 0, "ckpt_due": n_due > 0, "time_up": n_time > 0}
+    def _count_skip(self, what: str, epoch: int) -> None:
+        """Warn about a skipped step; stop the run once ``train.max_nonfinite`` come in a row."""
+        streak = self.state.count_skip()
+        step, limit = self.state.global_step, self.cfg.train.max_nonfinite
+        if self.env.is_main:
+            log.warning(f"non-finite {what} at step {step} (epoch {epoch}); step skipped ({streak} in a row, limit {limit})")
+        if streak >= limit:
+            raise TrainingDiverged(
+                f"training diverged: non-finite loss for {streak} steps in a row "
+                f"(train.max_nonfinite={limit}) at epoch {epoch}, step {step}; "
+                "lower optim.lr, add train.grad_clip, or check the data; the last good checkpoint is "
+                f"{self.last_checkpoint or 'not written yet'}"
+            )
+
+    def _lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
 
     # ------------------------------------------------------------------ logging
 
-    def _window_reset(self) -> None:
-        self.window_steps = 0
-        self.window_good = 0
-        self.window_loss = 0.0
-        self.window_time = 0.0
-        self.window_data_time = 0.0
-        self.window_lr = self.optimizer.param_groups[0]["lr"]
-        self.window_grad_norm: float | None = None
-        self.window_metrics: dict[str, Any] = {}
-
     def _log_window(self, epoch: int, n_steps: int) -> None:
-        env = self.env
-        if not env.is_main or self.window_steps == 0:
-            self._window_reset()
+        env, state, window = self.env, self.state, self.window
+        if not env.is_main or window.steps == 0:
+            window.reset(self._lr())
             return
-        # Step time only: evaluation and checkpoint pauses would otherwise
-        # read as a slowdown of training itself.
-        elapsed = self.window_time
-        it_s = self.window_steps / elapsed if elapsed > 0 else float("nan")
-        metrics: dict[str, float] = {
-            "loss": self.window_loss / self.window_good if self.window_good else float("nan"),
-            "lr": self.window_lr,
-            "it_per_s": it_s,
-            "samples_per_s": it_s * self.batch.global_batch,
-            "data_wait_frac": self.window_data_time / elapsed if elapsed > 0 else 0.0,
-            "skipped_steps": float(self.skipped_steps),
-        }
-        if self.window_grad_norm is not None:
-            metrics["grad_norm"] = self.window_grad_norm
-        for name, value in self.window_metrics.items():
-            metrics[name] = float(value) / max(1, self.window_steps * self.batch.accumulation)
-        eta = (self.total_steps - self.global_step) / it_s if it_s and math.isfinite(it_s) and it_s > 0 else float("nan")
-        epoch_pos = epoch + self.step_in_epoch / max(1, n_steps)
-        self.writer.write(self.global_step, epoch_pos, metrics, prefix="train/")
+        metrics = window.summary(global_batch=self.batch.global_batch, accumulation=self.batch.accumulation, skipped_steps=state.skipped_steps)
+        it_s = metrics["it_per_s"]
+        eta = (self.total_steps - state.global_step) / it_s if it_s and math.isfinite(it_s) and it_s > 0 else float("nan")
+        epoch_pos = epoch + state.step_in_epoch / max(1, n_steps)
+        self.writer.write(state.global_step, epoch_pos, metrics, prefix="train/")
         self.last_metrics.update({f"train/{k}": v for k, v in metrics.items()})
         line = (
-            f"epoch {epoch} step {self.global_step}/{self.total_steps}  loss {metrics['loss']:.4g}  lr {metrics['lr']:.3g}  "
+            f"epoch {epoch} step {state.global_step}/{self.total_steps}  loss {metrics['loss']:.4g}  lr {metrics['lr']:.3g}  "
             f"{it_s:.2f} it/s  eta {format_duration(eta)}"
         )
         if self.progress is not None and self.progress.enabled:
-            self.progress.update(self.global_step, f"loss {metrics['loss']:.4g} lr {metrics['lr']:.3g} {it_s:.2f} it/s")
+            self.progress.update(state.global_step, f"loss {metrics['loss']:.4g} lr {metrics['lr']:.3g} {it_s:.2f} it/s")
         log.info(line)
-        self.status.update(progress_only=True, epoch=epoch, global_step=self.global_step, metrics=_jsonable(self.last_metrics))
-        self._window_reset()
+        self.status.update(progress_only=True, epoch=epoch, global_step=state.global_step, metrics=_jsonable(self.last_metrics))
+        window.reset(self._lr())
 
     # ------------------------------------------------------------------ evaluation
 
@@ -897,7 +738,7 @@ class _Trainer:
                 pin_memory=bool(cfg.data.pin_memory and self.device.type == "cuda"), generator=gen, persistent=False,
             )
             ctx = EvalContext(
-                epoch=epoch, global_step=self.global_step, device=self.device, rank=env.rank, world_size=env.world_size,
+                epoch=epoch, global_step=self.state.global_step, device=self.device, rank=env.rank, world_size=env.world_size,
                 amp_dtype=self.amp_dtype, out_dir=rank_dir, micro_batch=micro,
             )
             was_training = model.training
@@ -924,7 +765,7 @@ class _Trainer:
             metrics = _weighted_mean(gathered)
         metrics = {k: float(v) for k, v in metrics.items()}
         if env.is_main and metrics:
-            self.writer.write(self.global_step, float(epoch + 1), metrics)
+            self.writer.write(self.state.global_step, float(epoch + 1), metrics)
             self.last_metrics.update(metrics)
             log.info(f"epoch {epoch} evaluation: " + "  ".join(f"{k} {v:.5g}" for k, v in metrics.items()))
             self.status.update(metrics=_jsonable(self.last_metrics))
@@ -932,7 +773,7 @@ class _Trainer:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def _state(self, rngs: list[Any]) -> dict[str, Any]:
+    def _checkpoint(self, rngs: list[Any]) -> dict[str, Any]:
         return {
             "task": self.task.name,
             "config": to_dict(self.cfg),
@@ -941,91 +782,72 @@ class _Trainer:
             "optimizer": ckpt_io.to_cpu(self.optimizer.state_dict()),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-            "progress": {
-                "epoch": self.epoch,
-                "step_in_epoch": self.step_in_epoch,
-                "global_step": self.global_step,
-                "samples_seen": self.samples_seen,
-                "nonfinite_streak": self.nonfinite_streak,
-                "skipped_steps": self.skipped_steps,
-                "best_metric": self.best_metric,
-                "best_mode": self.best_mode,
-                "best_value": self.best_value,
-                "best_step": self.best_step,
-                "global_batch": self.batch.global_batch,
-                "steps_per_epoch": self.plan.steps_per_epoch,
-                "world_size": self.env.world_size,
-            },
+            "progress": self.state.state_dict(),
             "rng": {"world_size": self.env.world_size, "per_rank": rngs},
             "metrics": _jsonable(self.last_metrics),
         }
 
     def _save(self, *, end_of_epoch: bool, eval_metrics: Mapping[str, float] | None = None) -> None:
-        env, cfg = self.env, self.cfg
+        env, cfg, state = self.env, self.cfg, self.state
         self.doing = "saving a checkpoint"
-        report(env, "gathering RNG states for a checkpoint", epoch=self.epoch, step=self.global_step)
+        report(env, "gathering RNG states for a checkpoint", epoch=state.epoch, step=state.global_step)
         rngs = all_gather_objects(env, ckpt_io.capture_rng(self.device))
+        # Every rank holds the same (gathered or broadcast) evaluation metrics,
+        # so every rank records the same best and carries the same progress.
+        improved = end_of_epoch and state.best.offer(eval_metrics or {}, state.global_step, warn=log.warning if env.is_main else None)
 
         def write() -> str:
-            improved = False
-            if end_of_epoch and self.best_metric and eval_metrics:
-                value = eval_metrics.get(self.best_metric)
-                if value is None:
-                    log.warning(f"best metric '{self.best_metric}' is not among the evaluation metrics ({', '.join(eval_metrics)}); set ckpt.best_metric")
-                elif math.isfinite(value) and (
-                    self.best_value is None or (value < self.best_value if self.best_mode == "min" else value > self.best_value)
-                ):
-                    self.best_value, self.best_step, improved = float(value), self.global_step, True
-            path = self.files.write_latest(self._state(rngs))
-            if end_of_epoch and cfg.ckpt.every_epochs and self.epoch % cfg.ckpt.every_epochs == 0:
-                self.files.copy_to(path, self.files.periodic(self.epoch))
+            path = self.files.write_latest(self._checkpoint(rngs))
+            if end_of_epoch and cfg.ckpt.every_epochs and state.epoch % cfg.ckpt.every_epochs == 0:
+                self.files.copy_to(path, self.files.periodic(state.epoch))
                 self.files.prune()
             if improved:
                 self.files.copy_to(path, self.files.best)
-                log.info(f"new best {self.best_metric} {self.best_value:.5g} at step {self.global_step}")
-            self.status.update(
-                last_checkpoint=str(path), epoch=self.epoch, global_step=self.global_step,
-                best={"metric": self.best_metric, "value": self.best_value, "step": self.best_step} if self.best_value is not None else None,
-            )
+                log.info(f"new best {state.best.metric} {state.best.value:.5g} at step {state.global_step}")
+            self.status.update(last_checkpoint=str(path), epoch=state.epoch, global_step=state.global_step, best=state.best.summary())
             return str(path)
 
         path = rank0_section(env, "saving a checkpoint", write, timeout_s=cfg.dist.rank0_timeout_s)
-        if not env.is_main and end_of_epoch and self.best_metric and eval_metrics:
-            # Mirror rank 0's best tracking so every rank carries the same progress.
-            value = eval_metrics.get(self.best_metric)
-            if value is not None and math.isfinite(value) and (
-                self.best_value is None or (value < self.best_value if self.best_mode == "min" else value > self.best_value)
-            ):
-                self.best_value, self.best_step = float(value), self.global_step
         self.last_checkpoint = Path(path) if path else None
-        self.last_saved_step = self.global_step
+        self.last_saved_step = state.global_step
         self.last_save_time = time.monotonic()
 
     # ------------------------------------------------------------------ endings
 
     def _result(self, status: str, signal_name: str | None = None) -> TrainResult:
-        best = {"metric": self.best_metric, "value": self.best_value, "step": self.best_step} if self.best_value is not None else None
         return TrainResult(
-            status=status, run_dir=self.run_dir, epoch=self.epoch, global_step=self.global_step,
-            checkpoint=self.last_checkpoint, metrics=dict(self.last_metrics), best=best, signal=signal_name,
-            resumed_from=self.resumed_from,
+            status=status, run_dir=self.run_dir, epoch=self.state.epoch, global_step=self.state.global_step,
+            checkpoint=self.last_checkpoint, metrics=dict(self.last_metrics), best=self.state.best.summary(),
+            signal=signal_name, resumed_from=self.resumed_from,
         )
 
     def _stopped(self, stopper) -> TrainResult:
+        state = self.state
         if self.env.is_main:
             log.info(
-                f"stopped at epoch {self.epoch}, step {self.global_step}; checkpoint {self.last_checkpoint}; "
+                f"stopped at epoch {state.epoch}, step {state.global_step}; checkpoint {self.last_checkpoint}; "
                 "continue with --resume auto"
             )
-            self.status.update(status="stopped", stop_signal=stopper.requested, epoch=self.epoch, global_step=self.global_step)
+            self.status.update(status="stopped", stop_signal=stopper.requested, epoch=state.epoch, global_step=state.global_step)
         return self._result("stopped", stopper.requested)
 
     def _finished(self) -> TrainResult:
+        state, best = self.state, self.state.best
         if self.env.is_main:
-            best = f"; best {self.best_metric} {self.best_value:.5g} (step {self.best_step})" if self.best_value is not None else ""
-            log.info(f"finished: {self.global_step} steps, {self.epoch} epoch(s){best}; checkpoint {self.last_checkpoint}")
-            self.status.update(status="finished", epoch=self.epoch, global_step=self.global_step)
+            said = f"; best {best.metric} {best.value:.5g} (step {best.step})" if best.value is not None else ""
+            log.info(f"finished: {state.global_step} steps, {state.epoch} epoch(s){said}; checkpoint {self.last_checkpoint}")
+            self.status.update(status="finished", epoch=state.epoch, global_step=state.global_step)
         return self._result("finished")
+
+
+@dataclass
+class _Vote:
+    """What the ranks agreed in a step's all-reduce."""
+
+    mean_loss: float  # over all ranks and micro-batches; non-finite if any rank's was
+    stop: bool  # a stop signal reached some rank
+    ckpt_due: bool  # rank 0's ckpt.every_minutes clock
+    time_up: bool  # rank 0's train.max_minutes clock
 
 
 # --------------------------------------------------------------------------- helpers

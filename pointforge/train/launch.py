@@ -1,15 +1,22 @@
-"""``pointforge train --nproc N``: start torchrun for you on this node.
+"""The one torchrun module: how pointforge starts, and finds, its worker processes.
 
-No launcher of our own: this builds a plain ``torchrun --standalone`` command
-(a free rendezvous port per job, so two jobs on one node do not collide) that
-runs ``python -m pointforge.cli.train train ...`` on each rank, and relays
-stop signals. Multi-node jobs call torchrun directly (see docs/training.md).
+``pointforge train --nproc N`` (:func:`launch`, below) and ``pointforge
+launch`` (:mod:`pointforge.ops.launch`, one job per GPU set) both start
+``torchrun`` through these functions: the worker arguments
+(:func:`worker_args`), the torchrun command line (:func:`torchrun_command`:
+``--standalone`` with a free port per job, or a given ``c10d`` endpoint), the
+``PYTHONPATH`` that makes the workers import this checkout
+(:func:`worker_pythonpath`), and the worker processes read back from the rank
+files the engine writes (:func:`live_worker_pids`). No launcher of our own:
+each rank runs ``python -m pointforge.cli.train train ...``. Multi-node jobs
+call torchrun directly (see docs/training.md).
 
-Stopping: a terminal's Ctrl-C or a scheduler's SIGTERM reaches this process;
-it forwards SIGTERM to the worker processes named in ``<run dir>/ranks/``
-(not to torchrun, which would treat it as a failure), the workers finish
-their step, save and exit 0, and torchrun then exits 0 too. A second signal
-is passed to torchrun itself, which ends the workers at once.
+Stopping ``train --nproc``: a terminal's Ctrl-C or a scheduler's SIGTERM
+reaches this process; it forwards SIGTERM to the worker processes named in
+``<run dir>/ranks/`` (not to torchrun, which would treat it as a failure),
+the workers finish their step, save and exit 0, and torchrun then exits 0
+too. A second signal is passed to torchrun itself, which ends the workers at
+once.
 """
 
 from __future__ import annotations
@@ -17,74 +24,178 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import pointforge
 
+# What each rank runs: the `train` command with its own error handling and exit code.
+WORKER_MODULE = "pointforge.cli.train"
+
 
 def package_root() -> str:
+    """The folder holding this ``pointforge`` package (put first on the workers' PYTHONPATH)."""
     return str(Path(pointforge.__file__).resolve().parent.parent)
 
 
-def torchrun_command(worker_args: Sequence[str], *, nproc: int, max_restarts: int = 0) -> list[str]:
+def worker_args(
+    task: str,
+    *,
+    config: str | os.PathLike | None = None,
+    overrides: Sequence[str] = (),
+    resume: str | None = None,
+    wandb: bool = False,
+) -> list[str]:
+    """The ``train`` command line every rank runs (``--resume`` last, where a re-run edits it)."""
+    args = ["train", task]
+    if config is not None:
+        args += ["--config", str(config)]
+    if wandb:
+        args.append("--wandb")
+    args += [str(o) for o in overrides]
+    if resume:
+        args += ["--resume", str(resume)]
+    return args
+
+
+def torchrun_command(
+    worker: Sequence[str],
+    *,
+    nproc: int,
+    max_restarts: int = 0,
+    endpoint: str | None = None,
+    run_id: str | None = None,
+) -> list[str]:
+    """``python -m torch.distributed.run ... -m pointforge.cli.train WORKER...`` on this node.
+
+    Without ``endpoint``: ``--standalone`` (torchrun picks a free port, so two
+    jobs on one node do not collide). With one (``HOST:PORT``): a ``c10d``
+    rendezvous there, named ``run_id``, as ``pointforge launch`` plans it.
+    """
+    if endpoint is None:
+        rendezvous = ["--standalone"]
+    else:
+        rendezvous = ["--nnodes=1", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id or 'pointforge'}"]
     return [
         sys.executable, "-m", "torch.distributed.run",
-        "--standalone", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
-        "-m", "pointforge.cli.train", *worker_args,
+        *rendezvous, f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
+        "-m", WORKER_MODULE, *worker,
     ]
 
 
-def worker_environment() -> dict[str, str]:
-    env = dict(os.environ)
+def worker_pythonpath(current: str | None) -> str:
+    """``current`` with this checkout first (once), so workers import the same pointforge."""
     root = package_root()
-    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if root not in parts:
-        env["PYTHONPATH"] = os.pathsep.join([root, *parts])
+    parts = [p for p in (current or "").split(os.pathsep) if p and p != root]
+    return os.pathsep.join([root, *parts])
+
+
+def worker_environment(base: Mapping[str, str]) -> dict[str, str]:
+    env = dict(base)
+    env["PYTHONPATH"] = worker_pythonpath(env.get("PYTHONPATH"))
     return env
 
 
-def _local_worker_pids(run_dir: Path, since: float) -> list[int]:
-    import socket
+# --------------------------------------------------------------------------- worker processes
 
+
+def rank_records(run_dir: str | os.PathLike, since: float = 0.0) -> list[dict[str, Any]]:
+    """The ``ranks/rank*.json`` records (written by each rank at start-up) on this host, at or after ``since``.
+
+    Older records are left by an earlier job in the same run dir; their pids may be reused.
+    """
     host = socket.gethostname()
-    pids = []
-    for path in sorted((run_dir / "ranks").glob("rank*.json")):
+    found = []
+    for path in sorted(Path(run_dir, "ranks").glob("rank*.json")):
         try:
-            info = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+            info = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
             continue
-        if float(info.get("started_at", 0)) < since:
-            continue  # left by an earlier job in this run dir; its pid may be reused
-        pid = int(info.get("pid", 0))
-        if info.get("host") != host or pid <= 0:
+        if not isinstance(info, dict) or info.get("host") != host or float(info.get("started_at", 0)) < since:
             continue
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            cmdline = b"pointforge"  # no /proc (macOS): trust the file
-        if b"pointforge" in cmdline:
-            pids.append(pid)
-    return pids
+        found.append(info)
+    return found
 
 
-def launch(worker_args: Sequence[str], *, nproc: int, max_restarts: int, run_dir: str | os.PathLike) -> int:
+def live_worker_pids(run_dir: str | os.PathLike, since: float = 0.0) -> list[int]:
+    """The pids of this host's workers of the run in ``run_dir`` that are still the processes that recorded themselves."""
+    return [int(w["pid"]) for w in rank_records(run_dir, since) if pid_alive_since(int(w.get("pid", 0)), w.get("started_at"))]
+
+
+def pid_alive(pid: int | None) -> bool:
+    """Whether process ``pid`` exists on this machine and has not exited (a zombie counts as gone)."""
+    if not pid or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # someone else's process, but it exists
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc (macOS): os.kill is all we have
+    state = stat.rsplit(")", 1)[1].split()[0]
+    return state not in ("Z", "X")
+
+
+_BOOT_TIME: float | None = None
+
+
+def process_start_time(pid: int) -> float | None:
+    """When process ``pid`` started (seconds since the epoch), from /proc; None where unknown."""
+    global _BOOT_TIME
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        if _BOOT_TIME is None:
+            for line in Path("/proc/stat").read_text().splitlines():
+                if line.startswith("btime "):
+                    _BOOT_TIME = float(line.split()[1])
+        ticks = os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+    if _BOOT_TIME is None:
+        return None
+    # Field 22 of stat is the start time in clock ticks after boot; fields[0] is field 3.
+    return _BOOT_TIME + int(fields[19]) / ticks
+
+
+def pid_alive_since(pid: int | None, recorded_at: float | None, *, slack_s: float = 2.0) -> bool:
+    """``pid`` is alive and is the process that recorded itself at ``recorded_at``.
+
+    A run's recorded pid may, long after the run died, belong to an unrelated
+    process; that one started later than the record was written.
+    """
+    if not pid_alive(pid):
+        return False
+    if recorded_at is None:
+        return True
+    started = process_start_time(int(pid))  # type: ignore[arg-type]
+    return started is None or started <= float(recorded_at) + slack_s
+
+
+# --------------------------------------------------------------------------- train --nproc
+
+
+def launch(worker: Sequence[str], *, nproc: int, max_restarts: int, run_dir: str | os.PathLike) -> int:
     """Run torchrun with ``nproc`` workers; return its exit status (0 after a graceful stop)."""
     run_dir = Path(run_dir)
-    cmd = torchrun_command(worker_args, nproc=nproc, max_restarts=max_restarts)
+    cmd = torchrun_command(worker, nproc=nproc, max_restarts=max_restarts)
     # A session of its own: the terminal's Ctrl-C reaches only us, and we decide
     # who gets which signal.
     started = time.time()
-    proc = subprocess.Popen(cmd, env=worker_environment(), start_new_session=True)
+    proc = subprocess.Popen(cmd, env=worker_environment(os.environ), start_new_session=True)
     signals_seen = 0
 
     def relay(signum: int, _frame) -> None:
         nonlocal signals_seen
         signals_seen += 1
-        pids = _local_worker_pids(run_dir, started)
+        pids = live_worker_pids(run_dir, started)
         if signals_seen == 1 and pids:
             print(f"pointforge: {signal.Signals(signum).name} received; asking {len(pids)} worker(s) to finish the step, "
                   "save and stop (send it again to stop at once)", file=sys.stderr, flush=True)
@@ -111,7 +222,7 @@ def launch(worker_args: Sequence[str], *, nproc: int, max_restarts: int, run_dir
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
-                _signal_all(_local_worker_pids(run_dir, started), signal.SIGKILL)
+                _signal_all(live_worker_pids(run_dir, started), signal.SIGKILL)
                 proc.kill()
                 proc.wait()
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from pointforge.errors import ConfigError
-from pointforge.atomic import atomic_write_json
+from pointforge.atomic import atomic_write_json, atomic_write_text
 
 LOGGER_NAME = "pointforge"
 
@@ -192,8 +192,6 @@ def start_wandb(run_dir: Path, log_cfg: Any, *, config: Mapping[str, Any], run_n
         resume="allow" if run_id else None,
     )
     if run_id is None and getattr(run, "id", None):
-        from pointforge.atomic import atomic_write_text
-
         atomic_write_text(id_file, str(run.id))
     return run
 
