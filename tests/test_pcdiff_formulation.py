@@ -253,3 +253,15 @@ def test_framed_run_logs_placement_and_its_checkpoint_places_implants_alone(tmp_
     true_center = np.asarray(data.points(case.implant)).mean(axis=0)
     box_center = (skull.min(axis=0) + skull.max(axis=0)) / 2
     assert np.linalg.norm(implants.mean(axis=(0, 1)) - true_center) < np.linalg.norm(box_center - true_center)
+
+
+def test_upstream_import_refuses_a_config_with_another_formulation(tmp_path):
+    from pointforge.ops.pcdiff_import import import_pcdiff_checkpoint
+    from pointforge.nn.pvcnn import PVCNN2
+
+    source = tmp_path / "upstream.pth"
+    torch.save({"epoch": 1, "model_state": {"model." + k: v for k, v in PVCNN2("tiny").state_dict().items()}}, source)
+    with pytest.raises(ConfigError, match="task.frame, task.diffusion.prediction"):
+        import_pcdiff_checkpoint(source, tmp_path / "out.pt", overrides=["task.frame.scale=0.5", "task.diffusion.prediction=v"])
+    assert not (tmp_path / "out.pt").exists()
+    assert import_pcdiff_checkpoint(source, tmp_path / "ok.pt").preset == "tiny"

@@ -36,6 +36,19 @@ class ImportResult:
     parameters: int
 
 
+def _check_upstream_formulation(task) -> None:
+    """Upstream networks are ε-predicting PVCNN2s over xyz in the skull's frame; a config asking
+    for another formulation would load the weights into a model that reads them differently."""
+    d = task.diffusion
+    changed = [name for name, on in (
+        ("task.frame", task.frame is not None), ("task.condition_mark", task.condition_mark),
+        ("task.diffusion.prediction", d.prediction != "eps"), ("task.diffusion.zero_terminal_snr", d.zero_terminal_snr),
+    ) if on]
+    if changed:
+        raise ConfigError(f"an upstream PCDiff checkpoint uses the upstream formulation, but the config sets {', '.join(changed)}; "
+                          "import with configs/pcdiff/paper.yaml or a config without them")
+
+
 def import_pcdiff_checkpoint(
     source: str | os.PathLike,
     target: str | os.PathLike,
@@ -83,6 +96,7 @@ def import_pcdiff_checkpoint(
         raise ConfigError(f"the config's task.model is '{chosen}' but {source} holds a '{imported.preset}' network; use a {imported.preset} config")
     if chosen != imported.preset:
         cfg = load_train_config(CompletionTask.name, config, [*overrides, f"task.model={imported.preset}"])
+    _check_upstream_formulation(cfg.task)
     model = build_model(cfg.task)
     load_model_state(model, imported.state_dict)
     optimizer = build_optimizer(CompletionTask().parameters(model), cfg.optim, cfg.optim.lr)
