@@ -55,10 +55,13 @@ class DemoSettings:
     phases: tuple[float, ...] = (0.25, 0.5, 1.0)  # fractions of the budget at which the models are evaluated
     device: str = "auto"
     workers: int | None = None
+    data: str | None = None  # a raw SkullBreak/SkullFix folder to use instead of synthetic skulls
 
     def validate(self) -> None:
         if not self.minutes > 0:
             raise UserError(f"--minutes must be positive, got {self.minutes}")
+        if self.data is not None and not Path(self.data).is_dir():
+            raise UserError(f"--data {self.data}: no such folder; give a raw SkullBreak or SkullFix dataset folder")
         if self.skulls < 5:
             raise UserError(f"--skulls must be at least 5 (training, validation and test skulls), got {self.skulls}")
         if self.size < 48:
@@ -160,8 +163,12 @@ def run_demo(out: str | os.PathLike = "demo_out", settings: DemoSettings | None 
     started = time.perf_counter()
 
     t = time.perf_counter()
-    log(f"[1/6] synthesising {s.skulls} SkullBreak-style skulls at {s.size}³ and preparing them → {out / 'data'}")
-    synthesize(raw, s.skulls, s.size, s.seed, layout="skullbreak")
+    if s.data is None:
+        log(f"[1/6] synthesising {s.skulls} SkullBreak-style skulls at {s.size}³ and preparing them → {out / 'data'}")
+        synthesize(raw, s.skulls, s.size, s.seed, layout="skullbreak")
+    else:
+        raw = Path(s.data)
+        log(f"[1/6] preparing {raw} (split {s.split} by skull) → {prepared}")
     prep = prepare_dataset(raw, prepared, n_points=s.points, seed=s.seed, split=s.split, workers=s.workers,
                            progress=(lambda d, n, _name: progress("prepare", d, n, None)) if progress else None)
     if prep.failures:
@@ -220,14 +227,21 @@ def run_demo(out: str | os.PathLike = "demo_out", settings: DemoSettings | None 
     timings["generate_evaluate_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    log(f"[4/6] baseline: the defect filled with the mean of the {len({c.skull_id for c in train_cases})} registered training skulls")
+    log("[4/6] oracle: the true implant points through the same voxelizer and clean-up (what a perfect PCDiff would reach)")
+    oracle_root = out / "oracle"
+    _run_oracle(dataset, oracle_root, kept[-1], options, s.device, test_cases)
+    oracle_eval = evaluate_predictions(oracle_root, raw, cases=case_ids)
+    write_reports(oracle_eval, oracle_root)
+    timings["oracle_s"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    log(f"[5/6] baseline: the defect filled with the mean of the {len({c.skull_id for c in train_cases})} registered training skulls")
     base_root = out / "baseline"
     base_stats = _run_baseline(prepared, base_root)
     baseline_eval = evaluate_predictions(base_root, raw, cases=case_ids)
     write_reports(baseline_eval, base_root)
     timings["baseline_s"] = time.perf_counter() - t
 
-    log("[5/6] evaluating")  # (done above per model; this stage compares)
     final = curve[-1]["evaluation"]
     summary = {
         "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(s).items()},
@@ -235,7 +249,10 @@ def run_demo(out: str | os.PathLike = "demo_out", settings: DemoSettings | None 
         "pipeline": final.summary,
         "baseline": baseline_eval.summary,
         "curve": [{"minutes": c["minutes"], "steps": c["steps"], "failed": c["failed"],
-                   "dsc_mean": _mean_dsc(c["evaluation"], case_ids)} for c in curve],
+                   "dsc_mean": _mean_dsc(c["evaluation"], case_ids),
+                   "placement": placement_summary(dataset, c["root"], test_cases)} for c in curve],
+        "oracle": oracle_eval.summary,
+        "oracle_dsc_mean": _mean_dsc(oracle_eval, case_ids),
         "baseline_dsc_mean": _mean_dsc(baseline_eval, case_ids),
         "baseline_info": base_stats,
         "phases": kept,
@@ -249,10 +266,51 @@ def run_demo(out: str | os.PathLike = "demo_out", settings: DemoSettings | None 
     t = time.perf_counter()
     timings["report_s"] = 0.0
     summary["timings_s"]["total_s"] = round(time.perf_counter() - started, 1)
-    md, page = _write_report(out, summary, curve, baseline_eval, base_root)
+    md, page = _write_report(out, summary, curve, baseline_eval, base_root, oracle_eval)
     summary["timings_s"]["report_s"] = round(time.perf_counter() - t, 1)
     atomic_write_text(out / "demo.json", json.dumps(json_safe(summary), indent=1))
     return DemoResult(out=out, report_md=md, report_html=page, summary=summary)
+
+
+def _run_oracle(dataset, out: Path, snapshot: dict, options, device: str, cases) -> None:
+    """Each test case's true implant points, as ``options.ensemble`` proposals, through the pipeline after PCDiff."""
+    import numpy as np
+
+    from pointforge.implant.generate import generate_case, load_models
+
+    models = load_models(snapshot["pcdiff"]["checkpoint"], snapshot["voxelizer"]["checkpoint"], device=device)
+    n_implant = models.pcdiff.config.n_implant
+    rng = np.random.default_rng(options.seed)
+    for case in cases:
+        meta = dataset.meta(case.implant)
+        points = np.asarray(dataset.points(case.implant), dtype=np.float64)
+        affine = np.asarray(meta["direction"], dtype=np.float64) * np.asarray(meta["spacing"], dtype=np.float64)[None, :]
+        points_mm = points @ affine.T + np.asarray(meta["origin"], dtype=np.float64)
+        chosen = np.stack([points_mm[rng.choice(len(points_mm), n_implant, replace=len(points_mm) < n_implant)]
+                           for _ in range(options.ensemble)])
+        generate_case(dataset.meta(case.defective)["source"], out / case.case_id, models, options, proposals_mm=chosen,
+                      title=f"{case.case_id}: oracle (true implant points)")
+
+
+def placement_summary(dataset, root: Path, cases) -> dict[str, float]:
+    """Mean placement of the generated points (mm) over the cases generated under ``root``
+    (:func:`pointforge.nn.placement.placement_metrics`, each case's proposals averaged)."""
+    import numpy as np
+    import torch
+
+    from pointforge.nn.placement import placement_metrics
+
+    found: dict[str, list[float]] = {}
+    for case in cases:
+        path = root / case.case_id / "proposals" / "points.npy"
+        if not path.is_file():
+            continue
+        spacing = np.asarray(dataset.meta(case.defective)["spacing"], dtype=np.float64)
+        pred = torch.from_numpy(np.load(path).astype(np.float64) * spacing)
+        true = torch.from_numpy(np.asarray(dataset.points(case.implant), dtype=np.float64) * spacing)
+        for name, values in placement_metrics(pred, true[None].expand(len(pred), -1, -1)).items():
+            found.setdefault(name, []).append(float(values.mean()))
+    return {name: float(np.mean(v)) for name, v in found.items()}
 
 
 def _mean_dsc(evaluation, case_ids: list[str]) -> float:
@@ -342,11 +400,22 @@ def _tables(summary: dict, curve: list[dict], baseline_eval) -> dict[str, tuple[
                   _metric_cell(pipe[g], "hd95"), _metric_cell(base.get(g), "hd95")] for g in groups])
     curve_rows = [[f"{c['minutes']:g}", str(c["steps"].get("pcdiff")), str(c["steps"].get("voxelizer")),
                    _fmt(_mean_dsc(c["evaluation"], summary["cases"])),
+                   _fmt(p.get("centroid_error"), 1), _fmt(p.get("spread_ratio"), 2),
                    _fmt(c["evaluation"].summary.get("all", {}).get("bdsc", {}).get("mean")),
                    _fmt(c["evaluation"].summary.get("all", {}).get("hd95", {}).get("mean"), 2),
-                   str(len(c["failed"]))] for c in curve]
-    curve_table = (["training min", "PCDiff steps", "voxelizer steps", "mean DSC (failed = 0)", "mean bDSC", "mean HD95 (mm)",
-                    "failed cases"], curve_rows)
+                   str(len(c["failed"]))] for c, p in zip(curve, (k["placement"] for k in summary["curve"]))]
+    curve_table = (["training min", "PCDiff steps", "voxelizer steps", "mean DSC (failed = 0)", "centroid error (mm)",
+                    "spread ratio", "mean bDSC", "mean HD95 (mm)", "failed cases"], curve_rows)
+    place = summary["curve"][-1]["placement"]
+    stages = (["implant points from", "mean DSC", "mean bDSC", "mean HD95 (mm)", "centroid error (mm)", "spread ratio",
+               "generated → true (mm)", "true → generated (mm)"],
+              [["PCDiff (final models)", _fmt(summary["curve"][-1]["dsc_mean"]), _cell(pipe, "bdsc"), _cell(pipe, "hd95", 2),
+                _fmt(place.get("centroid_error"), 1), _fmt(place.get("spread_ratio"), 2),
+                _fmt(place.get("pred_to_true"), 1), _fmt(place.get("true_to_pred"), 1)],
+               ["the true implant (oracle)", _fmt(summary["oracle_dsc_mean"]), _cell(summary["oracle"], "bdsc"),
+                _cell(summary["oracle"], "hd95", 2), "0", "1", "0", "0"],
+               ["baseline (mean registered skull)", _fmt(summary["baseline_dsc_mean"]), _cell(base, "bdsc"),
+                _cell(base, "hd95", 2), "", "", "", ""]])
     base_rows = {r["case_id"]: r for r in baseline_eval.rows}
     final = curve[-1]
     case_rows = []
@@ -365,10 +434,16 @@ def _tables(summary: dict, curve: list[dict], baseline_eval) -> dict[str, tuple[
     for row in final["evaluation"].rows:
         for k, v in (_case_report(final["root"] / row["case_id"]).get("timings_s") or {}).items():
             stage_sums.setdefault(k, []).append(v)
+    limits = stages
     stages = (["generation stage", "mean s per case"],
               [[k.removesuffix("_s"), f"{sum(v) / len(v):.2f}"] for k, v in stage_sums.items()])
     demo_times = (["demo stage", "seconds"], [[k.removesuffix("_s"), f"{v:.1f}"] for k, v in summary["timings_s"].items()])
-    return {"by_class": by_class, "curve": curve_table, "cases": cases, "stages": stages, "demo_times": demo_times}
+    return {"by_class": by_class, "curve": curve_table, "cases": cases, "stages": stages, "demo_times": demo_times,
+            "limits": limits}
+
+
+def _cell(stats: dict, metric: str, digits: int = 3) -> str:
+    return _fmt(((stats or {}).get("all") or {}).get(metric, {}).get("mean"), digits)
 
 
 def _case_report(folder: Path) -> dict:
@@ -390,7 +465,7 @@ def _html_table(headers: list[str], rows: list[list[str]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _write_report(out: Path, summary: dict, curve: list[dict], baseline_eval, base_root: Path) -> tuple[Path, Path]:
+def _write_report(out: Path, summary: dict, curve: list[dict], baseline_eval, base_root: Path, oracle_eval=None) -> tuple[Path, Path]:
     from pointforge.atomic import atomic_write_text
 
     tables = _tables(summary, curve, baseline_eval)
@@ -412,13 +487,20 @@ def _write_report(out: Path, summary: dict, curve: list[dict], baseline_eval, ba
                f"against {_fmt(base)} for the mean-registered-skull baseline: "
                + ("the diffusion pipeline beats the baseline." if summary["beats_baseline"]
                   else "the diffusion pipeline does NOT beat the baseline at this training budget."))
-    intro = (f"Synthetic SkullBreak-style data: {s['skulls']} skulls at {s['size']}³ "
-             f"({230 / s['size']:.2f} mm voxels), 5 defect classes each, split {s['split']} by skull. "
+    data = (f"Synthetic SkullBreak-style data: {s['skulls']} skulls at {s['size']}³ "
+            f"({230 / s['size']:.2f} mm voxels), 5 defect classes each" if s.get("data") is None
+            else f"Data: {s['data']}")
+    intro = (f"{data}, split {s['split']} by skull. "
              f"Training: {s['minutes']:g} min of wall-clock time, PCDiff and the voxelizer side by side. "
              f"Generation: ensemble of {s['ensemble']}, sampler {s['sampler']}"
              + (f" {s['steps']} steps" if s["steps"] else "") + ". Every number below was computed in this run.")
     sections = [
         ("Result", None, verdict),
+        ("Which stage limits the result", "limits",
+         "The same voxelizer and clean-up fed PCDiff's points, then the true implant points (the oracle): "
+         "the gap between the first two rows is PCDiff's, between the oracle and 1 the voxelizer's and the clean-up's. "
+         "Placement: distance between the generated and true implant centroids, and the generated points' spread "
+         "(RMS radius) over the true one's."),
         ("Per defect class (final models)", "by_class", None),
         ("Learning curve", "curve", "More training, same held-out cases (baseline: dashed)."),
         ("Per case (final models)", "cases", None),

@@ -69,6 +69,7 @@ def test_the_report_counts_failures_as_zero_and_says_who_wins(tmp_path):
     cases = ["bilateral/001", "random_1/001"]
     pipeline = _evaluation({"bilateral/001": 0.8})  # random_1 failed: no row at all
     baseline = _evaluation({"bilateral/001": 0.5, "random_1/001": 0.5})
+    oracle = _evaluation({"bilateral/001": 0.9, "random_1/001": 0.7})
     assert demo._mean_dsc(pipeline, cases) == pytest.approx(0.4)
     assert demo._mean_dsc(baseline, cases) == pytest.approx(0.5)
     root = tmp_path / "implants" / "final"
@@ -82,14 +83,19 @@ def test_the_report_counts_failures_as_zero_and_says_who_wins(tmp_path):
                             "sampler": "dpm++2m", "steps": 20},
                "cases": cases, "pipeline": pipeline.summary, "baseline": baseline.summary,
                "curve": [{"minutes": 5.0, "steps": curve[0]["steps"], "failed": curve[0]["failed"],
-                          "dsc_mean": demo._mean_dsc(pipeline, cases)}],
+                          "dsc_mean": demo._mean_dsc(pipeline, cases),
+                          "placement": {"centroid_error": 4.25, "spread_ratio": 1.12, "pred_to_true": 3.0, "true_to_pred": 2.5}}],
                "baseline_dsc_mean": demo._mean_dsc(baseline, cases), "beats_baseline": False,
+               "oracle": oracle.summary, "oracle_dsc_mean": demo._mean_dsc(oracle, cases),
                "timings_s": {"data_s": 10.0, "total_s": 600.0}}
     md, page = demo._write_report(tmp_path, summary, curve, baseline, tmp_path / "baseline")
     text = md.read_text()
     assert "mean DSC of 0.400" in text and "against 0.500" in text and "does NOT beat the baseline" in text
     assert "| random_1/001 | failed: no implant |" in text
     assert "| bilateral/001 | 0.800 | 0.500 |" in text and "12.50" in text
+    # Which stage limits the result: PCDiff's row with its placement, the oracle's, the baseline's.
+    assert "| PCDiff (final models) | 0.400 |" in text and "| 4.2 | 1.12 | 3.0 | 2.5 |" in text
+    assert "| the true implant (oracle) | 0.800 |" in text and "| baseline (mean registered skull) | 0.500 |" in text
     assert "pointforge train pcdiff --config configs/pcdiff/paper.yaml --nproc 8" in text
     assert (tmp_path / "curve.png").stat().st_size > 5_000
     html_text = page.read_text()

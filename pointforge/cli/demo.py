@@ -47,12 +47,15 @@ def demo(
     steps: int = typer.Option(20, "--steps", help="Sampler steps (ignored by ddpm)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
     seed: int = typer.Option(0, "--seed"),
+    data: Path = typer.Option(None, "--data", help="A raw SkullBreak or SkullFix folder (any size or spacing) "
+                              "to run on instead of synthetic skulls (--skulls and --size then do not apply)."),
 ) -> None:
     """The whole system on synthetic data: data → training → implants → evaluation against a baseline → report."""
     from pointforge.demo import DemoSettings, _fmt, run_demo
 
     settings = DemoSettings(minutes=minutes, skulls=skulls, size=size, ensemble=ensemble, sampler=sampler,
-                            steps=None if sampler == "ddpm" else steps, device=device, seed=seed)
+                            steps=None if sampler == "ddpm" else steps, device=device, seed=seed,
+                            data=None if data is None else str(data))
     with _StageBars() as bars:
         result = run_demo(out, settings, log=typer.echo, progress=bars)
     s = result.summary

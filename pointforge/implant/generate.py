@@ -247,8 +247,13 @@ def _sampler(models: Models, options: GenerateOptions):
 
 def generate_implant(defective: Volume, models: Models, options: GenerateOptions | None = None, *,
                      log: Callable[[str], None] | None = None,
-                     progress: Callable[[str, int, int], None] | None = None) -> Generated:
+                     progress: Callable[[str, int, int], None] | None = None,
+                     proposals_mm: np.ndarray | None = None) -> Generated:
     """Run the pipeline on one defective skull (a bool :class:`Volume`, e.g. from read_binary_volume).
+
+    ``proposals_mm`` (``[n, P, 3]`` physical coordinates) replaces PCDiff's
+    proposals: the rest of the pipeline alone, e.g. fed the true implant points
+    to measure what the voxelizer and clean-up can reach (the demo's oracle row).
 
     ``progress(stage, done, total)`` is called as sampler steps and voxelised
     proposals complete. Raises DataError when the result is empty (no implant
@@ -283,10 +288,13 @@ def generate_implant(defective: Volume, models: Models, options: GenerateOptions
     t = time.perf_counter()
     sampler = _sampler(models, options)
     steps = getattr(sampler, "num_steps", None)
-    implants = complete(skull_pts, model, sampler, options.ensemble, config=cfg, subsample=options.subsample,
-                        generator=generator, spacing=work.spacing,
-                        progress=(lambda i, n: progress("sample", i, n)) if progress else None)
-    implants = np.asarray(implants, dtype=np.float64)  # [n, P, 3] work voxel coordinates
+    if proposals_mm is None:
+        implants = complete(skull_pts, model, sampler, options.ensemble, config=cfg, subsample=options.subsample,
+                            generator=generator, spacing=work.spacing,
+                            progress=(lambda i, n: progress("sample", i, n)) if progress else None)
+        implants = np.asarray(implants, dtype=np.float64)  # [n, P, 3] work voxel coordinates
+    else:
+        implants = work.physical_to_voxel(np.asarray(proposals_mm, dtype=np.float64).reshape(-1, 3)).reshape(np.shape(proposals_mm))
     timings["sample_s"] = time.perf_counter() - t
     say(f"sample: {options.ensemble} proposals × {cfg.n_implant} points, {options.sampler}"
         f"{'' if steps is None else f' {steps} steps'} ({timings['sample_s']:.1f} s)")
@@ -450,7 +458,8 @@ def case_done(out: Path) -> bool:
 def generate_case(input_path: str | os.PathLike, out: str | os.PathLike, models: Models,
                   options: GenerateOptions | None = None, *, overwrite: bool = False,
                   log: Callable[[str], None] | None = None,
-                  progress: Callable[[str, int, int], None] | None = None, title: str = "") -> dict:
+                  progress: Callable[[str, int, int], None] | None = None, title: str = "",
+                  proposals_mm: np.ndarray | None = None) -> dict:
     """Generate the implant for the defective skull at ``input_path`` into the folder ``out``.
 
     All outputs are written into a hidden sibling folder that is renamed to
@@ -467,7 +476,7 @@ def generate_case(input_path: str | os.PathLike, out: str | os.PathLike, models:
     t0 = time.perf_counter()
     defective = read_binary_volume(input_path)
     load_s = time.perf_counter() - t0
-    result = generate_implant(defective, models, options, log=log, progress=progress)
+    result = generate_implant(defective, models, options, log=log, progress=progress, proposals_mm=proposals_mm)
     result.timings = {"read_s": load_s, **result.timings}
     report = {
         "input": str(input_path),
