@@ -73,7 +73,7 @@ def test_presets_load_and_paper_is_the_published_setup():
     assert (tiny.task.model, tiny.task.n_skull, tiny.task.n_implant) == ("tiny", 896, 128)
     assert (small.task.model, small.task.n_skull, small.task.n_implant) == ("small", 3456, 384)
     assert tiny.task.synthetic is not None and small.task.synthetic is not None and paper.task.synthetic is None
-    # REFERENCE.md: Adam lr 2e-4, β1 0.5, batch 8, constant LR, 15,000 epochs, T = 1000 linear 1e-4 → 0.02.
+    # Friedrich et al., MICCAI 2023: Adam lr 2e-4, β1 0.5, batch 8, constant LR, 15,000 epochs, T = 1000 linear 1e-4 → 0.02.
     assert (paper.optim.name, paper.optim.lr, paper.optim.betas) == ("adam", 2e-4, (0.5, 0.999))
     assert (paper.data.global_batch, paper.sched.name, paper.train.epochs) == (8, "constant", 15000)
     d = paper.task.diffusion

@@ -92,7 +92,7 @@ PRESET_POINTS: dict[str, tuple[int, int]] = {
     "small": (3_456, 384),
     "tiny": (896, 128),
 }
-HALF_EXTENT = 3.0  # normalised clouds lie within about ±3 (REFERENCE.md)
+HALF_EXTENT = 3.0  # normalised clouds lie within about ±3 (as upstream PCDiff, github.com/pfriedri/pcdiff-implant)
 
 
 # --------------------------------------------------------------------------- config
@@ -130,7 +130,7 @@ class SyntheticSection:
 
 @dataclass
 class DiffusionSection:
-    """The noise schedule (REFERENCE.md: T = 1000, linear betas 1e-4 → 0.02)."""
+    """The noise schedule (Friedrich et al., MICCAI 2023: T = 1000, linear betas 1e-4 → 0.02)."""
 
     schedule: Literal["linear", "warm0.1", "warm0.2", "warm0.5"] = "linear"
     beta_start: float = 1e-4
