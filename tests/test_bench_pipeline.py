@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import importlib
 import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from tests.helpers import REPO
+
+BENCH = REPO / "bench"
 
 
 @pytest.fixture(scope="module")

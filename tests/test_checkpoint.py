@@ -12,6 +12,7 @@ from torch import nn
 from pointforge.errors import CheckpointError
 from pointforge.train import checkpoint as ck
 from pointforge.atomic import atomic_writer
+from tests.helpers import run_cli
 
 
 def _model():
@@ -131,26 +132,14 @@ def test_missing_file_and_non_checkpoint():
 
 
 def test_ckpt_cli_inspect_and_remap(tmp_path):
-    import typer
-    from typer.testing import CliRunner
-
-    from pointforge.cli.train import register
-
-    app = typer.Typer(add_completion=False)
-
-    @app.callback()
-    def _root() -> None:
-        """Test root."""
-
-    register(app)
     model = _model()
     upstream = tmp_path / "upstream.pt"
     torch.save({"epoch": 7, "model_state": {f"model.module.{k}": v for k, v in model.state_dict().items()}}, upstream)
-    out = CliRunner().invoke(app, ["ckpt", "inspect", str(upstream)])
+    out = run_cli("ckpt", "inspect", str(upstream))
     assert out.exit_code == 0, out.output
     assert "foreign" in out.output and "parameters" in out.output
     clean = tmp_path / "clean.pt"
-    out = CliRunner().invoke(app, ["ckpt", "remap", str(upstream), str(clean), "--strip-prefix", "model."])
+    out = run_cli("ckpt", "remap", str(upstream), str(clean), "--strip-prefix", "model.")
     assert out.exit_code == 0, out.output
     weights = torch.load(clean, weights_only=True)
     assert set(weights) == set(model.state_dict())

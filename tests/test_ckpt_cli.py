@@ -8,30 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
-import typer
-from typer.testing import CliRunner
 
-from pointforge.cli.train import register
-from pointforge.config import load_train_config
 from pointforge.errors import CheckpointError
 from pointforge.ops.checkpoints import inspect_checkpoint, remap_checkpoint
 from pointforge.train import checkpoint as ck
 from pointforge.train.engine import train
+from tests.helpers import TOY_TINY, quiet_config, run_cli
 
-REPO = Path(__file__).resolve().parents[1]
-TINY = REPO / "configs" / "toy" / "tiny.yaml"
-QUIET = ["perf.threads=1", "log.progress=off", "log.tensorboard=false", "log.csv=false"]
-
-
-def app() -> typer.Typer:
-    root = typer.Typer(add_completion=False)
-
-    @root.callback()
-    def _root() -> None:
-        """Test root."""
-
-    register(root)
-    return root
+TINY = TOY_TINY
 
 
 def _retag(source: Path, target: Path, tag: str, *, prefix: str = "") -> None:
@@ -49,7 +33,7 @@ def _retag(source: Path, target: Path, tag: str, *, prefix: str = "") -> None:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("ckpt") / "run"
-    cfg = load_train_config("toy", TINY, [*QUIET, "train.epochs=1", f"run.dir={run_dir}"])
+    cfg = quiet_config("toy", TINY, "log.csv=false", "train.epochs=1", f"run.dir={run_dir}")
     train("toy", cfg, console=False)
     return run_dir
 
@@ -65,7 +49,7 @@ def test_remap_turns_a_cuda7_checkpoint_into_one_that_loads_and_resumes_anywhere
     info = inspect_checkpoint(gpu7)
     assert info["saved_devices"] == {"cuda:7": info["tensors_total"]} and info["wrapper_prefixes"] == ["module."]
 
-    out = CliRunner().invoke(app(), ["ckpt", "remap", str(gpu7)])
+    out = run_cli("ckpt", "remap", str(gpu7))
     assert out.exit_code == 0, out.output
     remapped = tmp_path / "gpu7.remapped.pt"
     assert "a resumable checkpoint" in out.output and "cuda:7" in out.output
@@ -80,21 +64,21 @@ def test_remap_turns_a_cuda7_checkpoint_into_one_that_loads_and_resumes_anywhere
 
     # ... and a run resumes from it.
     run_dir = tmp_path / "resumed"
-    cfg = load_train_config("toy", TINY, [*QUIET, "train.epochs=2", f"run.dir={run_dir}"])
+    cfg = quiet_config("toy", TINY, "log.csv=false", "train.epochs=2", f"run.dir={run_dir}")
     result = train("toy", cfg, resume=remapped, console=False)
     assert result.resumed_from == remapped and result.global_step == 16
 
 
 def test_inspect_reports_what_the_issue_lists(trained):
-    out = CliRunner().invoke(app(), ["ckpt", "inspect", str(trained / "checkpoints" / "latest.pt")])
+    out = run_cli("ckpt", "inspect", str(trained / "checkpoints" / "latest.pt"))
     assert out.exit_code == 0, out.output
     for field in ("size", "complete             yes", "task                 toy", "epoch                1", "global_step          8",
                   "parameters", "saved_devices        cpu", "dtypes               float32", "key_prefixes         head 4, point 4",
                   "config               task toy; 1 epoch(s); global batch 8; adam lr 0.003", "resumable            yes"):
         assert field in out.output, field
-    out = CliRunner().invoke(app(), ["ckpt", "inspect", str(trained), "--json"])
+    out = run_cli("ckpt", "inspect", str(trained), "--json")
     assert out.exit_code == 0 and "latest.pt" in out.output
-    out = CliRunner().invoke(app(), ["ckpt", "inspect", str(trained / "checkpoints" / "latest.pt"), "--json"])
+    out = run_cli("ckpt", "inspect", str(trained / "checkpoints" / "latest.pt"), "--json")
     data = json.loads(out.output)
     assert data["complete"] is True and data["size_bytes"] == (trained / "checkpoints" / "latest.pt").stat().st_size
 
@@ -102,7 +86,7 @@ def test_inspect_reports_what_the_issue_lists(trained):
 def test_inspect_says_a_truncated_file_is_incomplete(trained, tmp_path):
     cut = tmp_path / "cut.pt"
     cut.write_bytes((trained / "checkpoints" / "latest.pt").read_bytes()[:4000])
-    out = CliRunner().invoke(app(), ["ckpt", "inspect", str(cut)])
+    out = run_cli("ckpt", "inspect", str(cut))
     assert out.exit_code == 1
     assert "complete             no" in out.output and "truncated or corrupt" in out.output
 
@@ -119,5 +103,5 @@ def test_remap_never_overwrites_and_can_write_bare_weights(trained, tmp_path):
     with pytest.raises(CheckpointError, match="already exists; choose another --out or add --force"):
         remap_checkpoint(source, target)
     assert remap_checkpoint(source, target, force=True).kind == "checkpoint"
-    out = CliRunner().invoke(app(), ["ckpt", "remap", str(source), "--out", str(tmp_path / "a.pt"), str(tmp_path / "b.pt")])
+    out = run_cli("ckpt", "remap", str(source), "--out", str(tmp_path / "a.pt"), str(tmp_path / "b.pt"))
     assert isinstance(out.exception, Exception) and "two outputs" in str(out.exception)

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conftest import write_raw_dataset
+from tests.helpers import write_raw_dataset
 
 
 def run_cli(*args, cwd=None):

@@ -29,8 +29,8 @@ from pointforge.tasks.completion import (
 )
 from pointforge.train import checkpoint as ck
 from pointforge.train.engine import train
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs" / "pcdiff"
 FIXTURE = REPO.parent / "shared" / "fixtures" / "upstream_pvcnn2_tiny.pt"
 SYNTH = SyntheticSection(skulls=4, size=64, seed=0, points=4096, split="0.5,0.25,0.25")

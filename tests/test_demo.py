@@ -14,8 +14,9 @@ import pytest
 from pointforge import demo
 from pointforge.errors import DataError, UserError
 from pointforge.implant.evaluate import Evaluation, summarise
+from tests.helpers import TOY_TINY
 
-TOY = Path(__file__).resolve().parents[1] / "configs" / "toy" / "tiny.yaml"
+TOY = TOY_TINY
 
 
 def test_a_used_folder_and_bad_settings_are_refused(tmp_path):
@@ -34,7 +35,7 @@ def test_a_used_folder_and_bad_settings_are_refused(tmp_path):
 
 def _toy_job(run_dir: Path, minutes: float, *extra: str) -> list[str]:
     return [sys.executable, "-m", "pointforge.cli", "train", "toy", "--config", str(TOY), "--resume", "auto",
-            f"run.dir={run_dir}", f"train.max_minutes={minutes}", "train.epochs=100000", "task.test_step_delay_s=0.05",
+            f"run.dir={run_dir}", f"train.max_minutes={minutes}", "train.epochs=100000", "task.step_delay_s=0.05",
             "log.progress=off", "log.tensorboard=false", "perf.threads=1", *extra]
 
 

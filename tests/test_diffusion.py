@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -24,8 +22,8 @@ from pointforge.nn.diffusion import (
     respaced_timesteps,
     sample_ensemble,
 )
+from tests.helpers import FIXTURES
 
-FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
 needs_fixtures = pytest.mark.skipif(
     not FIXTURES.is_dir(), reason=f"reference fixtures folder {FIXTURES} is absent"
 )

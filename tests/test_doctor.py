@@ -9,13 +9,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from conftest import write_raw_dataset
 from pointforge.ops import doctor
 from pointforge.ops.host import FAKE_GPUS_ENV, GpuInventory
 from pointforge.tasks.toy import PointMLP
 from pointforge.train import checkpoint as ck
+from tests.helpers import REPO, run_cli, write_raw_dataset
 
-REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "configs" / "toy" / "tiny.yaml"
 GB = 2**30
 
@@ -187,21 +186,9 @@ def test_resume_checkpoint_compatibility(tmp_path):
 
 
 def test_cli_exit_status(tmp_path):
-    import typer
-    from typer.testing import CliRunner
-
-    from pointforge.cli.doctor import register
-
-    app = typer.Typer(add_completion=False)
-
-    @app.callback()
-    def _root() -> None:
-        """Test root."""
-
-    register(app)
-    out = CliRunner().invoke(app, ["doctor", "--config", str(TINY), f"run.dir={tmp_path / 'run'}"])
+    out = run_cli("doctor", "--config", str(TINY), f"run.dir={tmp_path / 'run'}")
     assert out.exit_code == 0, out.output
-    out = CliRunner().invoke(app, ["doctor", "--config", str(TINY), "--data", str(tmp_path / "missing"), f"run.dir={tmp_path / 'run'}"])
+    out = run_cli("doctor", "--config", str(TINY), "--data", str(tmp_path / "missing"), f"run.dir={tmp_path / 'run'}")
     assert out.exit_code == 1 and "failure  dataset" in out.output
-    out = CliRunner().invoke(app, ["doctor", "--config", str(TINY), "--json", "optim.lrr=1"])
+    out = run_cli("doctor", "--config", str(TINY), "--json", "optim.lrr=1")
     assert out.exit_code == 1 and any(c["name"] == "config" and c["status"] == "failure" for c in json.loads(out.output))

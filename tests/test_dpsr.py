@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,10 +18,10 @@ from pointforge.nn.dpsr import (
     psr_tanh_mse_loss,
     rasterize,
 )
+from tests.helpers import FIXTURES
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
 
 
 

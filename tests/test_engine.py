@@ -8,22 +8,17 @@ from pathlib import Path
 
 import pytest
 import torch
-import typer
-from typer.testing import CliRunner
-
 from pointforge.config import load_train_config
 from pointforge.errors import CheckpointError, ConfigError, DeviceError, UserError
 from pointforge.train import checkpoint as ck
 from pointforge.train.engine import TrainingDiverged, train
+from tests.helpers import TOY_TINY, quiet_config, run_cli
 
-REPO = Path(__file__).resolve().parents[1]
-TINY = REPO / "configs" / "toy" / "tiny.yaml"
+TINY = TOY_TINY
 
 
-def make_cfg(tmp_path, *overrides, name="run"):
-    return load_train_config(
-        "toy", TINY, [f"run.dir={tmp_path / name}", "log.progress=off", "log.tensorboard=false", "perf.threads=1", *overrides]
-    )
+def make_cfg(tmp_path, *overrides, name="run", task="toy"):
+    return quiet_config(task, TINY, f"run.dir={tmp_path / name}", *overrides)
 
 
 def final_state(run_dir):
@@ -65,13 +60,13 @@ def test_run_writes_everything_a_user_and_a_monitor_need(tmp_path):
 def test_sigterm_mid_epoch_then_resume_equals_uninterrupted(tmp_path):
     common = ["task.dropout=0.2", "data.micro_batch=4", "train.ema_decay=0.9", "train.grad_clip=1.0", "train.epochs=3"]
     train("toy", make_cfg(tmp_path, *common, name="ref"))
-    stopped = train("toy", make_cfg(tmp_path, *common, "task.test_sigterm_at_step=11", name="cut"))
+    stopped = train("faulty_toy", make_cfg(tmp_path, *common, "task.sigterm_at_step=11", name="cut", task="faulty_toy"))
     assert stopped.status == "stopped" and stopped.signal == "SIGTERM"
     assert stopped.global_step == 12 and stopped.epoch == 1
     cut_state = final_state(tmp_path / "cut")
     assert cut_state["progress"]["step_in_epoch"] == 4
     assert json.loads((tmp_path / "cut" / "run.json").read_text())["status"] == "stopped"
-    resumed = train("toy", make_cfg(tmp_path, *common, name="cut"), resume="auto")
+    resumed = train("faulty_toy", make_cfg(tmp_path, *common, name="cut", task="faulty_toy"), resume="auto")
     assert resumed.status == "finished" and resumed.global_step == 24
     assert resumed.resumed_from is not None and resumed.resumed_from.name == "latest.pt"
     ref, res = final_state(tmp_path / "ref"), final_state(tmp_path / "cut")
@@ -84,7 +79,7 @@ def test_sigterm_mid_epoch_then_resume_equals_uninterrupted(tmp_path):
 
 def test_time_budget_stops_at_a_step_saves_and_finishes(tmp_path):
     # 0.2 s steps against a 0.01 min (0.6 s) budget: a few steps, never all 40.
-    cfg = make_cfg(tmp_path, "train.epochs=5", "train.max_minutes=0.01", "task.test_step_delay_s=0.2")
+    cfg = make_cfg(tmp_path, "train.epochs=5", "train.max_minutes=0.01", "task.step_delay_s=0.2")
     result = train("toy", cfg)
     assert result.status == "finished" and 3 <= result.global_step < 40
     assert final_state(cfg.run.dir)["progress"]["global_step"] == result.global_step
@@ -118,11 +113,11 @@ def test_resume_auto_skips_a_truncated_latest(tmp_path):
 
 
 def test_nonfinite_steps_are_skipped_then_abort(tmp_path):
-    result = train("toy", make_cfg(tmp_path, "train.epochs=1", "task.test_nan_steps=[3]", name="one"))
+    result = train("faulty_toy", make_cfg(tmp_path, "train.epochs=1", "task.nan_steps=[3]", name="one", task="faulty_toy"))
     assert result.status == "finished" and final_state(tmp_path / "one")["progress"]["skipped_steps"] == 1
     assert "non-finite loss at step 3" in (tmp_path / "one" / "train.log").read_text()
     with pytest.raises(TrainingDiverged, match=r"non-finite loss for 3 steps in a row \(train.max_nonfinite=3\)"):
-        train("toy", make_cfg(tmp_path, "train.max_nonfinite=3", "task.test_nan_steps=[2,3,4,5]", name="many"))
+        train("faulty_toy", make_cfg(tmp_path, "train.max_nonfinite=3", "task.nan_steps=[2,3,4,5]", name="many", task="faulty_toy"))
     assert json.loads((tmp_path / "many" / "run.json").read_text())["status"] == "failed"
 
 
@@ -156,24 +151,11 @@ def test_devices_and_optional_wandb_fail_clearly(tmp_path):
         assert json.loads((tmp_path / "wb" / "run.json").read_text())["status"] == "failed"
 
 
-def _cli():
-    from pointforge.cli.train import register
-
-    app = typer.Typer(add_completion=False)
-
-    @app.callback()
-    def _root() -> None:
-        """Test root."""
-
-    register(app)
-    return app
-
-
 def test_cli_dry_run_prints_the_plan(tmp_path):
-    out = CliRunner().invoke(_cli(), [
-        "train", "toy", "--config", str(TINY), "--dry-run", "--nproc", "2", f"run.dir={tmp_path / 'x'}",
+    out = run_cli(
+        "train", "toy", "--config", TINY, "--dry-run", "--nproc", "2", f"run.dir={tmp_path / 'x'}",
         "data.global_batch=16", "data.micro_batch=2", "optim.lr_scaling=linear", "optim.base_batch=8",
-    ])
+    )
     assert out.exit_code == 0, out.output
     text = out.output
     assert "global 16 = 2 rank(s) × 2 per device × 4 accumulation steps" in text
@@ -183,10 +165,10 @@ def test_cli_dry_run_prints_the_plan(tmp_path):
 
 
 def test_cli_config_errors_are_user_errors(tmp_path):
-    out = CliRunner().invoke(_cli(), ["train", "toy", "--config", str(TINY), "--dry-run", "data.global_bach=3"])
+    out = run_cli("train", "toy", "--config", TINY, "--dry-run", "data.global_bach=3")
     assert isinstance(out.exception, UserError)
     assert "did you mean 'data.global_batch'" in str(out.exception)
-    out = CliRunner().invoke(_cli(), ["train", "toy", "--config", str(TINY), "--dry-run", "--nproc", "3"])
+    out = run_cli("train", "toy", "--config", TINY, "--dry-run", "--nproc", "3")
     assert isinstance(out.exception, UserError) and "global_batch=6 or 9" in str(out.exception)
 
 

@@ -11,7 +11,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,16 +18,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import subprocess_env, descendants
 from pointforge.config import load_train_config
 from pointforge.train import checkpoint as ck
 from pointforge.train.engine import train
+from tests.helpers import QUIET, TOY_TINY, Job, run_to_end, torchrun_command
 
 pytestmark = pytest.mark.dist
 
-REPO = Path(__file__).resolve().parents[1]
-TINY = REPO / "configs" / "toy" / "tiny.yaml"
-QUIET = ["log.progress=off", "log.tensorboard=false", "perf.threads=1"]
+TINY = TOY_TINY
 # Dropout makes the result depend on every rank's RNG stream, so exact equality
 # after a resume proves those streams were restored.
 # Evaluation on rank 0 only exercises the rank-0 hand-off in every run that uses it.
@@ -36,51 +33,8 @@ REFERENCE = ["task.dropout=0.2", "train.epochs=3", "data.global_batch=8", "log.e
 
 
 
-class Job:
-    """A process tree in its own session; ``stop()`` kills whatever is left."""
-
-    def __init__(self, cmd: list[str], log_dir: Path, name: str):
-        log_dir.mkdir(parents=True, exist_ok=True)
-        self.out_path = log_dir / f"{name}.out"
-        self._out = open(self.out_path, "w")
-        self.started = time.monotonic()
-        self.proc = subprocess.Popen(cmd, env=subprocess_env(), cwd=str(log_dir), stdout=self._out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-
-    def wait(self, timeout: float) -> int:
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.stop()
-            pytest.fail(f"job did not end within {timeout} s; output:\n{self.output()[-3000:]}")
-
-    def output(self) -> str:
-        if not self._out.closed:
-            self._out.flush()
-        return self.out_path.read_text(errors="replace")
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.started
-
-    def stop(self) -> None:
-        # torchrun starts each worker in a session of its own, so killing our
-        # process group is not enough: kill every descendant by pid (only while
-        # the root is unreaped, so no pid can have been reused).
-        if self.proc.poll() is None:
-            for pid in [*descendants(self.proc.pid), self.proc.pid]:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            self.proc.wait(timeout=30)
-        if not self._out.closed:
-            self._out.close()
-
-
-
-def torchrun_job(tmp_path: Path, name: str, overrides: list[str], *, resume: str | None = None) -> Job:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "-m", "pointforge.cli.train", "train", "toy", "--config", str(TINY), *QUIET, *overrides]
+def torchrun_job(tmp_path: Path, name: str, overrides: list[str], *, resume: str | None = None, task: str = "toy") -> Job:
+    cmd = torchrun_command(task, TINY, [*QUIET, *overrides])
     if resume:
         cmd += ["--resume", resume]
     return Job(cmd, tmp_path / "logs", name)
@@ -90,16 +44,6 @@ def launcher_job(tmp_path: Path, name: str, overrides: list[str], *, max_restart
     cmd = [sys.executable, "-m", "pointforge.cli.train", "train", "toy", "--config", str(TINY), "--nproc", "2",
            "--max-restarts", str(max_restarts), *QUIET, *overrides]
     return Job(cmd, tmp_path / "logs", name)
-
-
-def run_to_end(job: Job, timeout: float = 90) -> str:
-    try:
-        code = job.wait(timeout)
-        out = job.output()
-        assert code == 0, out[-4000:]
-        return out
-    finally:
-        job.stop()
 
 
 def wait_for(predicate, timeout: float, job: Job, what: str) -> None:
@@ -163,8 +107,8 @@ def test_two_ranks_equal_one_rank_with_double_batch(tmp_path):
     ranks must agree to stop after that step, save, and exit 0.
     """
     common = ["data.global_batch=8", "task.dropout=0.0", "sched.name=constant"]
-    out = run_to_end(torchrun_job(tmp_path, "ddp", [*common, "data.micro_batch=2", "task.test_sigterm_at_step=5",
-                                                     "task.test_sigterm_rank=1", f"run.dir={tmp_path / 'ddp'}"]))
+    out = run_to_end(torchrun_job(tmp_path, "ddp", [*common, "data.micro_batch=2", "task.sigterm_at_step=5",
+                                                     "task.sigterm_rank=1", f"run.dir={tmp_path / 'ddp'}"], task="faulty_toy"))
     assert "global 8 = 2 rank(s) × 2 per device × 2 accumulation steps" in out and "world size       2 (gloo)" in out
     status = run_json(tmp_path / "ddp")
     assert status["status"] == "stopped" and status["global_step"] == 6, status
@@ -177,8 +121,8 @@ def test_two_ranks_equal_one_rank_with_double_batch(tmp_path):
 
 
 def test_uneven_batches_fail_fast_with_the_divergence_message(tmp_path):
-    job = torchrun_job(tmp_path, "uneven", ["train.epochs=3", "task.test_drop_batches_on_rank=1",
-                                            "task.test_drop_from_epoch=1", f"run.dir={tmp_path / 'run'}"])
+    job = torchrun_job(tmp_path, "uneven", ["train.epochs=3", "task.drop_batches_on_rank=1",
+                                            "task.drop_from_epoch=1", f"run.dir={tmp_path / 'run'}"], task="faulty_toy")
     try:
         code = job.wait(60)
         out = job.output()
@@ -192,8 +136,8 @@ def test_uneven_batches_fail_fast_with_the_divergence_message(tmp_path):
 
 def test_stalled_rank_ends_the_job_within_the_timeout_naming_it(tmp_path):
     job = torchrun_job(tmp_path, "stall", ["train.epochs=2", "dist.timeout_s=3", "log.every_steps=1",
-                                           "task.test_stall_rank=1", "task.test_stall_step=3", "task.test_stall_s=5",
-                                           f"run.dir={tmp_path / 'run'}"])
+                                           "task.stall_rank=1", "task.stall_step=3", "task.stall_s=5",
+                                           f"run.dir={tmp_path / 'run'}"], task="faulty_toy")
     try:
         code = job.wait(60)
         out = job.output()
@@ -209,7 +153,7 @@ def test_stalled_rank_ends_the_job_within_the_timeout_naming_it(tmp_path):
 
 def test_sigterm_saves_exits_zero_and_resume_matches_uninterrupted(tmp_path, reference_run):
     run_dir = tmp_path / "run"
-    job = launcher_job(tmp_path, "cut", [*REFERENCE, "task.test_step_delay_s=0.1", f"run.dir={run_dir}"])
+    job = launcher_job(tmp_path, "cut", [*REFERENCE, "task.step_delay_s=0.1", f"run.dir={run_dir}"])
     try:
         wait_for(lambda: logged_step(run_dir) >= 3, 60, job, "step 3")
         job.proc.send_signal(signal.SIGTERM)
@@ -232,7 +176,7 @@ def test_sigterm_saves_exits_zero_and_resume_matches_uninterrupted(tmp_path, ref
 
 def test_killed_rank_restarts_and_resumes_under_max_restarts(tmp_path, reference_run):
     run_dir = tmp_path / "run"
-    job = launcher_job(tmp_path, "kill", [*REFERENCE, "task.test_step_delay_s=0.1", "ckpt.every_steps=2",
+    job = launcher_job(tmp_path, "kill", [*REFERENCE, "task.step_delay_s=0.1", "ckpt.every_steps=2",
                                           f"run.dir={run_dir}"], max_restarts=1)
     try:
         wait_for(lambda: (run_dir / "checkpoints" / "latest.pt").exists() and logged_step(run_dir) >= 5,

@@ -4,11 +4,11 @@ import math
 import numpy as np
 import pytest
 
-from conftest import write_raw_dataset
 from pointforge.data.volumes import read_binary_volume, write_volume
 from pointforge.errors import DataError
 from pointforge.implant.evaluate import evaluate_predictions, write_reports
 from pointforge.implant.metrics import evaluate_case
+from tests.helpers import write_raw_dataset
 
 
 def test_evaluate_finds_predictions_in_every_layout_and_aggregates(tmp_path):

@@ -27,11 +27,11 @@ from pointforge.data.volumes import read_volume, write_volume
 from pointforge.errors import UserError
 from pointforge.implant.generate import GenerateOptions, case_done, generate_case, generate_folder, load_models
 from pointforge.train.engine import train
+from tests.helpers import QUIET, REPO
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-REPO = Path(__file__).resolve().parents[1]
-QUIET = ["log.progress=off", "log.tensorboard=false", "perf.threads=1", "ckpt.every_minutes=0"]
+QUIET = [*QUIET, "ckpt.every_minutes=0"]
 
 
 

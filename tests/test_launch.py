@@ -20,16 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import descendants
 from pointforge.errors import CheckpointError, ConfigError, DeviceError
 from pointforge.ops import launch as ops
 from pointforge.ops.host import FAKE_GPUS_ENV, GpuInventory, format_gpu_list, parse_gpu_list
 from pointforge.ops.monitor import collect_runs, render_text, snapshot
 from pointforge.ops.runs import read_launch, run_state
+from tests.helpers import QUIET, REPO, TOY_TINY, descendants, run_cli
 
-REPO = Path(__file__).resolve().parents[1]
-TINY = REPO / "configs" / "toy" / "tiny.yaml"
-QUIET = ["perf.threads=1", "log.progress=off", "log.tensorboard=false"]
+TINY = TOY_TINY
 
 
 def fake(n: int) -> GpuInventory:
@@ -281,7 +279,7 @@ def _wait(predicate, timeout: float, what: str, run_dirs: list[Path]) -> None:
 def test_two_jobs_launched_monitored_stopped_resumed_and_a_crash_shown(tmp_path, monkeypatch, jobs_cleanup):
     monkeypatch.setenv(FAKE_GPUS_ENV, "3")
     runs = tmp_path / "runs"
-    slow = [*QUIET, "train.epochs=40", "log.every_steps=1", "task.test_step_delay_s=0.1"]
+    slow = [*QUIET, "train.epochs=40", "log.every_steps=1", "task.step_delay_s=0.1"]
     spec = ops.PlanSpec(jobs=[job("a", gpus=[0]), job("b", gpus=[1])], runs_dir=str(runs), env={"OMP_NUM_THREADS": "1"})
     a, b = runs / "a", runs / "b"
     jobs_cleanup += [a, b]
@@ -360,25 +358,13 @@ def test_tmux_session_has_a_window_per_job_and_a_monitor(tmp_path, monkeypatch, 
 
 
 def test_cli_dry_run_and_stop_without_jobs(tmp_path, monkeypatch):
-    import typer
-    from typer.testing import CliRunner
-
-    from pointforge.cli.launch import register
-
-    app = typer.Typer(add_completion=False)
-
-    @app.callback()
-    def _root() -> None:
-        """Test root."""
-
-    register(app)
     monkeypatch.setenv(FAKE_GPUS_ENV, "8")
     monkeypatch.chdir(tmp_path)
-    out = CliRunner().invoke(app, ["launch", "--job", f"a:toy:0-1:{TINY}", "--job", f"b:toy:2:{TINY}", "--dry-run", "perf.threads=1"])
+    out = run_cli("launch", "--job", f"a:toy:0-1:{TINY}", "--job", f"b:toy:2:{TINY}", "--dry-run", "perf.threads=1")
     assert out.exit_code == 0, out.output
     assert "job a" in out.output and "job b" in out.output and "dry run: nothing started" in out.output
     assert "perf.threads=1" in out.output and not (tmp_path / "runs").exists()
-    out = CliRunner().invoke(app, ["launch", "--job", f"a:toy:0-1:{TINY}", "--job", f"b:toy:1:{TINY}", "--dry-run"])
+    out = run_cli("launch", "--job", f"a:toy:0-1:{TINY}", "--job", f"b:toy:1:{TINY}", "--dry-run")
     assert isinstance(out.exception, ConfigError) and "both use GPU 1" in str(out.exception)
-    out = CliRunner().invoke(app, ["launch", "--stop", "all"])
+    out = run_cli("launch", "--stop", "all")
     assert isinstance(out.exception, ConfigError) and "no launched jobs found" in str(out.exception)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,8 +16,8 @@ from pointforge.implant.metrics import (
     hd95,
     surface_distances,
 )
+from tests.helpers import FIXTURES
 
-FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
 METRIC_KEYS = ("dsc", "bdsc", "hd95", "hd")
 
 

@@ -17,6 +17,7 @@ from pointforge.errors import DataError
 from pointforge.ops import host
 from pointforge.ops import monitor as mon
 from pointforge.ops.runs import find_run_dirs, run_state
+from tests.helpers import run_cli
 
 HOST = socket.gethostname()
 
@@ -183,21 +184,9 @@ def test_no_gpu_information_is_said(tmp_path, monkeypatch):
 
 
 def test_cli_json_and_table(tmp_path, monkeypatch):
-    import typer
-    from typer.testing import CliRunner
-
-    from pointforge.cli.monitor import register
-
-    app = typer.Typer(add_completion=False)
-
-    @app.callback()
-    def _root() -> None:
-        """Test root."""
-
-    register(app)
     write_run(tmp_path / "runs" / "gone", "running", dead_pid())
-    out = CliRunner().invoke(app, ["monitor", str(tmp_path / "runs"), "--json", "--no-gpus"])
+    out = run_cli("monitor", str(tmp_path / "runs"), "--json", "--no-gpus")
     assert out.exit_code == 0, out.output
     assert json.loads(out.output)["runs"][0]["status"] == "crashed"
-    out = CliRunner().invoke(app, ["monitor", str(tmp_path / "runs"), "--no-gpus", "--logs", "2"])
+    out = run_cli("monitor", str(tmp_path / "runs"), "--no-gpus", "--logs", "2")
     assert out.exit_code == 0 and "crashed" in out.output

@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import torch_threads
 from pointforge.config import load_train_config
 from pointforge.nn.diffusion import diffusion_loss, make_sampler
 from pointforge.tasks.completion import (
@@ -31,8 +30,9 @@ from pointforge.tasks.completion import (
 )
 from pointforge.train.data import derive_seed, seed_everything
 from pointforge.train.engine import train
+from tests.helpers import REPO, torch_threads
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "pcdiff"
+CONFIGS = REPO / "configs" / "pcdiff"
 SYNTH = SyntheticSection(skulls=4, size=64, seed=0, points=4096, split="0.5,0.25,0.25")
 
 

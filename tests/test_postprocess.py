@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
-from conftest import shell_mask
 from pointforge.errors import DataError
 from pointforge.implant import postprocess as pp
+from tests.helpers import shell_mask
 
 
 def test_majority_vote_counts_and_agreement():

@@ -7,7 +7,6 @@ import pytest
 import torch
 import trimesh
 
-from conftest import shell_mask, write_raw_dataset
 from pointforge.data.prepare import prepare_dataset, resample_isotropic
 from pointforge.data.skulls import (
     CompletionDataset,
@@ -23,6 +22,7 @@ from pointforge.data.skulls import (
 from pointforge.data.surface import farthest_point_sample, surface_points, volume_to_mesh
 from pointforge.data.volumes import Volume, read_volume
 from pointforge.errors import ConfigError, DataError
+from tests.helpers import shell_mask, write_raw_dataset
 
 N = 2000  # points per surface: small and fast
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,10 +11,10 @@ from pointforge.errors import CheckpointError, ConfigError, DataError
 from pointforge.nn import pvcnn, pvops
 from pointforge.nn.pcdiff_import import expected_shapes, import_upstream_state_dict
 from pointforge.nn.pvcnn import PVCNN2, PVCNN2Config, SetAbstraction, get_preset
+from tests.helpers import FIXTURES
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
 
 
 

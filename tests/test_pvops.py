@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from pointforge.errors import DataError
 from pointforge.nn import pvops
+from tests.helpers import FIXTURES
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
 OPS_FIXTURE = FIXTURES / "upstream_ops_cuda_semantics.pt"
 
 

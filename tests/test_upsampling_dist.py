@@ -9,50 +9,28 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import subprocess_env, descendants
 from pointforge.data.batching import PointBudgetBatchSampler
 from pointforge.data.pairs import UpsamplingPairs, read_manifest
 from pointforge.tasks.upsampling import _split
+from tests.helpers import REPO, Job, torchrun_command
 
 pytestmark = pytest.mark.dist
 
-REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "configs" / "upsampler" / "tiny.yaml"
 
 
-
-
 def run_torchrun(cmd: list[str], cwd: Path, timeout: float) -> tuple[int, str]:
-    log_path = cwd / "job.out"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, env=subprocess_env(), cwd=str(cwd), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            code = None
-        finally:
-            # torchrun puts each worker in a session of its own: kill every descendant by pid
-            # while the root is still unreaped, so no pid can have been reused.
-            if proc.poll() is None:
-                for pid in [*descendants(proc.pid), proc.pid]:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                proc.wait(timeout=30)
-    out = log_path.read_text(errors="replace")
-    if code is None:
-        pytest.fail(f"torchrun did not finish within {timeout} s:\n{out[-3000:]}")
-    return code, out
+    job = Job(cmd, cwd, "job")
+    try:
+        code = job.wait(timeout)
+        return code, job.output()
+    finally:
+        job.stop()
 
 
 def test_two_ranks_train_uneven_clouds_from_no_data_with_equal_steps(tmp_path):
@@ -62,8 +40,7 @@ def test_two_ranks_train_uneven_clouds_from_no_data_with_equal_steps(tmp_path):
         "log.every_steps=1", "data.global_batch=8", "data.micro_batch=2", "task.max_points=2500",
         "task.synthetic.pairs=12", "task.synthetic.min_points=100", "task.synthetic.max_points=1500",
     ]  # fmt: skip
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "-m", "pointforge.cli.train", "train", "upsampler", "--config", str(TINY), *overrides]  # fmt: skip
+    cmd = torchrun_command("upsampler", TINY, overrides)
     code, out = run_torchrun(cmd, tmp_path, timeout=180)
     assert code == 0, out[-4000:]
     assert "world size       2 (gloo)" in out and "× 2 accumulation steps" in out

@@ -25,14 +25,13 @@ from pointforge.tasks.base import EvalContext
 from pointforge.tasks.upsampling import SyntheticSection, ensure_synthetic_pairs, model_config, select_clouds
 from pointforge.train import checkpoint as ck
 from pointforge.train.data import derive_seed, seed_everything
+from tests.helpers import QUIET, REPO
 from pointforge.train.engine import train
 from pointforge.upsample_api import load_upsampler, upsample_points
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "configs" / "upsampler" / "tiny.yaml"
-QUIET = ["log.progress=off", "log.tensorboard=false", "perf.threads=1"]
 
 
 

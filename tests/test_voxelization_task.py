@@ -28,8 +28,8 @@ from pointforge.tasks import get_task
 from pointforge.train import checkpoint as ck
 from pointforge.train.data import global_batches
 from pointforge.train.engine import train
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "configs" / "voxelizer" / "tiny.yaml"
 
 # Measured with configs/voxelizer/tiny.yaml as it is (100 steps of batch 2, one

@@ -24,8 +24,8 @@ from pointforge.implant.voxelize import (
 )
 from pointforge.tasks import get_task
 from pointforge.train import checkpoint as ck
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 SHAPE = (40, 44, 36)  # not cubic: the unit cube is 44 voxels on a side
 CENTRE = np.array([20.0, 23.0, 17.0])  # voxel indices
 RADIUS = 12.0  # voxels
