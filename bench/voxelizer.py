@@ -54,7 +54,7 @@ from _common import machine, print_table, write_json  # noqa: E402
 SIZE = 512
 N_INPUT = 30_720  # upstream's completed cloud: 27,648 skull + 3,072 implant points
 STAGES = ("network", "dpsr", "resample", "mesh", "pipeline")
-UPSTREAM_A100_512_S = 23.0  # REFERENCE: upstream voxelisation of one case at 512³ on an A100
+UPSTREAM_A100_512_S = 23.0  # upstream PCDiff's voxelisation of one case at 512³ on an A100 (github.com/pfriedri/pcdiff-implant)
 
 
 # --------------------------------------------------------------------------- inputs
@@ -276,7 +276,7 @@ def main() -> None:
     if 256 in args.res and 512 in args.res:
         ratios = {s: by[(512, s)]["seconds"] / by[(256, s)]["seconds"] for s in STAGES if by[(256, s)]["seconds"] > 0}
         print("512^3 / 256^3 wall time: " + ", ".join(f"{s} {v:.2f}x" for s, v in ratios.items()))
-    print(f"context: upstream's voxelisation at 512^3 takes about {UPSTREAM_A100_512_S:g} s on an A100 (REFERENCE.md)")
+    print(f"context: upstream's voxelisation at 512^3 takes about {UPSTREAM_A100_512_S:g} s on an A100 (upstream PCDiff's figure)")
     path = write_json("voxelizer", {
         "machine": machine(), "threads": args.threads, "rounds": args.rounds, "seed": args.seed,
         "checkpoint": args.checkpoint, "skull": info, "records": records,

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 import pytest
 import yaml
 
+from tests.helpers import REPO
 from pointforge import config as C
 from pointforge.errors import ConfigError
 
-REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "configs" / "toy" / "tiny.yaml"
 
 

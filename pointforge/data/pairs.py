@@ -13,7 +13,8 @@ Without an ``id`` a pair is named after its sparse file's stem.
 Normalisation: both clouds of a pair get the *same* centre and scale, computed
 from the sparse cloud alone, because at inference time the sparse cloud is all
 there is (computing it from both in training and from one at test time is the
-mismatch REFERENCE.md warns about for PCDiff). Centre: the middle of the sparse
+mismatch upstream PCDiff has: its training box covers skull and implant, its
+test box the defective skull alone). Centre: the middle of the sparse
 cloud's bounding box. Scale, by ``normalization``:
 
 * ``"spacing"`` (default): the median nearest-neighbour distance of the sparse

@@ -1,6 +1,6 @@
 """SkullBreak / SkullFix layouts, seeded splits grouped by skull, and Datasets.
 
-Raw layouts (REFERENCE.md):
+Raw layouts (SkullBreak and SkullFix: Kodym et al., Data in Brief 2021):
 
 * SkullBreak: ``complete_skull/NNN.nrrd``, ``defective_skull/<defect>/NNN.nrrd``,
   ``implant/<defect>/NNN.nrrd``.
@@ -393,7 +393,7 @@ def indicator_grid(mask: np.ndarray, resolution: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class VoxelAugmentation:
-    """Upstream's augmentation of voxelizer examples (REFERENCE.md), drawn per item.
+    """Upstream PCDiff's augmentation of voxelizer examples (github.com/pfriedri/pcdiff-implant), drawn per item.
 
     With probability ``rotate_p`` a rotation by independent angles within
     ±``rotate_degrees`` about each axis; with probability ``flip_p`` a mirror

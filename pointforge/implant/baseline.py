@@ -31,39 +31,15 @@ complete masks it stores come with their grid geometry in the matching
 ``.json``; a raw folder has no split. :meth:`Atlas.from_volumes` takes any
 complete-skull :class:`~pointforge.data.volumes.Volume` objects.
 
-Measured on the shared demo data (``synthesize(n_skulls=10, seed=0)``,
-prepared with split 0.6/0.2/0.2: 6 atlas skulls; 10 test cases, 2 per class;
-defaults; 2 cores shared with other jobs):
-
-=============== ==========================================
-class           64³ (3.6 mm voxels) DSC / bDSC / HD95 mm
-=============== ==========================================
-bilateral       0.671 / 0.667 / 55.4
-frontoorbital   0.683 / 0.571 / 27.0
-parietotemporal 0.805 / 0.696 / 21.0
-random_1        0.839 / 0.800 / 19.2
-random_2        0.939 / 0.943 / 3.6
-overall         0.788 / 0.735 / 25.2
-=============== ==========================================
-
-At 96³ the same code gave 0.583 / 0.494 / 64.4 overall (one random_2 case
-at 0.28). Seconds per case 1.2 (64³), 3.0 (96³), 3.7 (128³, one synthetic
-case); building the atlas 0.7 / 1.1 / 2.2 s. Mean distance of the defective
-skull's surface points to an atlas surface 3.6 mm after the centroid start,
-1.9 mm after ICP (the floor is the spacing of the sampled atlas points).
-
 The cleaning is the PCDiff pipeline's, with its structuring elements sized in
 millimetres as upstream's at 0.45 mm (:func:`~pointforge.implant.postprocess.morphology_radius`);
 ``thicken`` defaults to the same radius (the pipeline dilates each proposal by
-it before the vote). With the fixed 3³ chain at 64³ the numbers were 0.594 /
-0.667 / 24.9, and ``thicken=1`` was needed there (without it the 3³ opening
-erased the 2-voxel plate: DSC 0.000). Other choices, measured on the
-validation split with the fixed chain: subtracting a 1-voxel dilation of the
-skull instead of the skull dropped bDSC 0.66 → 0.26; rotation +0.006 DSC for
-~25 % more time; trimming 10 % of the pairs no better; threshold 0.6 instead
-of 0.5 +0.015 DSC but −0.005 bDSC, so 0.5 is kept. Bilateral scores lowest
-because the cleaning keeps the largest component only, i.e. one of the two
-defects (the PCDiff chain does the same, as upstream's).
+it before the vote). Bilateral defects score lowest because the cleaning keeps
+the largest component only, i.e. one of the two defects (as upstream's chain).
+
+Its scores on the demo's data, the choices measured along the way (the
+clean-up's size, thickening, threshold, rotation, trimming) and its cost per
+case are in docs/implant.md ("The baseline").
 """
 
 from __future__ import annotations

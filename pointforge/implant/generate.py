@@ -1,6 +1,6 @@
 """Defective skull in, implant out: the whole PCDiff pipeline for one case or a dataset.
 
-Stages (REFERENCE.md, "post-processing"), each timed:
+Stages (upstream PCDiff's inference and post-processing, github.com/pfriedri/pcdiff-implant), each timed:
 
 1. **surface** — the defective skull's surface (marching cubes at 0.5, area-uniform
    samples, :func:`~pointforge.data.surface.surface_points`) in voxel-index

@@ -1,4 +1,6 @@
-"""From voxelised proposals to one clean implant (upstream's post-processing, REFERENCE.md).
+"""From voxelised proposals to one clean implant (upstream PCDiff's post-processing).
+
+Upstream: Friedrich et al., MICCAI 2023, github.com/pfriedri/pcdiff-implant.
 
 n proposals → each dilated → majority vote (≥ ⌈n/2⌉) → minus the defective skull →
 keep voxels within ``radius_factor`` × the radius of the generated implant

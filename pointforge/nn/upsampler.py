@@ -1,6 +1,7 @@
 """Node-shuffle attention upsampler: a sparse cloud of N points in, r·N points out.
 
-Architecture (REFERENCE.md, "Point cloud upsampler"); all graph layers are
+Architecture: NodeShuffle upsampling (PU-GCN, Qian et al., CVPR 2021) over
+Point Transformer features (Zhao et al., ICCV 2021); all graph layers are
 PyG's, all clouds of a batch one disjoint graph (sorted ``batch`` vector):
 
 1. Graph: the k-NN graph of the sparse points (k = 10), symmetrised
@@ -83,7 +84,7 @@ class UpsamplerConfig:
 
 
 # tiny: tests and CI, seconds. small: CPU training, minutes. paper: a GPU-sized
-# guess in the spirit of the published models (REFERENCE.md gives no widths).
+# guess in the spirit of the published models (the papers fix no widths for lidar).
 PRESETS: dict[str, UpsamplerConfig] = {
     "tiny": UpsamplerConfig(hidden=16, feature_layers=1, heads=2),
     "small": UpsamplerConfig(hidden=32, feature_layers=2, heads=4),

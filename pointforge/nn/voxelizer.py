@@ -159,7 +159,7 @@ PRESETS: dict[str, VoxelizerConfig] = {
         dpsr_res=64, grid_resolution=16, hidden_dim=32, c_dim=32, encoder_blocks=3,
         unet_levels=3, unet_f_maps=16, decoder_hidden=32, decoder_blocks=3,
     ),
-    # PCDiff's voxelization network (REFERENCE.md): 512^3 DPSR with sigma 2,
+    # PCDiff's voxelization network (Friedrich et al., MICCAI 2023): 512^3 DPSR with sigma 2,
     # 32^3 features, 3-level U-Net with 32 maps, 7 offsets of scale 0.001.
     "paper": VoxelizerConfig(),
 }

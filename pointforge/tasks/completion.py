@@ -83,7 +83,7 @@ PRESET_POINTS: dict[str, tuple[int, int]] = {
     "small": (3_456, 384),
     "tiny": (896, 128),
 }
-HALF_EXTENT = 3.0  # normalised clouds lie within about ±3 (REFERENCE.md)
+HALF_EXTENT = 3.0  # normalised clouds lie within about ±3 (as upstream PCDiff, github.com/pfriedri/pcdiff-implant)
 
 
 # --------------------------------------------------------------------------- config
@@ -123,8 +123,8 @@ class SyntheticSection:
 class DiffusionSection:
     """The noise schedule and what the network predicts.
 
-    The defaults are upstream PCDiff's (T = 1000, linear betas 1e-4 → 0.02,
-    ε-prediction, plain MSE); the other values are the options measured in
+    The defaults are upstream PCDiff's (Friedrich et al., MICCAI 2023: T = 1000,
+    linear betas 1e-4 → 0.02, ε-prediction, plain MSE); the other values are the options measured in
     docs/pcdiff.md.
     """
 

@@ -5,16 +5,17 @@ Each sample is a cloud of ``n_points`` random 3-D points (generated from
 three per-cloud statistics (mean of x·y, of z², of sin 3x). A PointNet-style
 MLP with mean+max pooling learns them in seconds on a CPU.
 
-Fields named ``test_*`` are fault injectors used by the engine's tests (a rank
-with fewer batches, a slow or stalled rank, NaN losses). They default to off.
+``step_delay_s`` paces a run (a sleep in every training step) so that a
+rehearsal of launch, monitor and stop (``configs/launch/toy.yaml``) lasts long
+enough to watch. The engine's tests inject faults through a subclass of this
+task that they register themselves (``tests/faulty_toy.py``); nothing here is
+test-only.
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -24,7 +25,6 @@ from torch.utils.data import Dataset
 
 from pointforge.errors import ConfigError
 from pointforge.tasks.base import EvalContext, StepContext, Task
-from pointforge.train.data import global_batches
 
 
 @dataclass
@@ -36,17 +36,7 @@ class ToyConfig:
     dropout: float = 0.0
     data_seed: int = 1234
     eval_on: Literal["all", "rank0"] = "all"
-    # Fault injection for tests; all off by default.
-    test_drop_batches_on_rank: int = -1  # this rank gets one optimizer step fewer per epoch ...
-    test_drop_from_epoch: int = 0  # ... from this epoch on
-    test_step_delay_s: float = 0.0  # sleep in every training step (to catch a run mid-epoch)
-    test_nan_steps: list[int] = field(default_factory=list)  # global steps whose loss is NaN
-    test_nan_rank: int = -1  # ... on this rank only (-1: all ranks)
-    test_stall_rank: int = -1  # this rank sleeps test_stall_s at global step test_stall_step
-    test_stall_step: int = 0
-    test_stall_s: float = 120.0
-    test_sigterm_at_step: int = -1  # this process sends itself SIGTERM during that global step
-    test_sigterm_rank: int = 0
+    step_delay_s: float = 0.0  # sleep in every training step, so a rehearsal run can be watched and stopped
 
     def validate(self, prefix: str) -> None:
         for name in ("n_train", "n_points", "hidden"):
@@ -103,30 +93,11 @@ class ToyTask(Task):
         val = ToyClouds(points[cfg.n_train :]) if cfg.n_val else None
         return train, val
 
-    def batch_sampler(self, dataset, *, rank, world_size, micro_batch, accumulation, seed, epoch):
-        cfg = getattr(self, "_cfg", None)
-        if cfg is None or cfg.test_drop_batches_on_rank < 0:
-            return None
-        batches = global_batches(
-            len(dataset), global_batch=micro_batch * accumulation * world_size, micro_batch=micro_batch,
-            accumulation=accumulation, world_size=world_size, rank=rank, seed=seed, epoch=epoch,
-        )
-        if rank == cfg.test_drop_batches_on_rank and epoch >= cfg.test_drop_from_epoch:
-            batches = batches[:-accumulation]
-        return batches
-
     def training_step(self, model: nn.Module, batch: Any, ctx: StepContext):
-        cfg = self._cfg
-        if cfg.test_step_delay_s > 0:
-            time.sleep(cfg.test_step_delay_s)
-        if ctx.rank == cfg.test_stall_rank and ctx.global_step == cfg.test_stall_step and ctx.micro_step == 0:
-            time.sleep(cfg.test_stall_s)
-        if ctx.global_step == cfg.test_sigterm_at_step and ctx.rank == cfg.test_sigterm_rank and ctx.micro_step == 0:
-            os.kill(os.getpid(), signal.SIGTERM)
+        if self._cfg.step_delay_s > 0:
+            time.sleep(self._cfg.step_delay_s)
         pred = model(batch["points"])
         loss = F.mse_loss(pred.float(), batch["target"])
-        if ctx.global_step in cfg.test_nan_steps and cfg.test_nan_rank in (-1, ctx.rank):
-            loss = loss * float("nan")
         return loss, {"mae": (pred.detach().float() - batch["target"]).abs().mean()}
 
     @torch.no_grad()

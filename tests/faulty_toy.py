@@ -1,0 +1,70 @@
+"""The toy task with fault injectors, registered as ``faulty_toy`` by the tests only.
+
+The engine's tests need runs that go wrong on purpose: a rank with one
+optimizer step fewer per epoch, a rank that stalls, NaN losses, a process that
+sends itself SIGTERM mid-epoch. Those switches live here, outside the package,
+so that nothing shipped carries them. With every switch off the task trains
+exactly as ``toy`` does (same model, data and loss).
+
+Worker processes started by torchrun find the task through the
+``pointforge.tasks`` entry-point group (see :func:`tests.helpers.subprocess_env`),
+the same way a third-party task package is found; this module must therefore
+import nothing test-only (no pytest).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from pointforge.tasks.base import StepContext
+from pointforge.tasks.toy import ToyConfig, ToyTask
+from pointforge.train.data import global_batches
+
+
+@dataclass
+class FaultyToyConfig(ToyConfig):
+    # All off by default.
+    drop_batches_on_rank: int = -1  # this rank gets one optimizer step fewer per epoch ...
+    drop_from_epoch: int = 0  # ... from this epoch on
+    nan_steps: list[int] = field(default_factory=list)  # global steps whose loss is NaN
+    nan_rank: int = -1  # ... on this rank only (-1: all ranks)
+    stall_rank: int = -1  # this rank sleeps stall_s at global step stall_step
+    stall_step: int = 0
+    stall_s: float = 120.0
+    sigterm_at_step: int = -1  # this process sends itself SIGTERM during that global step
+    sigterm_rank: int = 0
+
+
+class FaultyToyTask(ToyTask):
+    name = "faulty_toy"
+    Config = FaultyToyConfig
+
+    def batch_sampler(self, dataset, *, rank, world_size, micro_batch, accumulation, seed, epoch):
+        cfg = self._cfg
+        if cfg.drop_batches_on_rank < 0:
+            return None
+        batches = global_batches(
+            len(dataset), global_batch=micro_batch * accumulation * world_size, micro_batch=micro_batch,
+            accumulation=accumulation, world_size=world_size, rank=rank, seed=seed, epoch=epoch,
+        )
+        if rank == cfg.drop_batches_on_rank and epoch >= cfg.drop_from_epoch:
+            batches = batches[:-accumulation]
+        return batches
+
+    def training_step(self, model: nn.Module, batch: Any, ctx: StepContext):
+        cfg = self._cfg
+        first_micro_step = ctx.micro_step == 0
+        if ctx.rank == cfg.stall_rank and ctx.global_step == cfg.stall_step and first_micro_step:
+            time.sleep(cfg.stall_s)
+        if ctx.global_step == cfg.sigterm_at_step and ctx.rank == cfg.sigterm_rank and first_micro_step:
+            os.kill(os.getpid(), signal.SIGTERM)
+        loss, metrics = super().training_step(model, batch, ctx)
+        if ctx.global_step in cfg.nan_steps and cfg.nan_rank in (-1, ctx.rank):
+            loss = loss * float("nan")
+        return loss, metrics

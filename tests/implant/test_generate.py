@@ -1,0 +1,261 @@
+"""`pointforge generate`: the whole pipeline on tiny trained models, its outputs, and bad inputs.
+
+The models are trained here through the engine, small enough to take about half
+a minute together: PCDiff tiny on a short schedule (T = 20, as the overfit test
+in test_pcdiff_quality.py) so its samples land on the skull after a few hundred
+steps, and the tiny voxelizer. They are far from good; these tests check what
+the pipeline does with whatever the models propose (geometry, files, errors),
+not the quality of the implants (the demo and bench/pipeline.py measure that).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import trimesh
+from typer.testing import CliRunner
+
+from pointforge.cli.main import app
+from pointforge.config import load_train_config
+from pointforge.data.cache import ensure_synthetic_prepared
+from pointforge.data.skulls import PreparedDataset
+from pointforge.data.volumes import read_volume, write_volume
+from pointforge.errors import UserError
+from pointforge.implant.generate import GenerateOptions, case_done, generate_case, generate_folder, load_models
+from pointforge.train.engine import train
+from tests.helpers import QUIET, REPO
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+QUIET = [*QUIET, "ckpt.every_minutes=0"]
+
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, one_thread):
+    """(prepared root, raw root, pcdiff checkpoint, voxelizer checkpoint)."""
+    base = tmp_path_factory.mktemp("generate")
+    root = ensure_synthetic_prepared(base / "data", 4, 64, 0, 4096, log=lambda _m: None, split="0.5,0.25,0.25")
+    pc = load_train_config("pcdiff", REPO / "configs" / "pcdiff" / "tiny.yaml", [
+        *QUIET, f"run.dir={base / 'pcdiff'}", f"task.data_root={root}", "task.synthetic=null",
+        "task.diffusion.timesteps=20", "task.diffusion.beta_start=5e-3", "task.diffusion.beta_end=0.25",
+        "train.epochs=1000", "train.max_steps=150", "train.eval_every=0", "train.ema_decay=null", "optim.lr=3e-3",
+    ])
+    vox = load_train_config("voxelizer", REPO / "configs" / "voxelizer" / "tiny.yaml", [
+        *QUIET, f"run.dir={base / 'voxelizer'}", f"task.data_root={root}", "task.synthetic=null",
+        "train.epochs=1000", "train.max_steps=30", "train.eval_every=0", "task.n_points=1024",
+    ])
+    pc_ckpt = train("pcdiff", pc, console=False).checkpoint
+    vox_ckpt = train("voxelizer", vox, console=False).checkpoint
+    return root, root / "raw", pc_ckpt, vox_ckpt
+
+
+@pytest.fixture(scope="module")
+def models(trained):
+    _, _, pc, vox = trained
+    return load_models(pc, vox, device="cpu")
+
+
+FAST = GenerateOptions(ensemble=2, sampler="ddpm", seed=0)
+
+
+def a_test_case(root: Path):
+    data = PreparedDataset(root)
+    case = data.split("test")[0]
+    return case, Path(data.meta(case.defective)["source"])
+
+
+def test_one_case_writes_every_output_on_the_input_geometry(trained, models, tmp_path):
+    root, raw, _, _ = trained
+    case, source = a_test_case(root)
+    src = read_volume(source)
+    # A geometry nothing else has: the outputs must carry it over exactly.
+    moved = src.with_data(src.data)
+    moved.origin = (-101.5, 7.25, 33.0)
+    moved.direction = np.array([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])  # a mirroring one
+    moved.header = {"format": "nrrd", "nrrd": {**src.header["nrrd"], "content": "defective skull for the generate test"}}
+    defective_path = write_volume(tmp_path / "defective.nrrd", moved)
+    out = tmp_path / "case"
+    report = generate_case(defective_path, out, models, FAST)
+    defective = read_volume(defective_path)
+    for rel in ("implant.nrrd", "uncertainty.nrrd", "completed_skull.nrrd", "proposals/implant_0.nrrd",
+                "proposals/implant_1.nrrd"):
+        vol = read_volume(out / rel)
+        assert vol.shape == defective.shape, rel
+        np.testing.assert_allclose(vol.spacing, defective.spacing, err_msg=rel)
+        np.testing.assert_allclose(vol.origin, defective.origin, err_msg=rel)
+        np.testing.assert_allclose(vol.direction, defective.direction, err_msg=rel)
+        assert vol.header["nrrd"].get("content") == "defective skull for the generate test", rel
+    implant = read_volume(out / "implant.nrrd").data.astype(bool)
+    bone = defective.data.astype(bool)
+    assert implant.any() and not (implant & bone).any()
+    assert np.array_equal(read_volume(out / "completed_skull.nrrd").data.astype(bool), implant | bone)
+    agreement = read_volume(out / "uncertainty.nrrd").data
+    assert agreement.dtype == np.float32 and agreement.min() >= 0 and agreement.max() <= 1
+    assert set(np.unique(agreement)) <= {0.0, 0.5, 1.0}  # two proposals
+    points = np.load(out / "proposals" / "points.npy")
+    assert points.shape == (2, models.pcdiff.config.n_implant, 3)
+
+    mesh = trimesh.load(out / "implant.stl")
+    assert mesh.is_watertight and mesh.volume > 0  # closed, normals outward
+    # In millimetres in the input's physical space: the mesh lies where the implant voxels are.
+    centre_mm = defective.voxel_to_physical(np.argwhere(implant).mean(axis=0))
+    assert np.linalg.norm(mesh.center_mass - centre_mm) < 2 * max(defective.spacing)
+    voxel_cm3 = implant.sum() * np.prod(defective.spacing) / 1000
+    assert abs(mesh.volume / 1000 - voxel_cm3) < 0.2 * voxel_cm3 + 1.0
+
+    assert (out / "preview.png").stat().st_size > 10_000
+    saved = json.loads((out / "report.json").read_text())
+    assert saved == json.loads(json.dumps(report))
+    assert saved["parameters"]["ensemble"] == 2 and saved["seed"] == 0
+    assert saved["mesh"]["watertight"] and saved["mesh"]["outward_normals"] and saved["mesh"]["units"] == "mm"
+    assert abs(saved["implant"]["volume_cm3"] - voxel_cm3) < 1e-3
+    assert {"surface_s", "sample_s", "voxelize_s", "postprocess_s", "write_s", "total_s"} <= set(saved["timings_s"])
+    assert saved["versions"]["torch"] == torch.__version__
+    assert saved["models"]["voxelizer"]["preset"] == "tiny"
+
+    # Same seed, same implant.
+    again = generate_case(defective_path, tmp_path / "again", models, FAST)
+    assert np.array_equal(read_volume(tmp_path / "again" / "implant.nrrd").data, read_volume(out / "implant.nrrd").data)
+    assert again["implant"] == report["implant"]
+
+
+def test_anisotropic_nifti_in_gives_nifti_out_on_its_own_grid(trained, models, tmp_path):
+    root, _, _, _ = trained
+    _, source = a_test_case(root)
+    src = read_volume(source)
+    # Every second slice along axis 2 with twice the spacing: a SkullFix-like scan.
+    vol = type(src)(data=src.data[:, :, ::2].copy(), spacing=(src.spacing[0], src.spacing[1], 2 * src.spacing[2]),
+                    origin=src.origin, direction=src.direction)
+    path = write_volume(tmp_path / "defective.nii.gz", vol)
+    report = generate_case(path, tmp_path / "case", models, FAST)
+    assert (tmp_path / "case" / "implant.nii.gz").is_file() and not (tmp_path / "case" / "implant.nrrd").exists()
+    implant = read_volume(tmp_path / "case" / "implant.nii.gz")
+    assert implant.shape == vol.shape
+    np.testing.assert_allclose(implant.spacing, vol.spacing, rtol=1e-6)
+    assert implant.data.any() and not (implant.data.astype(bool) & vol.data.astype(bool)).any()
+    assert any("isotropic" in note for note in report["notes"])
+
+
+def test_folder_mode_is_resumable_and_one_bad_case_does_not_stop_the_rest(trained, models, tmp_path):
+    root, _, _, _ = trained
+    data = PreparedDataset(root)
+    cases = data.split("test")
+    assert len(cases) >= 3
+    # A copy of the prepared dataset whose first test case points at a corrupt volume.
+    import shutil
+
+    copy = tmp_path / "prepared"
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns("raw"))
+    bad_meta = copy / (cases[0].defective[:-4] + ".json")
+    meta = json.loads(bad_meta.read_text())
+    corrupt = tmp_path / "corrupt.nrrd"
+    corrupt.write_bytes(Path(meta["source"]).read_bytes()[:300])
+    meta["source"] = str(corrupt)
+    bad_meta.write_text(json.dumps(meta))
+
+    out = tmp_path / "out"
+    first = generate_folder(copy, out, models, FAST, split="test")
+    assert list(first.failed) == [cases[0].case_id] and "truncated or corrupt" in first.failed[cases[0].case_id]
+    assert sorted(first.done) == sorted(c.case_id for c in cases[1:])
+    assert not (out / cases[0].case_id).exists()
+    assert all(case_done(out / c.case_id) for c in cases[1:])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["failed"] == first.failed
+
+    stamp = (out / cases[1].case_id / "report.json").stat().st_mtime_ns
+    second = generate_folder(copy, out, models, FAST, split="test")
+    assert sorted(second.skipped) == sorted(first.done) and not second.done
+    assert (out / cases[1].case_id / "report.json").stat().st_mtime_ns == stamp
+
+
+def test_a_failure_while_writing_leaves_nothing_that_looks_complete(trained, models, tmp_path, monkeypatch):
+    root, _, _, _ = trained
+    _, source = a_test_case(root)
+    import pointforge.implant.voxelize as voxelize
+
+    def broken(*_a, **_k):
+        raise OSError("disk full (simulated)")
+
+    monkeypatch.setattr(voxelize, "field_to_mesh", broken)
+    out = tmp_path / "case"
+    with pytest.raises(OSError, match="disk full"):
+        generate_case(source, out, models, FAST)
+    assert not out.exists() and not list(tmp_path.glob(".case.partial-*"))
+
+
+def run_cli(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def test_bad_inputs_get_one_clear_line_and_leave_nothing(trained, tmp_path):
+    root, _, pc, vox = trained
+    _, source = a_test_case(root)
+    src = read_volume(source)
+    label_map = src.data.astype(np.uint8)
+    label_map[::3, ::3, ::3] = 2
+    labels = write_volume(tmp_path / "labels.nrrd", src.with_data(label_map))
+    empty = write_volume(tmp_path / "empty.nrrd", src.with_data(np.zeros(src.shape, np.uint8)))
+    import nrrd
+
+    nrrd.write(str(tmp_path / "flat.nrrd"), np.ones((8, 8), np.uint8))
+    cases = [
+        (labels, pc, vox, "auto", "not a binary mask"),
+        (empty, pc, vox, "auto", "empty"),
+        (tmp_path / "flat.nrrd", pc, vox, "auto", "expected a 3-D volume"),
+        (source, tmp_path / "missing.pt", vox, "auto", "no such file"),
+        (source, vox, vox, "auto", "task 'voxelizer', not 'pcdiff'"),
+        (source, pc, pc, "auto", "task 'pcdiff', not by the voxelizer"),
+        (source, pc, vox, "cuda:7", "cuda:7 is not available"),
+    ]
+    for k, (inp, p, v, device, message) in enumerate(cases):
+        out = tmp_path / f"out{k}"
+        result = run_cli("generate", inp, "--pcdiff", p, "--voxelizer", v, "--out", out, "--device", device, "-n", 1,
+                         "--sampler", "ddpm")
+        # main() turns a UserError into one red line and exit code 2 (test_cli.py); here it arrives raw.
+        assert isinstance(result.exception, UserError), (message, result.output, result.exception)
+        assert message in str(result.exception) and "\n" not in str(result.exception), (message, result.exception)
+        assert not out.exists(), message
+
+
+def test_an_existing_output_is_refused_unless_overwrite(trained, models, tmp_path):
+    root, _, _, _ = trained
+    _, source = a_test_case(root)
+    out = tmp_path / "case"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match="already exists; pass --overwrite"):
+        generate_case(source, out, models, FAST)
+    assert (out / "notes.txt").read_text() == "mine"
+    generate_case(source, out, models, FAST, overwrite=True)
+    assert case_done(out) and not (out / "notes.txt").exists()
+
+
+def test_wrong_options_are_config_errors(models, tmp_path):
+    from pointforge.errors import ConfigError
+
+    for options, message in ((GenerateOptions(ensemble=0), "--ensemble"), (GenerateOptions(sampler="euler"), "unknown sampler"),
+                             (GenerateOptions(sampler="ddpm", steps=10), "ddpm runs all")):
+        with pytest.raises(ConfigError, match=message):
+            generate_case(tmp_path / "nothing.nrrd", tmp_path / "out", models, options)
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_upsampler_densifies_each_proposal_before_voxelising(trained, tmp_path):
+    root, _, pc, vox = trained
+    _, source = a_test_case(root)
+    up = load_train_config("upsampler", REPO / "configs" / "upsampler" / "tiny.yaml", [
+        *QUIET, f"run.dir={tmp_path / 'upsampler'}", f"task.data_root={tmp_path / 'up-data'}", "train.max_steps=2",
+    ])
+    up_ckpt = train("upsampler", up, console=False).checkpoint
+    with_up = load_models(pc, vox, device="cpu", upsample=up_ckpt)
+    report = generate_case(source, tmp_path / "case", with_up, FAST)
+    assert report["models"]["upsampler"]["ratio"] == 2 and "upsample_s" in report["timings_s"]
+    assert np.load(tmp_path / "case" / "proposals" / "points.npy").shape == (2, with_up.pcdiff.config.n_implant, 3)
+    assert report["mesh"]["watertight"]
+    with pytest.raises(UserError, match="task 'pcdiff', not of the upsampler"):
+        load_models(pc, vox, device="cpu", upsample=pc)

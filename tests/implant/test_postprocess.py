@@ -1,0 +1,108 @@
+import numpy as np
+import pytest
+from scipy import ndimage
+
+from pointforge.errors import DataError
+from pointforge.implant import postprocess as pp
+from tests.helpers import shell_mask
+
+
+def test_majority_vote_counts_and_agreement():
+    a = np.zeros((5, 5, 5), bool)
+    props = [a.copy() for _ in range(5)]
+    for k in range(3):
+        props[k][2, 2, 2] = True
+    props[0][0, 0, 0] = True
+    vote = pp.majority_vote(props, dilate=0)
+    assert vote.mask[2, 2, 2] and not vote.mask[0, 0, 0]  # 3 of 5 ≥ ⌈5/2⌉; 1 of 5 is not
+    assert vote.agreement[2, 2, 2] == pytest.approx(0.6) and vote.agreement[0, 0, 0] == pytest.approx(0.2)
+    even = pp.majority_vote(props[:4], dilate=0)  # ⌈4/2⌉ = 2
+    assert even.mask[2, 2, 2]
+    with pytest.raises(DataError, match="differ in shape"):
+        pp.majority_vote([a, np.zeros((4, 4, 4), bool)])
+
+
+def _full_volume_clean(m):
+    cube = np.ones((3, 3, 3), bool)
+    m = ndimage.binary_opening(m, cube)
+    m = pp.largest_component(m)
+    m = ndimage.median_filter(m.astype(np.uint8), size=3, mode="constant") > 0
+    m = ndimage.binary_closing(m, cube)
+    m = ndimage.binary_fill_holes(m)
+    return pp.largest_component(m)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cropped_cleanup_equals_full_volume(seed):
+    rng = np.random.default_rng(seed)
+    m = np.zeros((48, 48, 48), bool)
+    m[10:30, 12:34, 20:26] = True
+    m &= rng.random(m.shape) > 0.1  # pepper holes
+    m |= rng.random(m.shape) > 0.995  # salt specks
+    assert np.array_equal(pp.clean_implant(m), _full_volume_clean(m))
+
+
+def test_cleanup_keeps_a_plate_and_drops_noise():
+    m = np.zeros((40, 40, 40), bool)
+    m[5:35, 5:35, 18:23] = True
+    noisy = m.copy()
+    noisy[2, 2, 2] = True
+    noisy[20, 20, 20] = False
+    out = pp.clean_implant(noisy)
+    assert not out[2, 2, 2] and out[20, 20, 20]
+    # The 3³ median trims the plate's rims a little (as upstream's chain does), no more.
+    assert (out ^ m).sum() < 0.1 * m.sum() and out.sum() <= m.sum()
+
+
+def test_implant_from_proposals_recovers_the_defect():
+    complete = shell_mask((64, 64, 64), radii=(28, 26, 24), thickness=8)
+    cut = np.zeros_like(complete)
+    cut[18:46, 18:46, 44:] = True
+    implant, defective = complete & cut, complete & ~cut
+    rng = np.random.default_rng(0)
+    proposals = []
+    for _ in range(5):
+        p = complete.copy()
+        p &= rng.random(p.shape) > 0.05  # each proposal imperfect in its own way
+        proposals.append(p)
+    pts = np.argwhere(implant).astype(float)
+    dice = lambda r: 2 * (r & implant).sum() / (r.sum() + implant.sum())
+    result, vote = pp.implant_from_proposals(proposals, defective, pts, dilate=0)
+    assert dice(result) > 0.97
+    assert not (result & defective).any()
+    assert vote.agreement.max() == 1.0
+    # Upstream's one-voxel dilation of each proposal thickens the implant, never thins it.
+    thick, _ = pp.implant_from_proposals(proposals, defective, pts, dilate=1)
+    assert thick.sum() > result.sum() and (thick & implant).sum() >= (result & implant).sum()
+
+
+def test_near_points_sphere():
+    pts = np.array([[10, 10, 10], [10, 10, 14]], float)  # centre (10,10,12), radius 2
+    near = pp.near_points((30, 30, 30), pts, radius_factor=1.1)
+    assert near[10, 10, 12] and near[10, 10, 14] and not near[10, 10, 15] and not near[10, 13, 12]
+    with pytest.raises(DataError):
+        pp.near_points((3, 3, 3), np.zeros((0, 3)))
+
+
+def test_the_chain_keeps_upstreams_sizes_in_millimetres():
+    assert pp.morphology_radius((0.45, 0.45, 0.45)) == 1  # upstream's own grid: its chain exactly
+    assert pp.morphology_radius((0.2, 0.2, 0.5)) == 2  # the finest axis decides
+    assert pp.morphology_radius((3.6, 3.6, 3.6)) == 0  # a 64³ synthetic skull: no 3³ operations
+    with pytest.raises(DataError, match="spacing must be positive"):
+        pp.morphology_radius((0.0, 1.0, 1.0))
+    # A curved plate two voxels thick, as bone is at 3.6 mm voxels.
+    z, y, x = np.mgrid[:40, :40, :40]
+    r = np.sqrt((x - 20) ** 2 + (y - 20) ** 2 + (z - 45) ** 2)
+    plate = (r >= 30) & (r < 32) & (z < 30) & (abs(x - 20) < 12) & (abs(y - 20) < 12)
+    assert plate.sum() > 300
+    assert not pp.clean_implant(plate, radius=1).any()  # the 3³ opening erases it
+    assert np.array_equal(pp.clean_implant(plate, radius=0), plate)
+    defective = np.zeros_like(plate)
+    pts = np.argwhere(plate).astype(float)
+    coarse, _ = pp.implant_from_proposals([plate, plate, plate], defective, pts, spacing=(3.6, 3.6, 3.6))
+    assert np.array_equal(coarse, plate)
+    fine, _ = pp.implant_from_proposals([plate, plate, plate], defective, pts, spacing=(0.45, 0.45, 0.45))
+    voxel, _ = pp.implant_from_proposals([plate, plate, plate], defective, pts)
+    assert np.array_equal(fine, voxel)
+    with pytest.raises(DataError, match="radius must be a non-negative integer"):
+        pp.clean_implant(plate, radius=-1)

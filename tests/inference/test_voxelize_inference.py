@@ -1,0 +1,214 @@
+"""Voxelizer inference: points in voxel indices → field → volume on the reference grid → mesh in mm."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from pointforge.config import load_train_config, to_dict
+from pointforge.data.volumes import Volume
+from pointforge.errors import CheckpointError, ConfigError, DataError
+from pointforge.implant.voxelize import (
+    field_to_mesh,
+    load_voxelizer,
+    points_to_field,
+    points_to_volume,
+    resample_inside,
+    unit_points,
+)
+from pointforge.tasks import get_task
+from pointforge.train import checkpoint as ck
+from tests.helpers import REPO
+
+SHAPE = (40, 44, 36)  # not cubic: the unit cube is 44 voxels on a side
+CENTRE = np.array([20.0, 23.0, 17.0])  # voxel indices
+RADIUS = 12.0  # voxels
+
+
+@dataclass(frozen=True)
+class _Cfg:
+    dpsr_res: tuple[int, int, int] = (64, 64, 64)
+    dpsr_sigma: float = 2.0
+    dpsr_memory_limit: float | None = None
+
+
+class ExactNormals(nn.Module):
+    """Stands in for a trained voxelizer: keeps the points, gives each the sphere's outward normal."""
+
+    def __init__(self, centre_unit: np.ndarray):
+        super().__init__()
+        self.cfg = _Cfg()
+        self.register_buffer("centre", torch.tensor(centre_unit, dtype=torch.float32))
+
+    def oriented_points(self, points: torch.Tensor):
+        normals = points - self.centre
+        return points, normals / normals.norm(dim=-1, keepdim=True)
+
+
+def sphere_points(n: int = 20000, seed: int = 0) -> np.ndarray:
+    u = np.random.default_rng(seed).normal(size=(n, 3))
+    return CENTRE + RADIUS * u / np.linalg.norm(u, axis=1, keepdims=True)
+
+
+def true_ball() -> np.ndarray:
+    ijk = np.stack(np.meshgrid(*[np.arange(s) for s in SHAPE], indexing="ij"), axis=-1)
+    return ((ijk - CENTRE) ** 2).sum(-1) <= RADIUS**2
+
+
+def reference(direction=None) -> Volume:
+    return Volume(
+        data=np.zeros(SHAPE, dtype=bool), spacing=(0.8, 0.5, 1.2), origin=(-10.0, 5.0, 20.0),
+        direction=np.eye(3) if direction is None else np.asarray(direction, dtype=float),
+        header={"format": "nrrd", "nrrd": {"space": "left-posterior-superior", "content": "kept"}},
+    )
+
+
+@pytest.fixture(scope="module")
+def model():
+    return ExactNormals(CENTRE / max(SHAPE))
+
+
+def iou(a: np.ndarray, b: np.ndarray) -> float:
+    return float((a & b).sum() / (a | b).sum())
+
+
+def test_sphere_becomes_the_ball_on_the_reference_grid(model):
+    ref = reference()
+    vol = points_to_volume(model, sphere_points(), ref)
+    assert vol.data.dtype == bool and vol.shape == SHAPE
+    assert vol.spacing == ref.spacing and vol.origin == ref.origin and np.array_equal(vol.direction, ref.direction)
+    assert vol.header == ref.header
+    score = iou(vol.data, true_ball())
+    assert score >= 0.95, score
+    # A finer solve than training (sigma scaled with it) is at least as good.
+    finer = points_to_volume(model, torch.tensor(sphere_points()), ref, resolution=96)
+    assert iou(finer.data, true_ball()) >= score - 0.01
+
+
+def test_mesh_is_watertight_outward_and_in_millimetres(model):
+    ref = reference()
+    vol = points_to_volume(model, sphere_points(), ref)
+    spacing = np.asarray(ref.spacing)
+    lo_mm = np.asarray(ref.origin) + spacing * (CENTRE - RADIUS)
+    hi_mm = np.asarray(ref.origin) + spacing * (CENTRE + RADIUS)
+    expected_volume = 4 / 3 * math.pi * RADIUS**3 * spacing.prod()  # an ellipsoid in mm
+    for mesh in (field_to_mesh(vol, ref), field_to_mesh(points_to_field(model, sphere_points(), SHAPE), ref)):
+        assert mesh.is_watertight
+        assert mesh.volume > 0  # outward normals
+        assert mesh.volume == pytest.approx(expected_volume, rel=0.08)
+        np.testing.assert_allclose(mesh.bounds[0], lo_mm, atol=float(spacing.max()))
+        np.testing.assert_allclose(mesh.bounds[1], hi_mm, atol=float(spacing.max()))
+
+
+def test_mesh_follows_a_rotated_and_mirrored_affine(model):
+    # Two axes swapped and a third reversed is a rotation; swapped alone, a mirror (det -1).
+    direction = np.array([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
+    assert np.linalg.det(direction) < 0
+    ref = reference(direction)
+    vol = points_to_volume(model, sphere_points(), ref)
+    mesh = field_to_mesh(vol, ref)
+    assert mesh.is_watertight and mesh.volume > 0
+    centre_mm = ref.voxel_to_physical(CENTRE)
+    np.testing.assert_allclose(mesh.vertices.mean(axis=0), centre_mm, atol=1.0)
+    radii_mm = np.abs(direction @ (np.asarray(ref.spacing) * RADIUS))
+    np.testing.assert_allclose((mesh.bounds[1] - mesh.bounds[0]) / 2, radii_mm, atol=float(max(ref.spacing)))
+
+
+def test_resampling_is_trilinear_and_chunking_changes_nothing():
+    from scipy.ndimage import map_coordinates
+
+    g = torch.Generator().manual_seed(0)
+    field = torch.randn(16, 16, 16, generator=g) * 0.3 + 0.05
+    shape = (30, 40, 25)
+    whole = resample_inside(field, shape)
+    assert np.array_equal(whole, resample_inside(field, shape, chunk_voxels=1))  # one voxel row at a time
+    s = max(shape)
+    coords = np.stack(np.meshgrid(*[np.arange(n) * 16 / s for n in shape], indexing="ij")).reshape(3, -1)
+    expected = map_coordinates(field.double().numpy(), coords, order=1, mode="nearest").reshape(shape) <= 0
+    assert (whole != expected).mean() < 1e-4  # float32 against float64 at the threshold
+
+
+def test_points_are_scaled_like_the_training_data():
+    pts = np.array([[0.0, 0.0, 0.0], [39.0, 43.0, 35.0], [-0.5, 43.4, 10.0]])
+    unit = unit_points(pts, SHAPE)
+    assert unit.shape == (1, 3, 3) and unit.dtype == torch.float32
+    np.testing.assert_allclose(unit[0, 1].numpy(), np.array([39, 43, 35]) / 44, rtol=1e-6)
+    assert float(unit.min()) == 0.0 and float(unit.max()) < 1.0
+
+
+@pytest.mark.parametrize(
+    "points, words",
+    [
+        (np.array([[1.0, 2.0, np.nan]] + [[5.0, 5.0, 5.0]] * 3), "NaN"),
+        (np.zeros((0, 3)), "empty"),
+        (sphere_points(100) * 0.8 - 60.0, "out of range"),  # millimetres, not voxel indices
+        (np.full((10, 3), 50.0), "out of range"),
+        (np.zeros((10, 2)), "shape [N, 3]"),
+    ],
+)
+def test_bad_points_are_clear_errors(model, points, words):
+    with pytest.raises(DataError, match=words.replace("[", r"\[").replace("]", r"\]")):
+        points_to_volume(model, points, reference())
+
+
+def test_a_grid_beyond_the_memory_limit_is_refused_before_solving(model):
+    with pytest.raises(ConfigError, match="needs about .* GiB, more than the memory limit"):
+        points_to_field(model, sphere_points(1000), SHAPE, resolution=512, memory_limit=256 << 20)
+
+
+def test_other_bad_inputs(model):
+    with pytest.raises(DataError, match="reference must be a Volume"):
+        points_to_volume(model, sphere_points(100), np.zeros(SHAPE))
+    with pytest.raises(DataError, match="nothing is inside"):
+        field_to_mesh(reference(), reference())
+    with pytest.raises(DataError, match="must match"):
+        field_to_mesh(np.ones((4, 4, 4), dtype=bool), reference())
+    with pytest.raises(ConfigError, match="must be a voxelizer"):
+        points_to_field(nn.Linear(3, 3), sphere_points(100), SHAPE)
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def _voxelizer_checkpoint(path: Path, *, ema: bool) -> nn.Module:
+    cfg = load_train_config("voxelizer", REPO / "configs" / "voxelizer" / "tiny.yaml")
+    model = get_task("voxelizer").build_model(cfg.task)
+    ema_state = None
+    if ema:
+        ema_state = {k: v + 1.0 if v.is_floating_point() else v for k, v in model.state_dict().items()}
+    ck.save_checkpoint(path, {"task": "voxelizer", "config": to_dict(cfg), "model": ck.model_state(model), "ema": ema_state})
+    return model
+
+
+def test_load_voxelizer_builds_the_trained_network(tmp_path):
+    model = _voxelizer_checkpoint(tmp_path / "v.pt", ema=True)
+    loaded, cfg = load_voxelizer(tmp_path / "v.pt", "cpu")
+    assert cfg.run.task == "voxelizer" and cfg.task.preset == "tiny" and loaded.cfg.dpsr_res == (64, 64, 64)
+    assert loaded.cfg.grid_resolution == 16  # the config's override of the preset
+    assert not loaded.training
+    weight = "encoder.fc_pos.weight"
+    assert torch.equal(loaded.state_dict()[weight], model.state_dict()[weight] + 1.0)  # EMA weights preferred
+    raw, _ = load_voxelizer(tmp_path / "v.pt", use_ema=False)
+    assert torch.equal(raw.state_dict()[weight], model.state_dict()[weight])
+
+
+def test_checkpoints_that_are_not_voxelizers_are_refused(tmp_path):
+    toy_cfg = load_train_config("toy", REPO / "configs" / "toy" / "tiny.yaml")
+    toy = get_task("toy").build_model(toy_cfg.task)
+    ck.save_checkpoint(tmp_path / "toy.pt", {"task": "toy", "config": to_dict(toy_cfg), "model": ck.model_state(toy)})
+    with pytest.raises(CheckpointError, match="written by task 'toy', not by the voxelizer"):
+        load_voxelizer(tmp_path / "toy.pt")
+    ck.save_weights(tmp_path / "bare.pt", toy.state_dict())
+    with pytest.raises(CheckpointError, match="not a pointforge training checkpoint"):
+        load_voxelizer(tmp_path / "bare.pt")
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_voxelizer(tmp_path / "missing.pt")
+    (tmp_path / "cut.pt").write_bytes((tmp_path / "toy.pt").read_bytes()[:200])
+    with pytest.raises(CheckpointError, match="truncated or corrupt"):
+        load_voxelizer(tmp_path / "cut.pt")
