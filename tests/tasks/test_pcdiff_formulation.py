@@ -23,8 +23,9 @@ from pointforge.nn.diffusion import (
 )
 from pointforge.nn.placement import condition_use, placement_metrics
 from pointforge.tasks.completion_frame import FramedDenoiser, FrameSection, frame_condition
+from tests.helpers import CONFIGS as REPO_CONFIGS
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "pcdiff"
+CONFIGS = REPO_CONFIGS / "pcdiff"
 
 
 # --------------------------------------------------------------------------- schedules and predictions
