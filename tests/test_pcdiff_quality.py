@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from conftest import torch_threads
-from pointforge.config import load_train_config
+from pointforge.tasks.configs import load_train_config
 from pointforge.nn.diffusion import diffusion_loss, make_sampler
 from pointforge.tasks.completion import (
     CompletionTask,

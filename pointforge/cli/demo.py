@@ -49,7 +49,7 @@ def demo(
     seed: int = typer.Option(0, "--seed"),
 ) -> None:
     """The whole system on synthetic data: data → training → implants → evaluation against a baseline → report."""
-    from pointforge.demo import DemoSettings, _fmt, run_demo
+    from pointforge.implant.demo import DemoSettings, _fmt, run_demo
 
     settings = DemoSettings(minutes=minutes, skulls=skulls, size=size, ensemble=ensemble, sampler=sampler,
                             steps=None if sampler == "ddpm" else steps, device=device, seed=seed)

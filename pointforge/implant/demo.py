@@ -18,6 +18,11 @@
 
 Every number in the report is computed in this run; nothing is cached. The
 output folder must be new or empty (a previous demo is never overwritten).
+
+It lives in :mod:`pointforge.implant` because it is the implant pipeline end to
+end: it calls the data, generate, baseline and evaluate functions of this
+layer and starts training as ``pointforge train`` processes, so it needs
+nothing above it (the CLI's ``demo`` command only parses and prints).
 """
 
 from __future__ import annotations
@@ -34,9 +39,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from pointforge.atomic import atomic_write_bytes, atomic_write_text
+from pointforge.data.prepare import prepare_dataset
+from pointforge.data.skulls import PreparedDataset
+from pointforge.data.synthetic import synthesize
+from pointforge.data.volumes import read_binary_volume, write_volume
 from pointforge.errors import DataError, UserError
+from pointforge.formats import json_safe
+from pointforge.implant.baseline import Atlas, mean_skull_implant
+from pointforge.implant.evaluate import evaluate_predictions, write_reports
+from pointforge.implant.generate import GenerateOptions, generate_folder, load_models
 
-REPO_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 PCDIFF_CONFIG = REPO_CONFIGS / "pcdiff" / "demo.yaml"
 VOXELIZER_CONFIG = REPO_CONFIGS / "voxelizer" / "demo.yaml"
 
@@ -139,44 +153,24 @@ def _fmt(value, digits=3) -> str:
     return "–" if value is None or (isinstance(value, float) and not math.isfinite(value)) else f"{value:.{digits}f}"
 
 
-def run_demo(out: str | os.PathLike = "demo_out", settings: DemoSettings | None = None, *,
-             log: Callable[[str], None] = print, progress=None) -> DemoResult:
-    """Run every stage into ``out``. ``progress(stage, done, total, info)`` reports long stages."""
-    from pointforge.atomic import atomic_write_text
-    from pointforge.data.prepare import prepare_dataset
-    from pointforge.data.skulls import PreparedDataset
-    from pointforge.data.synthetic import synthesize
-
-    s = settings or DemoSettings()
-    s.validate()
-    for config in (PCDIFF_CONFIG, VOXELIZER_CONFIG):
-        if not config.is_file():
-            raise UserError(f"{config}: the demo's training config is missing; reinstall pointforge from its repository")
-    out = Path(out)
-    _check_out(out)
-    out.mkdir(parents=True, exist_ok=True)
+def _make_data(out: Path, s: DemoSettings, log: Callable[[str], None], progress) -> tuple[Path, Path]:
+    """Stage 1: a synthetic raw dataset and its prepared form under ``out/data``."""
     raw, prepared = out / "data" / "raw", out / "data" / "prepared"
-    timings: dict[str, float] = {}
-    started = time.perf_counter()
-
-    t = time.perf_counter()
     log(f"[1/6] synthesising {s.skulls} SkullBreak-style skulls at {s.size}³ and preparing them → {out / 'data'}")
     synthesize(raw, s.skulls, s.size, s.seed, layout="skullbreak")
     prep = prepare_dataset(raw, prepared, n_points=s.points, seed=s.seed, split=s.split, workers=s.workers,
                            progress=(lambda d, n, _name: progress("prepare", d, n, None)) if progress else None)
     if prep.failures:
         raise DataError("prepare failed on synthetic data: " + "; ".join(prep.failures))
-    timings["data_s"] = time.perf_counter() - t
-    dataset = PreparedDataset(prepared)
-    test_cases = dataset.split("test")
-    train_cases = dataset.split("train")
+    return raw, prepared
 
-    # ---- training, in phases
+
+def _train_phases(out: Path, s: DemoSettings, prepared: Path, log: Callable[[str], None], progress) -> list[dict]:
+    """Stage 2: both models trained side by side in phases; each phase's checkpoints kept (the learning curve)."""
     run_dirs = {"pcdiff": out / "runs" / "pcdiff", "voxelizer": out / "runs" / "voxelizer"}
     configs = {"pcdiff": PCDIFF_CONFIG, "voxelizer": VOXELIZER_CONFIG}
     kept: list[dict] = []
     done_fraction = 0.0
-    t = time.perf_counter()
     for k, fraction in enumerate(s.phases):
         minutes = (fraction - done_fraction) * s.minutes
         log(f"[2/6] training PCDiff and the voxelizer side by side: phase {k + 1}/{len(s.phases)}, "
@@ -195,15 +189,13 @@ def run_demo(out: str | os.PathLike = "demo_out", settings: DemoSettings | None 
                               "metrics": status[name].get("metrics", {})}
         kept.append(snapshot)
         done_fraction = fraction
-    timings["train_s"] = time.perf_counter() - t
+    return kept
 
-    # ---- generate with each phase's checkpoints, then evaluate
-    from pointforge.implant.evaluate import evaluate_predictions, json_safe, write_reports
-    from pointforge.implant.generate import GenerateOptions, generate_folder, load_models
 
-    case_ids = [c.case_id for c in test_cases]
+def _generate_and_evaluate(out: Path, s: DemoSettings, kept: list[dict], raw: Path, prepared: Path,
+                           case_ids: list[str], log: Callable[[str], None], progress) -> list[dict]:
+    """Stage 3: implants for the held-out cases with each phase's checkpoints, each set evaluated."""
     options = GenerateOptions(ensemble=s.ensemble, sampler=s.sampler, steps=s.steps, seed=s.seed)
-    t = time.perf_counter()
     curve = []
     for k, snap in enumerate(kept):
         final = k == len(kept) - 1
@@ -215,24 +207,17 @@ def run_demo(out: str | os.PathLike = "demo_out", settings: DemoSettings | None 
                               progress=(lambda d, n: progress("generate", d, n, None)) if progress else None)
         evaluation = evaluate_predictions(pred_root, raw, cases=case_ids)
         write_reports(evaluation, pred_root)
-        curve.append({"minutes": snap["minutes"], "steps": {n: snap[n]["step"] for n in run_dirs},
+        curve.append({"minutes": snap["minutes"], "steps": {n: snap[n]["step"] for n in ("pcdiff", "voxelizer")},
                       "failed": gen.failed, "evaluation": evaluation, "root": pred_root})
-    timings["generate_evaluate_s"] = time.perf_counter() - t
+    return curve
 
-    t = time.perf_counter()
-    log(f"[4/6] baseline: the defect filled with the mean of the {len({c.skull_id for c in train_cases})} registered training skulls")
-    base_root = out / "baseline"
-    base_stats = _run_baseline(prepared, base_root)
-    baseline_eval = evaluate_predictions(base_root, raw, cases=case_ids)
-    write_reports(baseline_eval, base_root)
-    timings["baseline_s"] = time.perf_counter() - t
 
-    log("[5/6] evaluating")  # (done above per model; this stage compares)
-    final = curve[-1]["evaluation"]
+def _summary(s: DemoSettings, case_ids: list[str], curve: list[dict], baseline_eval, base_stats: dict,
+             kept: list[dict], timings: dict[str, float]) -> dict:
     summary = {
         "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(s).items()},
         "cases": case_ids,
-        "pipeline": final.summary,
+        "pipeline": curve[-1]["evaluation"].summary,
         "baseline": baseline_eval.summary,
         "curve": [{"minutes": c["minutes"], "steps": c["steps"], "failed": c["failed"],
                    "dsc_mean": _mean_dsc(c["evaluation"], case_ids)} for c in curve],
@@ -244,6 +229,45 @@ def run_demo(out: str | os.PathLike = "demo_out", settings: DemoSettings | None 
     pipe = summary["curve"][-1]["dsc_mean"]
     base = summary["baseline_dsc_mean"]
     summary["beats_baseline"] = bool(pipe is not None and base is not None and pipe > base)
+    return summary
+
+
+def run_demo(out: str | os.PathLike = "demo_out", settings: DemoSettings | None = None, *,
+             log: Callable[[str], None] = print, progress=None) -> DemoResult:
+    """Run every stage into ``out``. ``progress(stage, done, total, info)`` reports long stages."""
+    s = settings or DemoSettings()
+    s.validate()
+    for config in (PCDIFF_CONFIG, VOXELIZER_CONFIG):
+        if not config.is_file():
+            raise UserError(f"{config}: the demo's training config is missing; reinstall pointforge from its repository")
+    out = Path(out)
+    _check_out(out)
+    out.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
+    started = t = time.perf_counter()
+    raw, prepared = _make_data(out, s, log, progress)
+    timings["data_s"] = time.perf_counter() - t
+    dataset = PreparedDataset(prepared)
+    case_ids = [c.case_id for c in dataset.split("test")]
+
+    t = time.perf_counter()
+    kept = _train_phases(out, s, prepared, log, progress)
+    timings["train_s"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    curve = _generate_and_evaluate(out, s, kept, raw, prepared, case_ids, log, progress)
+    timings["generate_evaluate_s"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    log(f"[4/6] baseline: the defect filled with the mean of the {len({c.skull_id for c in dataset.split('train')})} registered training skulls")
+    base_root = out / "baseline"
+    base_stats = _run_baseline(prepared, base_root)
+    baseline_eval = evaluate_predictions(base_root, raw, cases=case_ids)
+    write_reports(baseline_eval, base_root)
+    timings["baseline_s"] = time.perf_counter() - t
+
+    log("[5/6] evaluating")  # (done above per model; this stage compares)
+    summary = _summary(s, case_ids, curve, baseline_eval, base_stats, kept, timings)
 
     log("[6/6] writing the report")
     t = time.perf_counter()
@@ -264,10 +288,6 @@ def _mean_dsc(evaluation, case_ids: list[str]) -> float:
 
 def _run_baseline(prepared: Path, out: Path) -> dict:
     """Mean-of-registered-training-skulls implants for the test split into ``out/<case_id>/implant.nrrd``."""
-    from pointforge.data.skulls import PreparedDataset
-    from pointforge.data.volumes import read_binary_volume, write_volume
-    from pointforge.implant.baseline import Atlas, mean_skull_implant
-
     data = PreparedDataset(prepared)
     atlas = Atlas.from_prepared(data, split="train")
     seconds = []
@@ -301,8 +321,6 @@ def _curve_plot(path: Path, summary: dict) -> Path:
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
-
-    from pointforge.atomic import atomic_write_bytes
 
     xs = [c["minutes"] for c in summary["curve"]]
     ys = [c["dsc_mean"] if c["dsc_mean"] is not None else float("nan") for c in summary["curve"]]
@@ -391,8 +409,6 @@ def _html_table(headers: list[str], rows: list[list[str]]) -> str:
 
 
 def _write_report(out: Path, summary: dict, curve: list[dict], baseline_eval, base_root: Path) -> tuple[Path, Path]:
-    from pointforge.atomic import atomic_write_text
-
     tables = _tables(summary, curve, baseline_eval)
     _curve_plot(out / "curve.png", summary)
     final = curve[-1]

@@ -2,7 +2,7 @@
 
 ::
 
-    from pointforge.upsample_api import load_upsampler, upsample_points, upsample_file
+    from pointforge.inference.upsampler import load_upsampler, upsample_points, upsample_file
 
     upsampler = load_upsampler("runs/upsampler/small/checkpoints/best.pt", device="auto")
     dense = upsample_points(upsampler, sparse_xyz)          # float64 [r·N, 3], same frame as the input
@@ -10,10 +10,9 @@
 
 The checkpoint is read with the engine's one loader
 (:func:`pointforge.train.checkpoint.load_checkpoint`) and the model rebuilt from
-the config stored inside it (:func:`pointforge.config.train_config_from_dict`),
-so the network, its graph's ``k`` and the normalisation it was trained with
-come with the weights. The EMA weights are used when the run kept and
-evaluated them.
+the config stored inside it, so the network, its graph's ``k`` and the
+normalisation it was trained with come with the weights. Which weights follows
+the one EMA rule of :mod:`pointforge.inference.loading`.
 
 Coordinates: a cloud is normalised exactly as the training pairs were (centre
 and scale from the sparse cloud itself), run through the network and mapped
@@ -37,26 +36,32 @@ import numpy as np
 import torch
 
 from pointforge.data.pointio import LasGeometry, PointCloud, point_format, read_points, write_points
-from pointforge.errors import CheckpointError, DataError, DeviceError
-from pointforge.nn.upsampler import NodeShuffleUpsampler, upsample_cloud
+from pointforge.devices import resolve_device
+from pointforge.errors import DataError
+from pointforge.inference.loading import LoadedModel, Weights, load_trained
+from pointforge.data.pairs import pair_normalization
+from pointforge.nn.knn import knn_graph
+from pointforge.nn.upsampler import NodeShuffleUpsampler
 
-__all__ = ["TrainedUpsampler", "UpsampleResult", "resolve_device", "load_upsampler", "upsample_points", "upsample_file"]
+__all__ = ["LoadedUpsampler", "TrainedUpsampler", "UpsampleResult", "resolve_device", "load_upsampler", "upsample_cloud", "upsample_points", "upsample_file"]
 
 TASK_NAME = "upsampler"
 
 
 @dataclass
-class TrainedUpsampler:
-    """A network with what it was trained with: the normalisation mode and the device it sits on."""
+class LoadedUpsampler(LoadedModel):
+    """A trained upsampler (:class:`~pointforge.inference.loading.LoadedModel`); ``config`` is the task section."""
 
-    model: NodeShuffleUpsampler
-    normalization: str
-    device: torch.device
-    source: str = ""
+    @property
+    def normalization(self) -> str:
+        return self.config.normalization
 
     @property
     def ratio(self) -> int:
         return int(self.model.config.ratio)
+
+
+TrainedUpsampler = LoadedUpsampler  # the name this type had before the loaders became one
 
 
 @dataclass
@@ -68,67 +73,45 @@ class UpsampleResult:
     seconds: float
 
 
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """``auto`` (the first GPU if there is one, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``; DeviceError otherwise."""
-    if isinstance(device, torch.device):
-        text = str(device)
-    else:
-        text = (device or "auto").strip().lower()
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if text == "auto":
-        return torch.device("cuda", 0) if count else torch.device("cpu")
-    if text == "cpu":
-        return torch.device("cpu")
-    if text == "cuda" or text.startswith("cuda:"):
-        index = 0
-        if text != "cuda":
-            try:
-                index = int(text.split(":", 1)[1])
-            except ValueError:
-                raise DeviceError(f"device {device!r} is not a device; use auto, cpu, cuda or cuda:N") from None
-        if index >= count:
-            seen = ", ".join(f"cuda:{i}" for i in range(count)) or "none"
-            raise DeviceError(f"device {text} is not available (visible GPUs: {seen}); use --device cpu or auto")
-        return torch.device("cuda", index)
-    raise DeviceError(f"device {device!r} is not a device; use auto, cpu, cuda or cuda:N")
-
-
-def load_upsampler(ckpt: Union[str, Path], device: str | torch.device = "auto") -> TrainedUpsampler:
+def load_upsampler(ckpt: Union[str, Path], device: str | torch.device = "auto", *, weights: Weights = "auto") -> LoadedUpsampler:
     """The upsampler in a checkpoint written by ``pointforge train upsampler``, in eval mode on ``device``.
 
     CheckpointError for a missing or damaged file and for a checkpoint of another task.
     """
-    from pointforge.config import train_config_from_dict
-    from pointforge.errors import ConfigError
-    from pointforge.tasks import get_task
-    from pointforge.train.checkpoint import is_pointforge_checkpoint, load_checkpoint, load_model_state, model_weights
+    return load_trained(LoadedUpsampler, ckpt, TASK_NAME, device, weights)
 
-    target = resolve_device(device)
-    path = Path(ckpt)
-    state = load_checkpoint(path)
-    if not is_pointforge_checkpoint(state) or not isinstance(state.get("config"), dict):
-        raise CheckpointError(
-            f"{path} is not a pointforge training checkpoint (no task or config inside); "
-            "give a checkpoint written by pointforge train upsampler"
-        )
-    if state.get("task") != TASK_NAME:
-        raise CheckpointError(
-            f"{path} is a checkpoint of task '{state.get('task')}', not of the upsampler; "
-            "give one written by pointforge train upsampler (runs/upsampler/.../checkpoints/best.pt)"
-        )
+
+@torch.no_grad()
+def upsample_cloud(
+    model: NodeShuffleUpsampler,
+    xyz: np.ndarray,
+    *,
+    normalization: str = "spacing",
+    device: torch.device | str = "cpu",
+) -> np.ndarray:
+    """Upsample one cloud in source coordinates: float64 ``[N, 3]`` in, float64 ``[r·N, 3]`` out.
+
+    Normalises as the training pairs are (:func:`pointforge.data.pairs.pair_normalization`),
+    builds the graph, runs the model in eval mode and maps the result back.
+    """
+    xyz = np.asarray(xyz, dtype=np.float64)
+    if xyz.ndim != 2 or xyz.shape[1] != 3 or len(xyz) == 0:
+        raise DataError(f"cloud to upsample must be a non-empty [N, 3] array, got shape {xyz.shape}")
+    centred = torch.from_numpy(xyz - xyz.min(axis=0))
+    edges = knn_graph(centred, model.config.k)
+    norm = pair_normalization(xyz, normalization, edges.numpy())
+    was_training = model.training
+    model.eval()
     try:
-        cfg = train_config_from_dict(state["config"])
-    except ConfigError as err:
-        raise CheckpointError(f"{path}: its stored config no longer loads ({err})") from None
-    model = get_task(TASK_NAME).build_model(cfg.task)
-    use_ema = bool(cfg.train.eval_ema and state.get("ema") is not None)
-    load_model_state(model, model_weights(state, use_ema=use_ema))
-    model.to(target).eval()
-    return TrainedUpsampler(model=model, normalization=cfg.task.normalization, device=target, source=str(path))
+        pos = torch.from_numpy(norm.apply(xyz)).to(device)
+        out = model(pos, None, edges.to(device))
+    finally:
+        model.train(was_training)
+    return norm.inverse(out.points)
 
 
 def upsample_points(
-    model: Union[TrainedUpsampler, NodeShuffleUpsampler],
+    model: Union[LoadedUpsampler, NodeShuffleUpsampler],
     xyz: np.ndarray,
     *,
     normalization: str = "spacing",
@@ -140,13 +123,13 @@ def upsample_points(
     device are used) or a bare network (then ``normalization`` and ``device``,
     default the model's own, apply).
     """
-    if isinstance(model, TrainedUpsampler):
+    if isinstance(model, LoadedUpsampler):
         net, normalization, where = model.model, model.normalization, model.device if device is None else resolve_device(device)
     elif isinstance(model, NodeShuffleUpsampler):
         net = model
         where = resolve_device(device) if device is not None else next(net.parameters()).device
     else:
-        raise TypeError(f"upsample_points needs a TrainedUpsampler or NodeShuffleUpsampler, got {type(model).__name__}")
+        raise TypeError(f"upsample_points needs a LoadedUpsampler (from load_upsampler) or NodeShuffleUpsampler, got {type(model).__name__}")
     points = np.asarray(xyz)
     if points.ndim != 2 or points.shape[1] != 3 or len(points) == 0:
         raise DataError(f"points to upsample must be a non-empty [N, 3] array, got shape {points.shape}")
@@ -159,7 +142,7 @@ def upsample_points(
 def upsample_file(
     input: Union[str, Path],
     output: Union[str, Path],
-    model: Union[TrainedUpsampler, str, Path],
+    model: Union[LoadedUpsampler, str, Path],
     *,
     device: str | torch.device = "auto",
 ) -> UpsampleResult:
@@ -177,7 +160,7 @@ def upsample_file(
         raise DataError(f"{dst}: the output would overwrite the input; choose another --out path")
     if dst.is_dir():
         raise DataError(f"{dst} is a folder; give --out a file name ending in .npy, .ply, .las or .laz")
-    upsampler = model if isinstance(model, TrainedUpsampler) else load_upsampler(model, device)
+    upsampler = model if isinstance(model, LoadedUpsampler) else load_upsampler(model, device)
     start = time.perf_counter()
     cloud = read_points(src)
     if len(cloud) == 0:

@@ -1,4 +1,4 @@
-"""Voxelizer inference: completed skull points → indicator field → binary volume → mesh in millimetres.
+"""Voxelizer inference: a trained voxelizer loaded, and completed skull points → indicator field → binary volume → mesh in millimetres.
 
 Coordinates. Points come in the voxel-index coordinates of a reference volume
 (what ``pointforge data prepare`` stores, and what PCDiff's samples are mapped
@@ -27,17 +27,22 @@ normals always point out of the solid.
 from __future__ import annotations
 
 import os
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from torch import nn
 
 from pointforge.data.skulls import unit_cube_scale
+from pointforge.data.surface import volume_to_mesh
 from pointforge.data.volumes import Volume
-from pointforge.errors import CheckpointError, ConfigError, DataError
+from pointforge.devices import resolve_device
+from pointforge.errors import ConfigError, DataError
+from pointforge.inference.loading import LoadedModel, Weights, load_trained
+from pointforge.nn.dpsr import dpsr, normalize_resolution
 
-__all__ = ["load_voxelizer", "points_to_field", "points_to_volume", "field_to_mesh", "resample_inside"]
+__all__ = ["LoadedVoxelizer", "load_voxelizer", "unit_points", "points_to_field", "points_to_volume", "field_to_mesh", "resample_inside"]
 
 _BELOW_ONE = float(np.nextafter(np.float32(1), np.float32(0)))
 # Points may sit up to half a voxel beyond the outermost voxel centres (marching
@@ -46,45 +51,38 @@ _SLACK_VOXELS = 1.0
 
 
 def _device(device: str | torch.device | None, fallback: torch.device) -> torch.device:
-    if device is None:
-        return fallback
-    from pointforge.train.dist import resolve_device
-
-    return resolve_device(str(device), local_rank=0, world_size=1)
+    return fallback if device is None else resolve_device(device)
 
 
-def load_voxelizer(checkpoint_path: str | os.PathLike, device: str | torch.device = "cpu", *, use_ema: bool = True):
-    """``(model, config)`` from a checkpoint written by ``pointforge train voxelizer``.
+@dataclass
+class LoadedVoxelizer(LoadedModel):
+    """A trained voxelizer (:class:`~pointforge.inference.loading.LoadedModel`).
 
-    ``model`` is a :class:`~pointforge.nn.voxelizer.VoxelizerNet` in eval mode
-    on ``device`` (the EMA weights when the run kept them and ``use_ema``);
-    ``config`` is the run's resolved :class:`~pointforge.config.TrainConfig`
-    (``config.task`` is the voxelizer section; ``model.cfg`` the network's
-    settings). Raises :class:`CheckpointError` for a missing, corrupt or
+    ``model`` is a :class:`~pointforge.nn.voxelizer.VoxelizerNet` (``model.cfg``
+    the network's settings), ``config`` the task's section. Unpacks as
+    ``(model, run_config)``, the pair this loader always returned.
+    """
+
+    _unpacks_as: ClassVar[tuple[str, ...]] = ("model", "run_config")
+
+
+def load_voxelizer(
+    checkpoint_path: str | os.PathLike,
+    device: str | torch.device = "cpu",
+    *,
+    weights: Weights = "auto",
+    use_ema: bool | None = None,
+) -> LoadedVoxelizer:
+    """A trained voxelizer from a checkpoint written by ``pointforge train voxelizer``, in eval mode on ``device``.
+
+    ``weights`` follows the one EMA rule of :mod:`pointforge.inference.loading`;
+    the older ``use_ema`` still works (``True`` is ``"auto"``, ``False`` is
+    ``"model"``). Raises :class:`CheckpointError` for a missing, corrupt or
     non-voxelizer checkpoint.
     """
-    from pointforge.config import train_config_from_dict
-    from pointforge.tasks import get_task
-    from pointforge.train import checkpoint as ckpt_io
-
-    ckpt = ckpt_io.load_checkpoint(checkpoint_path)
-    if not ckpt_io.is_pointforge_checkpoint(ckpt):
-        raise CheckpointError(
-            f"{checkpoint_path} is not a pointforge training checkpoint; give one written by `pointforge train voxelizer`"
-        )
-    if ckpt.get("task") != "voxelizer":
-        raise CheckpointError(
-            f"{checkpoint_path} was written by task '{ckpt.get('task')}', not by the voxelizer; "
-            "give a checkpoint from `pointforge train voxelizer`"
-        )
-    try:
-        cfg = train_config_from_dict(ckpt.get("config") or {})
-    except ConfigError as err:
-        raise CheckpointError(f"{checkpoint_path} holds a config this version cannot read ({err})") from None
-    model = get_task("voxelizer").build_model(cfg.task)
-    ckpt_io.load_model_state(model, ckpt_io.model_weights(ckpt, use_ema=use_ema))
-    model.to(_device(device, torch.device("cpu"))).eval()
-    return model, cfg
+    if use_ema is not None:
+        weights = "auto" if use_ema else "model"
+    return load_trained(LoadedVoxelizer, checkpoint_path, "voxelizer", device, weights)
 
 
 # --------------------------------------------------------------------------- points → field
@@ -134,8 +132,8 @@ def unit_points(points_vox: Any, volume_shape: Any) -> torch.Tensor:
 
 
 def _solve(model: nn.Module, points_vox, volume_shape, *, resolution, device, sigma, memory_limit) -> torch.Tensor:
-    from pointforge.nn.dpsr import dpsr, normalize_resolution
-
+    if isinstance(model, LoadedModel):
+        model = model.model
     cfg = getattr(model, "cfg", None)
     if cfg is None or not hasattr(model, "oriented_points"):
         raise ConfigError("model must be a voxelizer (a VoxelizerNet, as load_voxelizer returns)")
@@ -263,8 +261,6 @@ def field_to_mesh(field_or_volume: Any, reference: Volume, *, step_size: int = 1
     ``reference``'s affine.
     """
     import trimesh
-
-    from pointforge.data.surface import volume_to_mesh
 
     if not isinstance(reference, Volume):
         raise DataError(f"reference must be a Volume, got {type(reference).__name__}")
