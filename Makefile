@@ -30,7 +30,9 @@ $(STAMP): pyproject.toml
 	@$(PY) -m pip install -q -c $(VENV)/torch-constraint.txt -e ".[dev]"
 	@touch $(STAMP)
 
+# The layers contract (pyproject's [tool.importlinter]) first: a back-import fails fast.
 test: $(STAMP)
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -m "not slow" tests
 
 test-slow: $(STAMP)

@@ -100,7 +100,7 @@ from pointforge.data.skulls import PreparedDataset  # noqa: E402
 from pointforge.data.volumes import Volume, read_binary_volume  # noqa: E402
 from pointforge.errors import DataError, UserError  # noqa: E402
 from pointforge.implant.generate import GenerateOptions, Models, generate_implant, load_models  # noqa: E402
-from pointforge.implant.evaluate import json_safe  # noqa: E402
+from pointforge.formats import json_safe  # noqa: E402
 from pointforge.implant.metrics import evaluate_case  # noqa: E402
 from pointforge.nn.diffusion import make_sampler  # noqa: E402
 
@@ -141,7 +141,7 @@ def resolve_inputs(args: argparse.Namespace) -> tuple[Path, Path, Path, str]:
         return args.pcdiff, args.voxelizer, args.data, "given checkpoints"
     demo = args.demo
     if demo is None:
-        from pointforge.demo import run_demo
+        from pointforge.implant.demo import run_demo
 
         demo = Path(tempfile.mkdtemp(prefix="pipeline-bench-demo-"))
         print(f"no models given: running `pointforge demo` with its default settings into {demo} "
@@ -336,9 +336,7 @@ QUALITY_HEADERS = ["config", "n", "steps", "mean DSC (failed = 0)", "mean bDSC (
 # --------------------------------------------------------------------------- main
 
 
-
-
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--demo", type=Path, help="a `pointforge demo` output folder (its final checkpoints and data)")
     parser.add_argument("--pcdiff", type=Path, help="a PCDiff checkpoint (with --voxelizer and --data)")
@@ -356,28 +354,11 @@ def main() -> None:
         raise SystemExit(f"--cases must be at least 1, got {args.cases}")
     if args.threads < 1 or (args.compare_threads is not None and args.compare_threads < 1):
         raise SystemExit("--threads and --compare-threads must be at least 1")
-    torch.set_num_threads(args.threads)
+    return args
 
-    try:
-        pcdiff, voxelizer, data_root, source = resolve_inputs(args)
-        cases = held_out_cases(data_root, args.cases)
-        models = load_models(pcdiff, voxelizer, device="cpu")
-    except UserError as err:  # DataError, CheckpointError, ...: one clear line
-        raise SystemExit(f"bench/pipeline.py: {err}")
-    ensembles = QUICK_ENSEMBLES if args.quick else ENSEMBLES
-    samplers = QUICK_SAMPLERS if args.quick else SAMPLERS
-    record: dict = {"machine": machine(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-                    "load_average_start": os.getloadavg(), "inputs": source, "data": str(data_root),
-                    "models": models.describe(), "seed": args.seed, "quick": args.quick,
-                    "cases": [{"case_id": c.case_id, "defect": c.defect, "defective": str(c.defective)} for c in cases]}
-    cfg = models.pcdiff.config
-    print(f"{machine()}; {torch.get_num_threads()} torch thread(s); load average {os.getloadavg()[0]:.2f}")
-    print(f"models ({source}): PCDiff {cfg.model} (T = {cfg.diffusion.timesteps}, {cfg.n_skull} + {cfg.n_implant} points) "
-          f"{pcdiff}; voxelizer {models.voxelizer_config.task.preset} {voxelizer}")
-    print(f"{len(cases)} test case(s) of {data_root}; seed {args.seed}", flush=True)
-    started = time.perf_counter()
 
-    warm_up(cases[0], models, args.seed)
+def sweep(cases, models, args) -> list[dict]:
+    """Ensemble sizes at the default sampler, then every sampler at n = SWEEP_N; a configuration met twice runs once."""
     configs: list[dict] = []
     done: dict[tuple[str, int, int], dict] = {}
 
@@ -390,39 +371,40 @@ def main() -> None:
         return done[key]
 
     print("\nensemble size at the default sampler (CPU):", flush=True)
-    for n in ensembles:
+    for n in (QUICK_ENSEMBLES if args.quick else ENSEMBLES):
         config(*DEFAULT, n, "ensemble size")
     print(f"\nsamplers at n = {SWEEP_N} (CPU):", flush=True)
-    for name, steps in samplers:
+    for name, steps in (QUICK_SAMPLERS if args.quick else SAMPLERS):
         config(name, steps, SWEEP_N, "sampler")
-    print("\nbaseline:", flush=True)
-    baseline = run_baseline(data_root, cases)
+    return configs
 
+
+def compare_threads(cases, models, args) -> list[dict]:
     threads_cmp = []
-    if args.compare_threads is not None:
-        print(f"\nthreads {args.threads} vs {args.compare_threads} on {cases[0].case_id}:", flush=True)
-        for threads in sorted({args.threads, args.compare_threads}):
-            torch.set_num_threads(threads)
-            warm_up(cases[0], models, args.seed)
-            for n in ensembles:
-                threads_cmp.append(run_config(*DEFAULT, n, cases[:1], models, args.seed))
-        torch.set_num_threads(args.threads)
+    print(f"\nthreads {args.threads} vs {args.compare_threads} on {cases[0].case_id}:", flush=True)
+    for threads in sorted({args.threads, args.compare_threads}):
+        torch.set_num_threads(threads)
+        warm_up(cases[0], models, args.seed)
+        for n in (QUICK_ENSEMBLES if args.quick else ENSEMBLES):
+            threads_cmp.append(run_config(*DEFAULT, n, cases[:1], models, args.seed))
+    torch.set_num_threads(args.threads)
+    return threads_cmp
 
-    gpu: dict | None = None
-    if torch.cuda.is_available() and not args.no_gpu:
-        gpu_models = load_models(pcdiff, voxelizer, device="cuda")
-        print(f"\nGPU ({torch.cuda.get_device_name(gpu_models.device)}), ensemble size at the default sampler:", flush=True)
-        warm_up(cases[0], gpu_models, args.seed)
-        torch.cuda.reset_peak_memory_stats(gpu_models.device)
-        gpu = {"device": torch.cuda.get_device_name(gpu_models.device),
-               "configs": [run_config(*DEFAULT, n, cases, gpu_models, args.seed)
-                           for n in ensembles]}
-        gpu["peak_memory_gib"] = torch.cuda.max_memory_allocated(gpu_models.device) / 2**30
 
-    record.update(load_average_end=os.getloadavg(), seconds=time.perf_counter() - started,
-                  configs=configs, baseline=baseline,
-                  threads_comparison=threads_cmp, gpu=gpu)
+def gpu_timings(pcdiff, voxelizer, cases, args) -> dict:
+    gpu_models = load_models(pcdiff, voxelizer, device="cuda")
+    print(f"\nGPU ({torch.cuda.get_device_name(gpu_models.device)}), ensemble size at the default sampler:", flush=True)
+    warm_up(cases[0], gpu_models, args.seed)
+    torch.cuda.reset_peak_memory_stats(gpu_models.device)
+    gpu = {"device": torch.cuda.get_device_name(gpu_models.device),
+           "configs": [run_config(*DEFAULT, n, cases, gpu_models, args.seed)
+                       for n in (QUICK_ENSEMBLES if args.quick else ENSEMBLES)]}
+    gpu["peak_memory_gib"] = torch.cuda.max_memory_allocated(gpu_models.device) / 2**30
+    return gpu
 
+
+def print_results(record: dict, cases, args, cfg) -> None:
+    configs, baseline, threads_cmp, gpu = record["configs"], record["baseline"], record["threads_comparison"], record["gpu"]
     print(f"\nstage seconds per case, mean over {len(cases)} case(s) (CPU, {args.threads} thread(s); "
           "failed cases: stages finished before the failure):")
     print_table(STAGE_HEADERS, stage_rows(configs))
@@ -444,6 +426,38 @@ def main() -> None:
                   f"these models: PCDiff preset {cfg.model}")
     print(f"\nload average {record['load_average_start'][0]:.2f} at start, {record['load_average_end'][0]:.2f} at end; "
           f"{record['seconds'] / 60:.1f} min in all")
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    try:
+        pcdiff, voxelizer, data_root, source = resolve_inputs(args)
+        cases = held_out_cases(data_root, args.cases)
+        models = load_models(pcdiff, voxelizer, device="cpu")
+    except UserError as err:  # DataError, CheckpointError, ...: one clear line
+        raise SystemExit(f"bench/pipeline.py: {err}")
+    record: dict = {"machine": machine(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+                    "load_average_start": os.getloadavg(), "inputs": source, "data": str(data_root),
+                    "models": models.describe(), "seed": args.seed, "quick": args.quick,
+                    "cases": [{"case_id": c.case_id, "defect": c.defect, "defective": str(c.defective)} for c in cases]}
+    cfg = models.pcdiff.config
+    print(f"{machine()}; {torch.get_num_threads()} torch thread(s); load average {os.getloadavg()[0]:.2f}")
+    print(f"models ({source}): PCDiff {cfg.model} (T = {cfg.diffusion.timesteps}, {cfg.n_skull} + {cfg.n_implant} points) "
+          f"{pcdiff}; voxelizer {models.voxelizer_config.task.preset} {voxelizer}")
+    print(f"{len(cases)} test case(s) of {data_root}; seed {args.seed}", flush=True)
+    started = time.perf_counter()
+
+    warm_up(cases[0], models, args.seed)
+    configs = sweep(cases, models, args)
+    print("\nbaseline:", flush=True)
+    baseline = run_baseline(data_root, cases)
+    threads_cmp = compare_threads(cases, models, args) if args.compare_threads is not None else []
+    gpu = gpu_timings(pcdiff, voxelizer, cases, args) if torch.cuda.is_available() and not args.no_gpu else None
+    record.update(load_average_end=os.getloadavg(), seconds=time.perf_counter() - started,
+                  configs=configs, baseline=baseline,
+                  threads_comparison=threads_cmp, gpu=gpu)
+    print_results(record, cases, args, cfg)
     path = write_json("pipeline", json_safe(record))
     print(f"wrote {path}")
 

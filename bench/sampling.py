@@ -44,7 +44,7 @@ from _common import machine, print_table, write_json
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pointforge.config import load_train_config  # noqa: E402
+from pointforge.tasks.configs import load_train_config  # noqa: E402
 from pointforge.data.skulls import PreparedDataset, bbox_normalization  # noqa: E402
 from pointforge.nn.diffusion import make_sampler  # noqa: E402
 from pointforge.inference.pcdiff import complete, load_pcdiff  # noqa: E402
@@ -83,7 +83,7 @@ def pick_case(root: Path, wanted: str | None):
     raise SystemExit(f"no case {'named ' + wanted + ' ' if wanted else ''}with an implant in {root}")
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", type=Path, help="a trained pcdiff checkpoint; default: train the small preset here")
     parser.add_argument("--data-root", type=Path, help="prepared dataset holding the case (default: the checkpoint config's)")
@@ -93,23 +93,73 @@ def main() -> None:
     parser.add_argument("--ddpm-probe-steps", type=int, default=100)
     parser.add_argument("--full-ddpm", action="store_true", help="run DDPM-1000 with n = 5 in full")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    return parser.parse_args()
 
-    record: dict = {"machine": machine(), "threads": args.threads, "torch": torch.__version__}
-    if args.checkpoint is None:
-        run_dir = Path(tempfile.mkdtemp(prefix="pcdiff-bench-"))
-        try:
-            print(f"training the small preset for {args.train_steps} steps on synthetic data ({run_dir}) ...", flush=True)
-            checkpoint, seconds = train_small(args.train_steps, run_dir)
-            model, schedule, config = load_pcdiff(checkpoint)
-        finally:
-            shutil.rmtree(run_dir, ignore_errors=True)
-        record["network"] = f"small preset trained here: {args.train_steps} steps, batch 4, Adam 1e-3 (undertrained)"
-        record["train_s"] = round(seconds, 1)
-    else:
-        model, schedule, config = load_pcdiff(args.checkpoint)
+
+def load_network(args: argparse.Namespace, record: dict):
+    """``(model, schedule, config)`` of the given checkpoint, or of the small preset trained here first."""
+    if args.checkpoint is not None:
         record["network"] = f"checkpoint {args.checkpoint}"
+        return load_pcdiff(args.checkpoint)
+    run_dir = Path(tempfile.mkdtemp(prefix="pcdiff-bench-"))
+    try:
+        print(f"training the small preset for {args.train_steps} steps on synthetic data ({run_dir}) ...", flush=True)
+        checkpoint, seconds = train_small(args.train_steps, run_dir)
+        loaded = load_pcdiff(checkpoint)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    record["network"] = f"small preset trained here: {args.train_steps} steps, batch 4, Adam 1e-3 (undertrained)"
+    record["train_s"] = round(seconds, 1)
+    return loaded
+
+
+def time_sampler(args, name: str, sampler, n: int, skull, model, config, distances) -> dict:
+    """One sampler at ensemble size ``n``; DDPM with n > 1 is timed on its first steps and extrapolated."""
+    probe = name == "ddpm" and n > 1 and not args.full_ddpm and args.ddpm_probe_steps < sampler.num_steps
+    done = []
+
+    def progress(step: int, total: int) -> None:
+        done.append(step)
+        if probe and step >= args.ddpm_probe_steps:
+            raise _Stop
+
+    gen = torch.Generator().manual_seed(args.seed)
+    started = time.perf_counter()
+    try:
+        points = complete(skull, model, sampler, n, config=config, generator=gen, progress=progress)
+    except _Stop:
+        points = None
+    seconds = time.perf_counter() - started
+    if probe:
+        seconds = seconds / done[-1] * sampler.num_steps
+    cd, dist = distances(points) if points is not None else (math.nan, math.nan)
+    print(f"  {name}-{sampler.num_steps} n={n}: {seconds:.1f} s{' (extrapolated)' if probe else ''}", flush=True)
+    return {"sampler": name, "steps": sampler.num_steps, "n": n, "seconds_per_case": seconds,
+            "extrapolated_from_steps": done[-1] if probe else None, "chamfer_normalised": cd, "mean_dist_mm": dist}
+
+
+def table_rows(results: list[dict], baseline: tuple[float, float]) -> list[list]:
+    reference = {r["n"]: r["seconds_per_case"] for r in results if r["sampler"] == "ddpm"}
+    rows = []
+    for r in results:
+        r["speedup_vs_ddpm"] = reference[r["n"]] / r["seconds_per_case"]
+        r["seconds_per_model_call"] = r["seconds_per_case"] / r["steps"]
+        rows.append([
+            f"{r['sampler']}-{r['steps']}", r["n"], r["steps"],
+            f"{r['seconds_per_case']:.1f}" + (f" (extrap. from {r['extrapolated_from_steps']} steps)" if r["extrapolated_from_steps"] else ""),
+            f"{r['seconds_per_model_call']:.3f}", f"{r['speedup_vs_ddpm']:.0f}x",
+            "—" if math.isnan(r["chamfer_normalised"]) else f"{r['chamfer_normalised']:.4g}",
+            "—" if math.isnan(r["mean_dist_mm"]) else f"{r['mean_dist_mm']:.2f}",
+        ])
+    rows.append(["random points in the skull's box", 1, "—", "—", "—", "—", f"{baseline[0]:.4g}", f"{baseline[1]:.2f}"])
+    return rows
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    record: dict = {"machine": machine(), "threads": args.threads, "torch": torch.__version__}
+    model, schedule, config = load_network(args, record)
     root = args.data_root or Path(config.data_root)
     data, case, split = pick_case(root, args.case)
     skull = np.asarray(data.points(case.defective), dtype=np.float64)
@@ -133,45 +183,9 @@ def main() -> None:
     lo, hi = skull.min(0), skull.max(0)
     uniform = (lo + (hi - lo) * np.random.default_rng(args.seed).random((1, config.n_implant, 3))).astype(np.float32)
     baseline = distances(uniform)
-
-    rows, results = [], []
-    for name, steps in SAMPLERS:
-        sampler = make_sampler(name, steps, schedule=schedule)
-        for n in (1, 5):
-            probe = name == "ddpm" and n > 1 and not args.full_ddpm and args.ddpm_probe_steps < sampler.num_steps
-            done = []
-
-            def progress(step: int, total: int) -> None:
-                done.append(step)
-                if probe and step >= args.ddpm_probe_steps:
-                    raise _Stop
-
-            gen = torch.Generator().manual_seed(args.seed)
-            started = time.perf_counter()
-            try:
-                points = complete(skull, model, sampler, n, config=config, generator=gen, progress=progress)
-            except _Stop:
-                points = None
-            seconds = time.perf_counter() - started
-            if probe:
-                seconds = seconds / done[-1] * sampler.num_steps
-            cd, dist = distances(points) if points is not None else (math.nan, math.nan)
-            label = f"{name}-{sampler.num_steps}"
-            results.append({"sampler": name, "steps": sampler.num_steps, "n": n, "seconds_per_case": seconds,
-                            "extrapolated_from_steps": done[-1] if probe else None, "chamfer_normalised": cd, "mean_dist_mm": dist})
-            print(f"  {label} n={n}: {seconds:.1f} s{' (extrapolated)' if probe else ''}", flush=True)
-    reference = {r["n"]: r["seconds_per_case"] for r in results if r["sampler"] == "ddpm"}
-    for r in results:
-        r["speedup_vs_ddpm"] = reference[r["n"]] / r["seconds_per_case"]
-        r["seconds_per_model_call"] = r["seconds_per_case"] / r["steps"]
-        rows.append([
-            f"{r['sampler']}-{r['steps']}", r["n"], r["steps"],
-            f"{r['seconds_per_case']:.1f}" + (f" (extrap. from {r['extrapolated_from_steps']} steps)" if r["extrapolated_from_steps"] else ""),
-            f"{r['seconds_per_model_call']:.3f}", f"{r['speedup_vs_ddpm']:.0f}x",
-            "—" if math.isnan(r["chamfer_normalised"]) else f"{r['chamfer_normalised']:.4g}",
-            "—" if math.isnan(r["mean_dist_mm"]) else f"{r['mean_dist_mm']:.2f}",
-        ])
-    rows.append(["random points in the skull's box", 1, "—", "—", "—", "—", f"{baseline[0]:.4g}", f"{baseline[1]:.2f}"])
+    results = [time_sampler(args, name, make_sampler(name, steps, schedule=schedule), n, skull, model, config, distances)
+               for name, steps in SAMPLERS for n in (1, 5)]
+    rows = table_rows(results, baseline)
     print()
     print(f"network: {record['network']}")
     print_table(["sampler", "n", "model calls", "s per case", "s per call", "speed-up vs DDPM", "Chamfer (normalised)", "mean dist (mm)"], rows)

@@ -166,7 +166,7 @@ def worker_train(args) -> dict:
 
 
 def worker_engine(args) -> dict:
-    from pointforge.config import load_train_config
+    from pointforge.tasks.configs import load_train_config
     from pointforge.train.engine import train
 
     base = peak_rss_mb()
@@ -221,7 +221,7 @@ def run_worker(kind: str, common: list[str], extra: list[str]) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="inference,plain,engine", help="which parts to run (default all three)")
     parser.add_argument("--presets", default="tiny,small", help="model presets for inference (default tiny,small)")
@@ -242,6 +242,64 @@ def main() -> None:
     parser.add_argument("--per-batch", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--run-dir", help=argparse.SUPPRESS)
+    return parser
+
+
+def bench_inference(args, common: list[str], record: dict) -> None:
+    inference = [run_worker("inference", common, ["--preset", p]) for p in args.presets.split(",")]
+    print(f"\ninference, one cloud of {args.infer_points} points (best of {args.repeats} forward passes):")
+    print_table(
+        ["preset", "params", "edges", "graph s", "forward s", "total s", "out pts/s", "peak MB", "baseline MB"],
+        [[r["preset"], r["parameters"], r["edges"], r["graph_s"], r["forward_s"], r["total_s"],
+          r["points_out"] / r["total_s"], r["peak_rss_mb"], r["baseline_rss_mb"]] for r in inference],
+    )  # fmt: skip
+    record["inference"] = inference
+
+
+def bench_plain(args, common: list[str], record: dict) -> None:
+    # Interleaved rounds, best kept per scheme: a shared machine's load drifts over minutes.
+    rounds = {"budget": [], "fixed": []}
+    for _ in range(args.rounds):
+        for scheme in rounds:
+            rounds[scheme].append(run_worker("train", common, ["--preset", args.train_preset, "--scheme", scheme]))
+    budget, fixed = _best_of(rounds)
+    print(
+        f"\ntraining step, plain loop (forward + Chamfer + backward), preset {args.train_preset}, {budget['clouds']} clouds of "
+        f"{args.min}..{args.max} points ({budget['points']} in all), {budget['batches']} budget batches vs {fixed['batches']} fixed:"
+    )
+    _training_table(args, [budget, fixed])
+    record["training"] = [budget, fixed]
+    record["ratios"] = _ratios(budget, fixed)
+    print("ratios (budget / fixed): " + ", ".join(f"{k} {v:.3f}" for k, v in record["ratios"].items()))
+
+
+def bench_engine(args, common: list[str], record: dict, sizes: list[int]) -> None:
+    per_batch = math.ceil(len(sizes) / len(PointBudgetBatchSampler(np.array(sizes), args.budget, seed=0)))
+    work = Path(tempfile.mkdtemp(prefix="pointforge-bench-upsampler-"))
+    try:
+        write_synthetic_pairs(work / "data", sizes, seed=0)
+        rounds = {"budget": [], "fixed": []}
+        for n in range(args.rounds):
+            for scheme in rounds:
+                extra = ["--preset", args.train_preset, "--scheme", scheme, "--per-batch", str(per_batch),
+                         "--epochs", str(args.epochs), "--data", str(work / "data"), "--run-dir", str(work / f"run-{scheme}-{n}")]  # fmt: skip
+                rounds[scheme].append(run_worker("engine", common, extra))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    budget, fixed = _best_of(rounds)
+    print(
+        f"\ntraining through the engine (pointforge train upsampler), preset {args.train_preset}, {len(sizes)} clouds of "
+        f"{args.min}..{args.max} points, {args.epochs - 1} timed epoch(s) after a warm-up epoch; "
+        f"{budget['steps_per_epoch']} budget steps vs {fixed['steps_per_epoch']} fixed steps per epoch:"
+    )
+    _training_table(args, [budget, fixed])
+    record["engine_training"] = [budget, fixed]
+    record["engine_ratios"] = _ratios(budget, fixed)
+    print("ratios (budget / fixed): " + ", ".join(f"{k} {v:.3f}" for k, v in record["engine_ratios"].items()))
+
+
+def main() -> None:
+    parser = _parser()
     args = parser.parse_args()
     if args.quick:
         args.infer_points, args.clouds, args.max, args.budget, args.repeats, args.rounds = 20_000, 6, 8_000, 10_000, 1, 1
@@ -262,56 +320,11 @@ def main() -> None:
     print(f"machine: {machine()}; torch {torch.__version__}, {args.threads} thread(s)")
     record: dict = {"machine": machine(), "torch": torch.__version__, "threads": args.threads}
     if "inference" in parts:
-        inference = [run_worker("inference", common, ["--preset", p]) for p in args.presets.split(",")]
-        print(f"\ninference, one cloud of {args.infer_points} points (best of {args.repeats} forward passes):")
-        print_table(
-            ["preset", "params", "edges", "graph s", "forward s", "total s", "out pts/s", "peak MB", "baseline MB"],
-            [[r["preset"], r["parameters"], r["edges"], r["graph_s"], r["forward_s"], r["total_s"],
-              r["points_out"] / r["total_s"], r["peak_rss_mb"], r["baseline_rss_mb"]] for r in inference],
-        )  # fmt: skip
-        record["inference"] = inference
-
-    sizes = spread_sizes(args.clouds, args.min, args.max, seed=0)
+        bench_inference(args, common, record)
     if "plain" in parts:
-        # Interleaved rounds, best kept per scheme: a shared machine's load drifts over minutes.
-        rounds = {"budget": [], "fixed": []}
-        for _ in range(args.rounds):
-            for scheme in rounds:
-                rounds[scheme].append(run_worker("train", common, ["--preset", args.train_preset, "--scheme", scheme]))
-        budget, fixed = _best_of(rounds)
-        print(
-            f"\ntraining step, plain loop (forward + Chamfer + backward), preset {args.train_preset}, {budget['clouds']} clouds of "
-            f"{args.min}..{args.max} points ({budget['points']} in all), {budget['batches']} budget batches vs {fixed['batches']} fixed:"
-        )
-        _training_table(args, [budget, fixed])
-        record["training"] = [budget, fixed]
-        record["ratios"] = _ratios(budget, fixed)
-        print("ratios (budget / fixed): " + ", ".join(f"{k} {v:.3f}" for k, v in record["ratios"].items()))
-
+        bench_plain(args, common, record)
     if "engine" in parts:
-        per_batch = math.ceil(len(sizes) / len(PointBudgetBatchSampler(np.array(sizes), args.budget, seed=0)))
-        work = Path(tempfile.mkdtemp(prefix="pointforge-bench-upsampler-"))
-        try:
-            write_synthetic_pairs(work / "data", sizes, seed=0)
-            rounds = {"budget": [], "fixed": []}
-            for n in range(args.rounds):
-                for scheme in rounds:
-                    extra = ["--preset", args.train_preset, "--scheme", scheme, "--per-batch", str(per_batch),
-                             "--epochs", str(args.epochs), "--data", str(work / "data"), "--run-dir", str(work / f"run-{scheme}-{n}")]  # fmt: skip
-                    rounds[scheme].append(run_worker("engine", common, extra))
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-        budget, fixed = _best_of(rounds)
-        print(
-            f"\ntraining through the engine (pointforge train upsampler), preset {args.train_preset}, {len(sizes)} clouds of "
-            f"{args.min}..{args.max} points, {args.epochs - 1} timed epoch(s) after a warm-up epoch; "
-            f"{budget['steps_per_epoch']} budget steps vs {fixed['steps_per_epoch']} fixed steps per epoch:"
-        )
-        _training_table(args, [budget, fixed])
-        record["engine_training"] = [budget, fixed]
-        record["engine_ratios"] = _ratios(budget, fixed)
-        print("ratios (budget / fixed): " + ", ".join(f"{k} {v:.3f}" for k, v in record["engine_ratios"].items()))
-
+        bench_engine(args, common, record, spread_sizes(args.clouds, args.min, args.max, seed=0))
     path = write_json("upsampler", record)
     print(f"wrote {path}")
 

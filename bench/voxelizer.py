@@ -1,7 +1,7 @@
 """Voxelizer inference on one completed skull at 256³ and 512³: time and peak memory per stage.
 
 The skull is synthetic, 512³ voxels of 0.45 mm (SkullBreak's grid), and the
-pipeline is what ``pointforge.implant.voxelize`` does to a completed cloud:
+pipeline is what ``pointforge.inference.voxelizer`` does to a completed cloud:
 
 1. network   the `paper` VoxelizerNet turns 30,720 points into 7 × 30,720
              oriented points (random weights, or ``--checkpoint``; the cost does
@@ -157,7 +157,7 @@ def run_stage(stage: str, res: int, work: Path, threads: int, checkpoint: str | 
     import torch
 
     torch.set_num_threads(threads)
-    from pointforge.implant.voxelize import field_to_mesh, load_voxelizer, points_to_volume, resample_inside, unit_points
+    from pointforge.inference.voxelizer import field_to_mesh, load_voxelizer, points_to_volume, resample_inside, unit_points
     from pointforge.nn.dpsr import dpsr
     from pointforge.nn.voxelizer import VoxelizerConfig, VoxelizerNet
 

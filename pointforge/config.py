@@ -1,5 +1,14 @@
 """The project's one config loader: typed dataclasses, YAML presets, ``key=value`` overrides.
 
+Why hand-written rather than OmegaConf structured configs or pydantic: both
+were tried on this file's TrainConfig (issue 13). OmegaConf 2.4 matches most
+checks (Literal, did-you-mean, optional sections) but reads ``1e3`` as no
+integer, accepts ``nan`` for float options, names a bad key by its class
+rather than its dotted path, and loads a config 50x slower (43 ms vs 0.8 ms);
+pydantic accepts unknown keys unless every class forbids them and its
+messages span several lines. Keeping this loader keeps every message and
+accepted value as they were; its only extra cost is this code.
+
 Any dataclass can be loaded with :func:`load` (a YAML file, then dotted
 overrides such as ``optim.lr=1e-4``). Values are coerced to the declared field
 types; an unknown key or a value of the wrong type raises :class:`ConfigError`
@@ -10,7 +19,8 @@ data, which is what run directories and checkpoints store.
 Training runs use :class:`TrainConfig`: a common part that the engine reads
 (sections ``run``, ``train``, ``data``, ``optim``, ``sched``, ``perf``,
 ``ckpt``, ``dist``, ``log``) plus a ``task`` section whose dataclass the task
-declares (``Task.Config``). :func:`load_train_config` builds one.
+declares (``Task.Config``). :func:`resolve_train_config` builds one given that
+class; :func:`pointforge.tasks.configs.load_train_config` looks it up by task name.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from typing import Any, Literal, Mapping, Sequence, TypeVar
 
 import yaml
 
+from pointforge.atomic import atomic_write_text
 from pointforge.errors import ConfigError
 
 T = TypeVar("T")
@@ -80,117 +91,156 @@ def _fail(key: str, value: Any, tp: Any) -> ConfigError:
     return ConfigError(f"config key '{key}' got {value!r}, expected {_type_name(tp)}")
 
 
+def _coerce_union(value: Any, tp: Any, key: str) -> Any:
+    args = typing.get_args(tp)
+    if type(None) in args and (value is None or (isinstance(value, str) and value.strip().lower() in _NONE_WORDS)):
+        return None
+    for arg in args:
+        if arg is type(None):
+            continue
+        try:
+            return coerce(value, arg, key)
+        except ConfigError:
+            if dataclasses.is_dataclass(arg) and isinstance(value, Mapping):
+                raise  # an optional section given as a mapping: its own error says what is wrong inside
+            continue
+    raise _fail(key, value, tp)
+
+
+def _coerce_literal(value: Any, tp: Any, key: str) -> Any:
+    choices = typing.get_args(tp)
+    if isinstance(value, bool) and not any(isinstance(c, bool) for c in choices):
+        # YAML 1.1 reads on/off/yes/no as booleans; map them back to words.
+        for word in (("on", "off"), ("true", "false"), ("yes", "no")):
+            if word[0] in choices and word[1] in choices:
+                return word[0] if value else word[1]
+    for choice in choices:
+        if value == choice or (isinstance(value, str) and isinstance(choice, str) and value.strip() == choice):
+            return choice
+    shown = ", ".join(str(c) for c in choices)
+    hint = _suggest(str(value), [str(c) for c in choices]) if isinstance(value, str) else ""
+    raise ConfigError(f"config key '{key}' got {value!r}; {hint}valid choices: {shown}")
+
+
+def _coerce_enum(value: Any, tp: type[enum.Enum], key: str) -> Any:
+    names = [m.value for m in tp]
+    for member in tp:
+        if value == member.value or value == member.name or value is member:
+            return member
+    raise ConfigError(f"config key '{key}' got {value!r}; {_suggest(str(value), names)}valid choices: {', '.join(map(str, names))}")
+
+
+def _coerce_section(value: Any, tp: Any, key: str) -> Any:
+    if isinstance(tp, type) and isinstance(value, tp):
+        return value
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"config key '{key}' is a section; give it as a mapping of keys, e.g. {key}.<name>=<value>")
+    return from_dict(tp, value, prefix=key)
+
+
+def _coerce_bool(value: Any, tp: Any, key: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE_WORDS | _FALSE_WORDS:
+        return value.strip().lower() in _TRUE_WORDS
+    raise _fail(key, value, tp)
+
+
+def _coerce_int(value: Any, tp: Any, key: str) -> int:
+    if isinstance(value, bool):
+        raise _fail(key, value, tp)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip().replace("_", ""))
+        except ValueError:
+            try:
+                as_float = float(value)
+            except ValueError:
+                raise _fail(key, value, tp) from None
+            if as_float.is_integer():
+                return int(as_float)
+    raise _fail(key, value, tp)
+
+
+def _coerce_float(value: Any, tp: Any, key: str) -> float:
+    if isinstance(value, bool):
+        raise _fail(key, value, tp)
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            raise _fail(key, value, tp) from None
+        if math.isnan(number):
+            raise _fail(key, value, tp)
+        return number
+    raise _fail(key, value, tp)
+
+
+def _coerce_str(value: Any, tp: Any, key: str) -> str:
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise _fail(key, value, tp)
+
+
+def _coerce_sequence(value: Any, tp: Any, key: str) -> Any:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    items = value
+    if isinstance(items, str):
+        text = items.strip()
+        if text.startswith("["):
+            items = yaml.safe_load(text)
+        else:
+            items = [part.strip() for part in text.split(",")] if text else []
+    if not isinstance(items, (list, tuple)):
+        raise _fail(key, value, tp)
+    if origin is tuple and args and args[-1] is not Ellipsis:
+        if len(items) != len(args):
+            raise _fail(key, value, tp)
+        return tuple(coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(items, args)))
+    inner = args[0] if args else Any
+    converted = [coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(items)]
+    return tuple(converted) if (origin is tuple or tp is tuple) else converted
+
+
+def _coerce_mapping(value: Any, tp: Any, key: str) -> dict:
+    if not isinstance(value, Mapping):
+        raise _fail(key, value, tp)
+    args = typing.get_args(tp)
+    if not args:
+        return dict(value)
+    return {coerce(k, args[0], key): coerce(v, args[1], _join(key, str(k))) for k, v in value.items()}
+
+
+_SCALARS: dict[Any, Any] = {bool: _coerce_bool, int: _coerce_int, float: _coerce_float, str: _coerce_str}
+
+
 def coerce(value: Any, tp: Any, key: str) -> Any:
     """Convert ``value`` (from YAML or an override string) to type ``tp`` or raise ConfigError."""
     origin = typing.get_origin(tp)
     if tp is Any:
         return value
     if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if type(None) in args and (value is None or (isinstance(value, str) and value.strip().lower() in _NONE_WORDS)):
-            return None
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return coerce(value, arg, key)
-            except ConfigError:
-                continue
-        raise _fail(key, value, tp)
+        return _coerce_union(value, tp, key)
     if origin is Literal:
-        choices = typing.get_args(tp)
-        if isinstance(value, bool) and not any(isinstance(c, bool) for c in choices):
-            # YAML 1.1 reads on/off/yes/no as booleans; map them back to words.
-            for word in (("on", "off"), ("true", "false"), ("yes", "no")):
-                if word[0] in choices and word[1] in choices:
-                    return word[0] if value else word[1]
-        for choice in choices:
-            if value == choice or (isinstance(value, str) and isinstance(choice, str) and value.strip() == choice):
-                return choice
-        shown = ", ".join(str(c) for c in choices)
-        hint = _suggest(str(value), [str(c) for c in choices]) if isinstance(value, str) else ""
-        raise ConfigError(f"config key '{key}' got {value!r}; {hint}valid choices: {shown}")
+        return _coerce_literal(value, tp, key)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        names = [m.value for m in tp]
-        for member in tp:
-            if value == member.value or value == member.name or value is member:
-                return member
-        raise ConfigError(f"config key '{key}' got {value!r}; {_suggest(str(value), names)}valid choices: {', '.join(map(str, names))}")
+        return _coerce_enum(value, tp, key)
     if dataclasses.is_dataclass(tp):
-        if isinstance(tp, type) and isinstance(value, tp):
-            return value
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"config key '{key}' is a section; give it as a mapping of keys, e.g. {key}.<name>=<value>")
-        return from_dict(tp, value, prefix=key)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, int) and value in (0, 1):
-            return bool(value)
-        if isinstance(value, str) and value.strip().lower() in _TRUE_WORDS | _FALSE_WORDS:
-            return value.strip().lower() in _TRUE_WORDS
-        raise _fail(key, value, tp)
-    if tp is int:
-        if isinstance(value, bool):
-            raise _fail(key, value, tp)
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            try:
-                return int(value.strip().replace("_", ""))
-            except ValueError:
-                try:
-                    as_float = float(value)
-                except ValueError:
-                    raise _fail(key, value, tp) from None
-                if as_float.is_integer():
-                    return int(as_float)
-        raise _fail(key, value, tp)
-    if tp is float:
-        if isinstance(value, bool):
-            raise _fail(key, value, tp)
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                number = float(value.strip())
-            except ValueError:
-                raise _fail(key, value, tp) from None
-            if math.isnan(number):
-                raise _fail(key, value, tp)
-            return number
-        raise _fail(key, value, tp)
-    if tp is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise _fail(key, value, tp)
+        return _coerce_section(value, tp, key)
+    if tp in _SCALARS:
+        return _SCALARS[tp](value, tp, key)
     if origin in (tuple, list) or tp in (tuple, list):
-        args = typing.get_args(tp)
-        items = value
-        if isinstance(items, str):
-            text = items.strip()
-            if text.startswith("["):
-                items = yaml.safe_load(text)
-            else:
-                items = [part.strip() for part in text.split(",")] if text else []
-        if not isinstance(items, (list, tuple)):
-            raise _fail(key, value, tp)
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            if len(items) != len(args):
-                raise _fail(key, value, tp)
-            return tuple(coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(items, args)))
-        inner = args[0] if args else Any
-        converted = [coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(items)]
-        return tuple(converted) if (origin is tuple or tp is tuple) else converted
+        return _coerce_sequence(value, tp, key)
     if origin is dict or tp is dict:
-        if not isinstance(value, Mapping):
-            raise _fail(key, value, tp)
-        args = typing.get_args(tp)
-        if not args:
-            return dict(value)
-        return {coerce(k, args[0], key): coerce(v, args[1], _join(key, str(k))) for k, v in value.items()}
+        return _coerce_mapping(value, tp, key)
     if isinstance(tp, type) and isinstance(value, tp):
         return value
     raise _fail(key, value, tp)
@@ -325,8 +375,6 @@ def dump_yaml(obj: Any) -> str:
 
 
 def save_yaml(obj: Any, path: str | os.PathLike) -> None:
-    from pointforge.atomic import atomic_write_text
-
     atomic_write_text(path, dump_yaml(obj))
 
 
@@ -519,41 +567,59 @@ class TrainConfig:
         return Path(self.run.dir)
 
 
-def load_train_config(
+def resolve_train_config(
     task_name: str,
+    task_config: type,
     path: str | os.PathLike | None = None,
     overrides: Sequence[str] = (),
     *,
     data: Mapping[str, Any] | None = None,
 ) -> TrainConfig:
-    """Resolve a training config for ``task_name``: preset file (or ``data``), then overrides.
+    """Resolve a training config for task ``task_name`` whose section class is ``task_config``.
 
-    ``run.dir`` placeholders are filled in, so the result is exactly what the
-    run will use and what gets saved beside it.
+    Preset file (or ``data``), then overrides; ``run.dir`` placeholders are
+    filled in, so the result is exactly what the run will use and what gets
+    saved beside it. The task's class is a parameter, not looked up here: the
+    task registry sits layers above this module, and
+    :func:`pointforge.tasks.configs.load_train_config` does the lookup.
     """
-    from pointforge.tasks import get_task
-
-    task = get_task(task_name)
     raw = dict(data) if data is not None else (load_yaml(path) if path is not None else {})
     raw = deep_merge(raw, parse_overrides(overrides))
     run = raw.get("run") or {}
     named = run.get("task") if isinstance(run, Mapping) else None
-    if named not in (None, "", task.name):
-        raise ConfigError(f"config file {path} is for task '{named}' but task '{task.name}' was asked for; pick the matching task or config")
-    cfg = from_dict(TrainConfig, raw, types={"task": task.Config})
-    cfg.run.task = task.name
+    if named not in (None, "", task_name):
+        raise ConfigError(f"config file {path} is for task '{named}' but task '{task_name}' was asked for; pick the matching task or config")
+    cfg = from_dict(TrainConfig, raw, types={"task": task_config})
+    cfg.run.task = task_name
     config_stem = Path(path).stem if path is not None else "default"
     try:
-        cfg.run.dir = cfg.run.dir.format(task=task.name, config=config_stem)
+        cfg.run.dir = cfg.run.dir.format(task=task_name, config=config_stem)
     except (KeyError, IndexError, ValueError):
         raise ConfigError(f"config key 'run.dir' = {cfg.run.dir!r} may only use the placeholders {{task}} and {{config}}") from None
     return cfg
 
 
-def train_config_from_dict(data: Mapping[str, Any]) -> TrainConfig:
-    """Rebuild a resolved config (from a checkpoint or a run dir's config.yaml)."""
+def stored_task_name(data: Mapping[str, Any]) -> str:
+    """The ``run.task`` of a resolved config (from a checkpoint or a run dir's config.yaml)."""
     run = data.get("run") or {}
-    name = run.get("task")
+    name = run.get("task") if isinstance(run, Mapping) else None
     if not name:
         raise ConfigError("this config has no run.task; it was not written by pointforge train")
-    return load_train_config(name, data=data)
+    return str(name)
+
+
+# The registry-aware loaders need the task registry, layers above this module;
+# their old names here import it by string on first use.
+_MOVED = {"load_train_config": "pointforge.tasks.configs", "train_config_from_dict": "pointforge.tasks.configs"}
+
+
+def __getattr__(name: str) -> Any:
+    """Keep ``from pointforge.config import load_train_config`` (and ``train_config_from_dict``) working."""
+    home = _MOVED.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    import warnings
+
+    warnings.warn(f"pointforge.config.{name} moved to {home}.{name}", DeprecationWarning, stacklevel=2)
+    return getattr(importlib.import_module(home), name)

@@ -11,6 +11,7 @@ import yaml
 from tests.helpers import REPO
 from pointforge import config as C
 from pointforge.errors import ConfigError
+from pointforge.tasks.configs import load_train_config, train_config_from_dict
 
 TINY = REPO / "configs" / "toy" / "tiny.yaml"
 
@@ -81,25 +82,25 @@ def test_round_trip_through_dict():
 
 
 def test_train_config_from_preset_and_task_section():
-    cfg = C.load_train_config("toy", TINY, ["optim.lr=1e-4", "data.global_batch=16", "task.hidden=8", "log.progress=off"])
+    cfg = load_train_config("toy", TINY, ["optim.lr=1e-4", "data.global_batch=16", "task.hidden=8", "log.progress=off"])
     assert cfg.optim.lr == pytest.approx(1e-4)
     assert cfg.data.global_batch == 16
     assert cfg.task.hidden == 8 and type(cfg.task).__name__ == "ToyConfig"
     assert cfg.log.progress == "off"
     assert cfg.run.task == "toy" and cfg.run.dir == "runs/toy/tiny"
-    rebuilt = C.train_config_from_dict(C.to_dict(cfg))
+    rebuilt = train_config_from_dict(C.to_dict(cfg))
     assert rebuilt == cfg
 
 
 def test_train_config_errors_are_specific():
     with pytest.raises(ConfigError, match="unknown config key 'task.hiddn'; did you mean 'task.hidden'"):
-        C.load_train_config("toy", TINY, ["task.hiddn=3"])
+        load_train_config("toy", TINY, ["task.hiddn=3"])
     with pytest.raises(ConfigError, match="optim.lr_scaling=linear' needs 'optim.base_batch'"):
-        C.load_train_config("toy", TINY, ["optim.lr_scaling=linear"])
+        load_train_config("toy", TINY, ["optim.lr_scaling=linear"])
     with pytest.raises(ConfigError, match="unknown task 'toyy'; did you mean 'toy'"):
-        C.load_train_config("toyy", TINY)
+        load_train_config("toyy", TINY)
     with pytest.raises(ConfigError, match="does not exist"):
-        C.load_train_config("toy", TINY.with_name("missing.yaml"))
+        load_train_config("toy", TINY.with_name("missing.yaml"))
 
 
 def test_bad_yaml_reports_line(tmp_path):
@@ -107,3 +108,15 @@ def test_bad_yaml_reports_line(tmp_path):
     path.write_text("train:\n  epochs: [1,\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         C.load_yaml(path)
+
+
+def test_the_registry_aware_loaders_still_import_from_config_with_a_warning():
+    with pytest.warns(DeprecationWarning, match="pointforge.tasks.configs"):
+        assert C.load_train_config is load_train_config
+    with pytest.warns(DeprecationWarning, match="pointforge.tasks.configs"):
+        assert C.train_config_from_dict is train_config_from_dict
+
+
+def test_a_typo_inside_an_optional_section_names_the_key():
+    with pytest.raises(ConfigError, match=r"unknown config key 'task.synthetic.skulss'; did you mean 'task.synthetic.skulls'\?"):
+        load_train_config("pcdiff", None, ["task.synthetic.skulss=3"])

@@ -27,7 +27,7 @@ import torch
 
 from pointforge.data.skulls import PreparedDataset
 from pointforge.data.volumes import read_volume, read_binary_volume
-from pointforge.implant.voxelize import load_voxelizer, points_to_volume
+from pointforge.inference.voxelizer import load_voxelizer, points_to_volume
 from pointforge.implant.postprocess import implant_from_proposals
 from pointforge.implant.metrics import evaluate_case
 

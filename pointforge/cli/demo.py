@@ -51,7 +51,7 @@ def demo(
                               "to run on instead of synthetic skulls (--skulls and --size then do not apply)."),
 ) -> None:
     """The whole system on synthetic data: data → training → implants → evaluation against a baseline → report."""
-    from pointforge.demo import DemoSettings, _fmt, run_demo
+    from pointforge.implant.demo import DemoSettings, _fmt, run_demo
 
     settings = DemoSettings(minutes=minutes, skulls=skulls, size=size, ensemble=ensemble, sampler=sampler,
                             steps=None if sampler == "ddpm" else steps, device=device, seed=seed,

@@ -20,7 +20,7 @@ def upsample(
     device: str = typer.Option("auto", "--device", help="auto (a GPU if there is one), cpu, cuda or cuda:N."),
 ) -> None:
     """Densify INPUT by the checkpoint's ratio; coordinates stay in the input's frame (LAS keeps scales, offsets, CRS)."""
-    from pointforge.upsample_api import upsample_file
+    from pointforge.inference.upsampler import upsample_file
 
     result = upsample_file(input, out, ckpt, device=device)
     typer.echo(f"{result.points_in} → {result.points_out} points in {result.seconds:.1f} s; wrote {result.output}")

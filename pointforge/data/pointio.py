@@ -31,6 +31,7 @@ from typing import Optional
 
 import numpy as np
 
+from pointforge.atomic import atomic_path
 from pointforge.errors import DataError
 
 __all__ = [
@@ -317,8 +318,6 @@ def _read_las(path: Path) -> PointCloud:
 
 def atomic_write(path: Path, write) -> Path:
     """Call ``write(temporary path)`` then rename into place; never leaves a partial ``path``."""
-    from pointforge.atomic import atomic_path
-
     with atomic_path(path, suffix=Path(path).suffix) as tmp:
         write(str(tmp))
     return Path(path)

@@ -209,6 +209,65 @@ def plan_jobs(root: Path, cases: list[RawCase], layout: str, n_points: int, seed
     return list(seen.values())
 
 
+def _run_jobs(out: Path, jobs: list[VolumeJob], todo: list[VolumeJob], workers: int, result: PrepareResult,
+              progress) -> set[Path]:
+    """Run ``todo`` (in a process pool when ``workers`` > 1), recording into ``result``; the sources that failed."""
+    failed_sources: set[Path] = set()
+    count = result.skipped
+    if progress:
+        progress(count, len(jobs), "")
+
+    def record(job: VolumeJob, err: str | None) -> None:
+        nonlocal count
+        count += 1
+        if err:
+            result.failures.append(err)
+            failed_sources.add(job.source)
+        else:
+            result.done += 1
+        if progress:
+            progress(count, len(jobs), job.rel)
+
+    if workers == 1:
+        for job in todo:
+            record(job, _run_job_safely(out, job)[2])
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            pending = {pool.submit(_run_job_safely, out, j) for j in todo}
+            while pending:
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    job, _, err = fut.result()
+                    record(job, err)
+    return failed_sources
+
+
+def _prepared_cases(cases: list[RawCase], jobs: list[VolumeJob], failed_sources: set[Path],
+                    assignment: dict) -> list[PreparedCase]:
+    """The manifest rows: each case with a usable defective skull, pointing at its prepared files."""
+    by_source = {j.source: j for j in jobs}
+
+    def rel_of(src: Path | None) -> str:
+        if src is None or src in failed_sources:
+            return ""
+        return by_source[src].rel + ".npy"
+
+    prepared = []
+    for case in cases:
+        if case.defective in failed_sources:
+            continue  # no usable input for this case
+        complete_job = by_source.get(case.complete) if case.complete else None
+        mask_rel = ""
+        if complete_job is not None and case.complete not in failed_sources:
+            mask_rel = complete_job.rel.replace("surfaces/", "masks/", 1) + ".npz"
+        prepared.append(PreparedCase(
+            case_id=case.case_id, skull_id=case.skull_id, defect=case.defect,
+            split=assignment[case.skull_id], defective=rel_of(case.defective),
+            implant=rel_of(case.implant), complete=rel_of(case.complete), complete_mask=mask_rel,
+        ))
+    return prepared
+
+
 def prepare_dataset(
     root: str | os.PathLike,
     out: str | os.PathLike,
@@ -237,53 +296,10 @@ def prepare_dataset(
     jobs = plan_jobs(root, cases, layout, n_points, seed, isotropic_spacing)
     todo = [j for j in jobs if not job_done(out, j)]
     result = PrepareResult(out=out, layout=layout, cases=[], skipped=len(jobs) - len(todo))
-    failed_sources: set[Path] = set()
     workers = max(1, min(workers or min(os.cpu_count() or 1, 4), len(todo) or 1))
-    count = result.skipped
-    if progress:
-        progress(count, len(jobs), "")
-    def record(job: VolumeJob, err: str | None) -> None:
-        nonlocal count
-        count += 1
-        if err:
-            result.failures.append(err)
-            failed_sources.add(job.source)
-        else:
-            result.done += 1
-        if progress:
-            progress(count, len(jobs), job.rel)
-
-    if workers == 1:
-        for job in todo:
-            record(job, _run_job_safely(out, job)[2])
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            pending = {pool.submit(_run_job_safely, out, j) for j in todo}
-            while pending:
-                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for fut in finished:
-                    job, _, err = fut.result()
-                    record(job, err)
-
-    by_source = {j.source: j for j in jobs}
+    failed_sources = _run_jobs(out, jobs, todo, workers, result, progress)
     assignment = split_skulls([c.skull_id for c in cases], ratios, seed)
-    prepared = []
-    for case in cases:
-        if case.defective in failed_sources:
-            continue  # no usable input for this case
-        def rel_of(src: Path | None) -> str:
-            if src is None or src in failed_sources:
-                return ""
-            return by_source[src].rel + ".npy"
-        complete_job = by_source.get(case.complete) if case.complete else None
-        mask_rel = ""
-        if complete_job is not None and case.complete not in failed_sources:
-            mask_rel = complete_job.rel.replace("surfaces/", "masks/", 1) + ".npz"
-        prepared.append(PreparedCase(
-            case_id=case.case_id, skull_id=case.skull_id, defect=case.defect,
-            split=assignment[case.skull_id], defective=rel_of(case.defective),
-            implant=rel_of(case.implant), complete=rel_of(case.complete), complete_mask=mask_rel,
-        ))
+    prepared = _prepared_cases(cases, jobs, failed_sources, assignment)
     write_manifest(out, prepared)
     counts = {s: sum(1 for c in prepared if c.split == s) for s in ("train", "val", "test")}
     info = {

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from pointforge.atomic import atomic_write_text
 from pointforge.data.volumes import VOLUME_SUFFIXES
 from pointforge.errors import ConfigError, DataError
 
@@ -222,8 +223,6 @@ class PreparedDataset:
 
 
 def write_manifest(root: Path, cases: list[PreparedCase]) -> None:
-    from pointforge.atomic import atomic_write_text
-
     fields = list(PreparedCase.__dataclass_fields__)
     lines = [",".join(fields)]
     for c in cases:

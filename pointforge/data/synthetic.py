@@ -81,6 +81,7 @@ from scipy import ndimage
 
 from pointforge.data.surface import _bounding_box
 from pointforge.data.surface import make_well_composed as _make_well_composed
+from pointforge.data.volumes import write_volume
 from pointforge.errors import ConfigError, DataError
 
 DEFECT_CLASSES = ("bilateral", "frontoorbital", "parietotemporal", "random_1", "random_2")
@@ -706,8 +707,6 @@ def synthesize(
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise DataError(f"{out}: exists and is not a folder; choose another output path")
-    from pointforge.data.volumes import write_volume
-
     started = time.perf_counter()
     classes = DEFECT_CLASSES if layout == "skullbreak" else (SKULLFIX_DEFECT,)
     cases = []

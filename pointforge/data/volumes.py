@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from pointforge.atomic import atomic_path
 from pointforge.errors import DataError
 
 NRRD_SUFFIXES = (".nrrd", ".nhdr")
@@ -228,8 +229,6 @@ def write_volume(
         raise DataError(f"{path}: can only write 3-D volumes, got shape {tuple(data.shape)}")
     if data.dtype == bool:
         data = data.astype(np.uint8)
-    from pointforge.atomic import atomic_path
-
     suffix = ".nii.gz" if str(path).lower().endswith(".nii.gz") else path.suffix
     with atomic_path(path, suffix=suffix) as tmp:
         if fmt == "nrrd":

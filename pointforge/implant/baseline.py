@@ -52,6 +52,7 @@ from scipy import ndimage
 from scipy.spatial import cKDTree
 
 from pointforge.data.registration import Registration, register
+from pointforge.data.skulls import PreparedDataset
 from pointforge.data.surface import surface_points
 from pointforge.data.volumes import Volume
 from pointforge.errors import DataError
@@ -135,8 +136,6 @@ class Atlas:
         SkullFix); the ``.json`` beside the complete skull's points holds that
         grid's spacing, origin and direction.
         """
-        from pointforge.data.skulls import PreparedDataset
-
         data = root if isinstance(root, PreparedDataset) else PreparedDataset(root)
         seen: dict[str, object] = {}
         for case in data.split(split, require=("complete_mask",)):

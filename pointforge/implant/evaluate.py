@@ -30,6 +30,7 @@ from pointforge.atomic import atomic_write_text
 from pointforge.data.skulls import list_cases
 from pointforge.data.volumes import read_binary_volume
 from pointforge.errors import DataError
+from pointforge.formats import json_safe
 from pointforge.implant.metrics import evaluate_case
 
 METRICS = ("dsc", "bdsc", "hd95", "hd")
@@ -41,6 +42,10 @@ class Evaluation:
     missing: list[str] = field(default_factory=list)
     summary: dict = field(default_factory=dict)  # group -> metric -> {mean, median, std, min, max, n}
     seconds: float = 0.0
+
+    def __json__(self) -> dict:
+        """What :func:`~pointforge.formats.json_safe` writes: the summary and the rows."""
+        return {"summary": self.summary, "rows": self.rows}
 
 
 def find_prediction(pred_root: Path, case_id: str) -> Path | None:
@@ -108,27 +113,6 @@ def evaluate_predictions(pred_root: str | os.PathLike, truth_root: str | os.Path
     result.summary = summarise(result.rows)
     result.seconds = time.perf_counter() - t0
     return result
-
-
-def json_safe(value):
-    """``value`` with NaN/inf as null, tuples as lists, paths as strings, NumPy scalars as numbers.
-
-    An :class:`Evaluation` becomes ``{"summary", "rows"}``. JSON has no NaN, and
-    undefined metrics (an empty mask's HD95) must still be written.
-    """
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, np.generic):
-        return json_safe(value.item())
-    if isinstance(value, Evaluation):
-        return {"summary": json_safe(value.summary), "rows": json_safe(value.rows)}
-    return value
 
 
 def write_reports(evaluation: Evaluation, out_dir: str | os.PathLike) -> dict[str, Path]:

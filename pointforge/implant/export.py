@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pointforge.atomic import atomic_path
 from pointforge.data.surface import volume_to_mesh
 
 # (elevation, azimuth, title) for matplotlib's view_init. With the synthetic
@@ -130,8 +131,6 @@ def render_preview(
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    from pointforge.atomic import atomic_path
-
     path = Path(path)
     try:
         with atomic_path(path, suffix=".png") as tmp:

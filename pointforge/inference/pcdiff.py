@@ -14,22 +14,21 @@ benchmarks and users need these, the engine never does.
 from __future__ import annotations
 
 import os
-from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Literal, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
-from pointforge.config import train_config_from_dict
+from pointforge.config import TrainConfig
 from pointforge.data.skulls import bbox_normalization
-from pointforge.errors import CheckpointError, ConfigError, DataError, DeviceError
+from pointforge.errors import ConfigError, DataError
+from pointforge.inference.loading import LoadedModel, Weights, load_trained
 from pointforge.nn.diffusion import NoiseSchedule, Sampler, sample_ensemble
-from pointforge.nn.pvcnn import PVCNN2
 from pointforge.nn.pvops import furthest_point_sample_indices
-from pointforge.tasks.completion import HALF_EXTENT, CompletionTask, PCDiffConfig, build_model, build_schedule
+from pointforge.tasks.completion import HALF_EXTENT, CompletionTask, PCDiffConfig, build_schedule
 from pointforge.tasks.completion_frame import atlas_center, frame_condition
-from pointforge.train.checkpoint import is_pointforge_checkpoint, load_checkpoint, load_model_state
 from pointforge.train.tracking import get_logger
 
 __all__ = ["LoadedPCDiff", "load_pcdiff", "complete"]
@@ -37,79 +36,44 @@ __all__ = ["LoadedPCDiff", "load_pcdiff", "complete"]
 log = get_logger("pcdiff")
 
 
-class LoadedPCDiff(tuple):
-    """``(model, schedule, config)`` from :func:`load_pcdiff`; ``.weights`` says which were loaded.
+@dataclass
+class LoadedPCDiff(LoadedModel):
+    """A trained PCDiff (:class:`~pointforge.inference.loading.LoadedModel`) plus its noise schedule.
 
-    Unpacks as a 3-tuple; ``.model``, ``.schedule``, ``.config`` and
-    ``.weights`` (``"ema"`` or ``"model"``) name the parts.
+    ``config`` is the task's :class:`~pointforge.tasks.completion.PCDiffConfig`;
+    unpacks as ``(model, schedule, config)``, as it always has.
     """
 
-    def __new__(cls, model: PVCNN2, schedule: NoiseSchedule, config: PCDiffConfig, weights: str):
-        obj = super().__new__(cls, (model, schedule, config))
-        obj.weights = weights
-        return obj
+    schedule: NoiseSchedule | None = None
 
-    model = property(lambda self: self[0])
-    schedule = property(lambda self: self[1])
-    config = property(lambda self: self[2])
+    _unpacks_as: ClassVar[tuple[str, ...]] = ("model", "schedule", "config")
 
-
-def _device(device: str | torch.device) -> torch.device:
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise DeviceError(f"'{device}' is not a device; use cpu, cuda or cuda:N") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise DeviceError(f"device {device} asked for, but CUDA is not available here; use device='cpu'")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise DeviceError(f"device {device} does not exist; {torch.cuda.device_count()} CUDA device(s) are visible")
-    return dev
+    @classmethod
+    def extras(cls, cfg: TrainConfig) -> dict[str, Any]:
+        return {"schedule": build_schedule(cfg.task.diffusion)}
 
 
 def load_pcdiff(
     checkpoint_path: str | os.PathLike,
     device: str | torch.device = "cpu",
     *,
-    weights: Literal["auto", "ema", "model"] = "auto",
+    weights: Weights = "auto",
 ) -> LoadedPCDiff:
     """A trained PCDiff network (eval mode, on ``device``), its noise schedule and task config.
 
     Reads a pointforge checkpoint of the ``pcdiff`` task (a training run's
     ``best.pt``/``latest.pt``, or ``pointforge ckpt import-pcdiff`` output)
-    through the engine's checkpoint loader. ``weights="auto"`` takes the EMA
-    weights when the checkpoint has them and the trained weights otherwise;
-    the result's ``.weights`` says which (and it is logged).
+    through the engine's checkpoint loader; ``weights`` follows the one EMA
+    rule of :mod:`pointforge.inference.loading` (the result's ``.weights``
+    says which were taken, and it is logged).
     """
-    path = Path(checkpoint_path)
-    if weights not in ("auto", "ema", "model"):
-        raise ConfigError(f"weights must be auto, ema or model, got {weights!r}")
-    dev = _device(device)
-    ckpt = load_checkpoint(path)
-    if not is_pointforge_checkpoint(ckpt):
-        raise CheckpointError(
-            f"{path} is not a pointforge checkpoint; an upstream PCDiff checkpoint must first be converted "
-            f"with `pointforge ckpt import-pcdiff {path} OUT.pt`"
-        )
-    if ckpt.get("task") != CompletionTask.name:
-        raise CheckpointError(f"{path} was written by task '{ckpt.get('task')}', not '{CompletionTask.name}'; load it with that task's loader")
-    try:
-        cfg = train_config_from_dict(ckpt.get("config") or {}).task
-    except ConfigError as err:
-        raise CheckpointError(f"{path} holds a pcdiff config this version cannot read ({err})") from None
-    has_ema = ckpt.get("ema") is not None
-    if weights == "ema" and not has_ema:
-        raise CheckpointError(f"{path} has no EMA weights (the run had train.ema_decay unset); use weights='model'")
-    chosen = "ema" if (weights == "ema" or (weights == "auto" and has_ema)) else "model"
-    model = build_model(cfg)
-    load_model_state(model, ckpt["ema"] if chosen == "ema" else ckpt["model"])
-    model.to(dev).eval()
-    progress = ckpt.get("progress") or {}
+    loaded = load_trained(LoadedPCDiff, checkpoint_path, CompletionTask.name, device, weights)
+    cfg = loaded.config
     log.info(
         f"loaded PCDiff ({cfg.model} preset, {cfg.n_skull}+{cfg.n_implant} points, T={cfg.diffusion.timesteps}) "
-        f"from {path}: {'EMA' if chosen == 'ema' else 'trained (non-EMA)'} weights, step {progress.get('global_step')}"
+        f"from {loaded.source}: {'EMA' if loaded.weights == 'ema' else 'trained (non-EMA)'} weights, step {loaded.step}"
     )
-    return LoadedPCDiff(model, build_schedule(cfg.diffusion), cfg, chosen)
+    return loaded
 
 
 def _as_points(skull_points: Any) -> tuple[np.ndarray, bool]:

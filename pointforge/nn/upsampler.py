@@ -35,15 +35,15 @@ import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 from torch_geometric.nn import PointTransformerConv, TransformerConv
 
 from pointforge.errors import ConfigError, DataError
 from pointforge.nn.knn import check_batch, knn_graph
+from pointforge.nn.presets import preset
 
-__all__ = ["UpsamplerConfig", "PRESETS", "Upsampled", "NodeShuffleUpsampler", "build_upsampler", "child_graph", "upsample_cloud"]
+__all__ = ["UpsamplerConfig", "PRESETS", "Upsampled", "NodeShuffleUpsampler", "build_upsampler", "child_graph"]
 
 
 @dataclass(frozen=True)
@@ -74,13 +74,8 @@ class UpsamplerConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "UpsamplerConfig":
-        if name not in PRESETS:
-            raise ConfigError(f"unknown upsampler preset {name!r}; choose one of {', '.join(PRESETS)}")
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(overrides) - fields)
-        if unknown:
-            raise ConfigError(f"unknown upsampler setting(s) {unknown}; valid: {sorted(fields)}")
-        return dataclasses.replace(PRESETS[name], **overrides)
+        """A named preset (``tiny``, ``small``, ``paper``), optionally with fields overridden."""
+        return preset("upsampler", PRESETS, name, **overrides)
 
 
 # tiny: tests and CI, seconds. small: CPU training, minutes. paper: a GPU-sized
@@ -208,32 +203,15 @@ def build_upsampler(config: UpsamplerConfig | str | None = None, **overrides) ->
     return NodeShuffleUpsampler(config)
 
 
-@torch.no_grad()
-def upsample_cloud(
-    model: NodeShuffleUpsampler,
-    xyz: np.ndarray,
-    *,
-    normalization: str = "spacing",
-    device: torch.device | str = "cpu",
-) -> np.ndarray:
-    """Upsample one cloud in source coordinates: float64 ``[N, 3]`` in, float64 ``[r·N, 3]`` out.
+# upsample_cloud normalises as the training pairs do (pointforge.data.pairs),
+# and data imports this package's knn, so it lives a layer up, in
+# pointforge.inference.upsampler; its old name here imports it by string.
+def __getattr__(name: str):
+    """Keep ``from pointforge.nn.upsampler import upsample_cloud`` working."""
+    if name != "upsample_cloud":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    import warnings
 
-    Normalises as the training pairs are (:func:`pointforge.data.pairs.pair_normalization`),
-    builds the graph, runs the model in eval mode and maps the result back.
-    """
-    from pointforge.data.pairs import pair_normalization
-
-    xyz = np.asarray(xyz, dtype=np.float64)
-    if xyz.ndim != 2 or xyz.shape[1] != 3 or len(xyz) == 0:
-        raise DataError(f"cloud to upsample must be a non-empty [N, 3] array, got shape {xyz.shape}")
-    centred = torch.from_numpy(xyz - xyz.min(axis=0))
-    edges = knn_graph(centred, model.config.k)
-    norm = pair_normalization(xyz, normalization, edges.numpy())
-    was_training = model.training
-    model.eval()
-    try:
-        pos = torch.from_numpy(norm.apply(xyz)).to(device)
-        out = model(pos, None, edges.to(device))
-    finally:
-        model.train(was_training)
-    return norm.inverse(out.points)
+    warnings.warn("pointforge.nn.upsampler.upsample_cloud moved to pointforge.inference.upsampler.upsample_cloud", DeprecationWarning, stacklevel=2)
+    return importlib.import_module("pointforge.inference.upsampler").upsample_cloud

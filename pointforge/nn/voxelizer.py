@@ -27,7 +27,6 @@ zero (each block starts as the identity).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -38,6 +37,7 @@ from torch import Tensor, nn
 
 from pointforge.errors import ConfigError, DataError
 from pointforge.nn.dpsr import DPSR, check_oriented_points, normalize_resolution, psr_tanh_mse_loss
+from pointforge.nn.presets import preset
 
 __all__ = [
     "VoxelizerConfig",
@@ -139,13 +139,7 @@ class VoxelizerConfig:
     @classmethod
     def preset(cls, name: str, **overrides) -> VoxelizerConfig:
         """A named preset (``tiny``, ``small``, ``paper``), optionally with fields overridden."""
-        if name not in PRESETS:
-            raise ConfigError(f"unknown voxelizer preset {name!r}; choose one of {', '.join(PRESETS)}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(overrides) - known)
-        if unknown:
-            raise ConfigError(f"unknown voxelizer config field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        return dataclasses.replace(PRESETS[name], **overrides)
+        return preset("voxelizer", PRESETS, name, **overrides)
 
 
 PRESETS: dict[str, VoxelizerConfig] = {

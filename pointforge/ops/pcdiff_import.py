@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from pointforge.config import load_train_config, to_dict
+from pointforge.config import TrainConfig, to_dict
 from pointforge.errors import CheckpointError, ConfigError
 from pointforge.nn.pcdiff_import import import_upstream_state_dict
 from pointforge.tasks.completion import PRESET_POINTS, CompletionTask, build_model
+from pointforge.tasks.configs import load_train_config
 from pointforge.train.checkpoint import capture_rng, is_pointforge_checkpoint, load_checkpoint, load_model_state, restore_rng, save_checkpoint
 from pointforge.train.data import derive_seed, seed_everything
 from pointforge.train.schedule import build_optimizer, build_scheduler
@@ -49,6 +50,38 @@ def _check_upstream_formulation(task) -> None:
                           "import with configs/pcdiff/paper.yaml or a config without them")
 
 
+def _read_upstream(source: Path, target: Path, preset: str | None, *, overwrite: bool, trust: bool):
+    """The upstream weights in ``source``, mapped and identified; one clear error for every way this cannot work."""
+    if target.exists() and not overwrite:
+        raise ConfigError(f"{target} already exists; choose another output path or pass --force to replace it")
+    if target.resolve() == source.resolve():
+        raise ConfigError(f"the output {target} is the input checkpoint; write the converted file elsewhere")
+    if preset is not None and preset not in PRESET_POINTS:
+        raise ConfigError(f"unknown PVCNN2 preset {preset!r}; choose one of {', '.join(PRESET_POINTS)}")
+    upstream = load_checkpoint(source, weights_only=not trust)
+    if is_pointforge_checkpoint(upstream):
+        raise CheckpointError(f"{source} is already a pointforge checkpoint (task '{upstream.get('task')}'); load it directly")
+    imported = import_upstream_state_dict(upstream, preset)
+    if imported.preset is None:
+        raise CheckpointError(
+            f"{source} holds a PVCNN2 that differs from every preset ({', '.join(PRESET_POINTS)}); "
+            "the pcdiff task builds its network from a preset, so this checkpoint cannot be trained or loaded here"
+        )
+    return imported
+
+
+def _import_config(source: Path, network: str, config: str | os.PathLike | None, overrides: Sequence[str]) -> TrainConfig:
+    """The training config the converted file carries: ``config`` and ``overrides`` (else the defaults), for ``network``'s preset."""
+    cfg = load_train_config(CompletionTask.name, config, list(overrides))
+    chosen = cfg.task.model
+    named_in_config = config is not None or any(o.split("=", 1)[0].strip() == "task.model" for o in overrides)
+    if named_in_config and chosen != network:
+        raise ConfigError(f"the config's task.model is '{chosen}' but {source} holds a '{network}' network; use a {network} config")
+    if chosen != network:
+        cfg = load_train_config(CompletionTask.name, config, [*overrides, f"task.model={network}"])
+    return cfg
+
+
 def import_pcdiff_checkpoint(
     source: str | os.PathLike,
     target: str | os.PathLike,
@@ -74,28 +107,8 @@ def import_pcdiff_checkpoint(
     Written atomically; an existing ``target`` is kept unless ``overwrite``.
     """
     source, target = Path(source), Path(target)
-    if target.exists() and not overwrite:
-        raise ConfigError(f"{target} already exists; choose another output path or pass --force to replace it")
-    if target.resolve() == source.resolve():
-        raise ConfigError(f"the output {target} is the input checkpoint; write the converted file elsewhere")
-    if preset is not None and preset not in PRESET_POINTS:
-        raise ConfigError(f"unknown PVCNN2 preset {preset!r}; choose one of {', '.join(PRESET_POINTS)}")
-    upstream = load_checkpoint(source, weights_only=not trust)
-    if is_pointforge_checkpoint(upstream):
-        raise CheckpointError(f"{source} is already a pointforge checkpoint (task '{upstream.get('task')}'); load it directly")
-    imported = import_upstream_state_dict(upstream, preset)
-    if imported.preset is None:
-        raise CheckpointError(
-            f"{source} holds a PVCNN2 that differs from every preset ({', '.join(PRESET_POINTS)}); "
-            "the pcdiff task builds its network from a preset, so this checkpoint cannot be trained or loaded here"
-        )
-    cfg = load_train_config(CompletionTask.name, config, list(overrides))
-    chosen = cfg.task.model
-    named_in_config = config is not None or any(o.split("=", 1)[0].strip() == "task.model" for o in overrides)
-    if named_in_config and chosen != imported.preset:
-        raise ConfigError(f"the config's task.model is '{chosen}' but {source} holds a '{imported.preset}' network; use a {imported.preset} config")
-    if chosen != imported.preset:
-        cfg = load_train_config(CompletionTask.name, config, [*overrides, f"task.model={imported.preset}"])
+    imported = _read_upstream(source, target, preset, overwrite=overwrite, trust=trust)
+    cfg = _import_config(source, imported.preset, config, overrides)
     _check_upstream_formulation(cfg.task)
     model = build_model(cfg.task)
     load_model_state(model, imported.state_dict)

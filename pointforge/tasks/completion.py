@@ -37,7 +37,9 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from pointforge.data.skulls import CompletionDataset, PreparedDataset
+from pointforge.atomic import atomic_writer
+from pointforge.data.cache import ensure_synthetic_prepared
+from pointforge.data.skulls import CompletionDataset, PreparedDataset, parse_ratios
 from pointforge.errors import ConfigError, DataError
 from pointforge.nn.diffusion import (
     MarkConditioning,
@@ -46,6 +48,8 @@ from pointforge.nn.diffusion import (
     diffusion_loss,
     make_sampler,
 )
+from pointforge.nn.knn import knn
+from pointforge.nn.losses import chamfer_distance
 from pointforge.nn.placement import condition_use, placement_metrics
 from pointforge.nn.pvcnn import PVCNN2, get_preset
 from pointforge.tasks.base import EvalContext, StepContext, Task
@@ -111,8 +115,6 @@ class SyntheticSection:
             raise ConfigError(f"config key '{prefix}.seed' must be 0 or more, got {self.seed}")
         if self.points < 1000:
             raise ConfigError(f"config key '{prefix}.points' must be at least 1000, got {self.points}")
-        from pointforge.data.skulls import parse_ratios
-
         try:
             parse_ratios(self.split)
         except ConfigError as err:
@@ -254,8 +256,6 @@ def ensure_prepared_dataset(
     The building (synthesise, prepare, rename into place under a file lock so
     the ranks of one job can all call this) is :func:`pointforge.data.cache.ensure_synthetic_prepared`.
     """
-    from pointforge.data.cache import ensure_synthetic_prepared
-
     root = Path(root)
     if synthetic is None:
         if _is_prepared(root):
@@ -355,9 +355,6 @@ def implant_distances(
     voxel) also ``chamfer_mm2`` (the same in mm²) and ``mean_dist_mm`` (the
     mean nearest-neighbour distance in mm, the two directions averaged).
     """
-    from pointforge.nn.knn import knn
-    from pointforge.nn.losses import chamfer_distance
-
     b, p, _ = pred.shape
     q = true.shape[1]
     pred, true = pred.float(), true.float()
@@ -395,7 +392,10 @@ class CompletionTask(Task):
         self.sampler = build_eval_sampler(cfg.eval, self.schedule)
 
     def build_model(self, cfg: PCDiffConfig) -> nn.Module:
-        return build_model(cfg, self._atlas(cfg))
+        # A training run configures the task first and builds the frame's atlas from
+        # its data; a bare build (loading a checkpoint) reads no data: the atlas
+        # buffer then takes the checkpoint's.
+        return build_model(cfg, self._atlas(cfg) if getattr(self, "cfg", None) is not None else None)
 
     def _atlas(self, cfg: PCDiffConfig) -> torch.Tensor | None:
         """The frame's atlas from the training split (built once per task object)."""
@@ -477,8 +477,6 @@ class CompletionTask(Task):
 
 
 def _save_samples(path: Path, saved: Mapping[str, list]) -> None:
-    from pointforge.atomic import atomic_writer
-
     with atomic_writer(path, "wb") as handle:
         np.savez(
             handle,

@@ -37,9 +37,14 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from pointforge.data.cache import ensure_synthetic_prepared
+from pointforge.data.skulls import PreparedDataset, VoxelAugmentation, VoxelizationDataset, parse_ratios, transform_inside
+from pointforge.data.synthetic import MAX_SIZE, MIN_SIZE
 from pointforge.errors import ConfigError
+from pointforge.nn.voxelizer import VoxelizerConfig, VoxelizerNet, indicator_target, psr_tanh_mse_loss
 from pointforge.tasks.base import EvalContext, StepContext, Task
 from pointforge.train.data import global_batches
+from pointforge.train.tracking import get_logger
 
 PRESET_NAMES = ("tiny", "small", "paper")
 
@@ -57,9 +62,6 @@ class SyntheticSection:
     # Checked by the enclosing section: an error raised while the config loader
     # tries the `SyntheticSection | None` union would be replaced by a generic one.
     def check(self, prefix: str) -> None:
-        from pointforge.data.skulls import parse_ratios
-        from pointforge.data.synthetic import MAX_SIZE, MIN_SIZE
-
         if not 1 <= self.skulls <= 1000:
             raise ConfigError(f"config key '{prefix}.skulls' must be from 1 to 1000, got {self.skulls}")
         if not MIN_SIZE <= self.size <= MAX_SIZE:
@@ -120,8 +122,6 @@ class VoxelizationTaskConfig:
 
     def network(self):
         """The :class:`~pointforge.nn.voxelizer.VoxelizerConfig` this section describes."""
-        from pointforge.nn.voxelizer import VoxelizerConfig
-
         overrides = dict(self.model)
         if isinstance(overrides.get("dpsr_res"), list):
             overrides["dpsr_res"] = tuple(overrides["dpsr_res"])
@@ -131,8 +131,6 @@ class VoxelizationTaskConfig:
             raise ConfigError(f"config key 'task.model': {err}") from None
 
     def augmentation(self):
-        from pointforge.data.skulls import VoxelAugmentation
-
         if not self.augment:
             return None
         return VoxelAugmentation(
@@ -160,8 +158,6 @@ class VoxelizationTask(Task):
         self.eval_on = cfg.eval_on
 
     def build_model(self, cfg: VoxelizationTaskConfig) -> nn.Module:
-        from pointforge.nn.voxelizer import VoxelizerNet
-
         return VoxelizerNet(cfg.network())
 
     def data_root(self, cfg: VoxelizationTaskConfig):
@@ -169,9 +165,6 @@ class VoxelizationTask(Task):
 
         root = Path(cfg.data_root)
         if cfg.synthetic is not None:
-            from pointforge.data.cache import ensure_synthetic_prepared
-            from pointforge.train.tracking import get_logger
-
             s = cfg.synthetic
             root = ensure_synthetic_prepared(
                 root, s.skulls, s.size, s.seed, s.n_points, log=get_logger("voxelizer").info, split=s.split
@@ -179,8 +172,6 @@ class VoxelizationTask(Task):
         return root
 
     def build_datasets(self, cfg: VoxelizationTaskConfig) -> tuple[Dataset, Dataset | None]:
-        from pointforge.data.skulls import PreparedDataset, VoxelizationDataset
-
         data = PreparedDataset(self.data_root(cfg))
         res = cfg.network().dpsr_res[0]
         common = dict(n_points=cfg.n_points, implant_fraction=cfg.implant_fraction, resolution=res,
@@ -203,13 +194,9 @@ class VoxelizationTask(Task):
     @staticmethod
     def targets(batch: dict) -> torch.Tensor:
         """The batch's inside grids moved by its augmentation (bool [B, R, R, R])."""
-        from pointforge.data.skulls import transform_inside
-
         return transform_inside(batch["target"], batch["transform"])
 
     def training_step(self, model: nn.Module, batch: Any, ctx: StepContext):
-        from pointforge.nn.voxelizer import indicator_target, psr_tanh_mse_loss
-
         inside = self.targets(batch)
         out = model(batch["points"])
         loss = psr_tanh_mse_loss(out.psr.float(), indicator_target(inside))
@@ -219,8 +206,6 @@ class VoxelizationTask(Task):
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, loader, ctx: EvalContext) -> dict[str, float]:
-        from pointforge.nn.voxelizer import indicator_target
-
         totals = {"val_loss": 0.0, "val_l2": 0.0, "val_iou": 0.0}
         count = 0
         for batch in loader:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pointforge import demo
+from pointforge.implant import demo
 from pointforge.errors import DataError, UserError
 from pointforge.implant.evaluate import Evaluation, summarise
 from tests.helpers import TOY_TINY

@@ -20,7 +20,7 @@ import trimesh
 from typer.testing import CliRunner
 
 from pointforge.cli.main import app
-from pointforge.config import load_train_config
+from pointforge.tasks.configs import load_train_config
 from pointforge.data.cache import ensure_synthetic_prepared
 from pointforge.data.skulls import PreparedDataset
 from pointforge.data.volumes import read_volume, write_volume
@@ -176,12 +176,12 @@ def test_folder_mode_is_resumable_and_one_bad_case_does_not_stop_the_rest(traine
 def test_a_failure_while_writing_leaves_nothing_that_looks_complete(trained, models, tmp_path, monkeypatch):
     root, _, _, _ = trained
     _, source = a_test_case(root)
-    import pointforge.implant.voxelize as voxelize
+    import pointforge.implant.writer as writer
 
     def broken(*_a, **_k):
         raise OSError("disk full (simulated)")
 
-    monkeypatch.setattr(voxelize, "field_to_mesh", broken)
+    monkeypatch.setattr(writer, "field_to_mesh", broken)
     out = tmp_path / "case"
     with pytest.raises(OSError, match="disk full"):
         generate_case(source, out, models, FAST)
@@ -208,9 +208,9 @@ def test_bad_inputs_get_one_clear_line_and_leave_nothing(trained, tmp_path):
         (empty, pc, vox, "auto", "empty"),
         (tmp_path / "flat.nrrd", pc, vox, "auto", "expected a 3-D volume"),
         (source, tmp_path / "missing.pt", vox, "auto", "no such file"),
-        (source, vox, vox, "auto", "task 'voxelizer', not 'pcdiff'"),
-        (source, pc, pc, "auto", "task 'pcdiff', not by the voxelizer"),
-        (source, pc, vox, "cuda:7", "cuda:7 is not available"),
+        (source, vox, vox, "auto", "task 'voxelizer', not of task 'pcdiff'"),
+        (source, pc, pc, "auto", "task 'pcdiff', not of task 'voxelizer'"),
+        (source, pc, vox, "cuda:7", "cuda:7 does not exist"),
     ]
     for k, (inp, p, v, device, message) in enumerate(cases):
         out = tmp_path / f"out{k}"
@@ -257,5 +257,5 @@ def test_an_upsampler_densifies_each_proposal_before_voxelising(trained, tmp_pat
     assert report["models"]["upsampler"]["ratio"] == 2 and "upsample_s" in report["timings_s"]
     assert np.load(tmp_path / "case" / "proposals" / "points.npy").shape == (2, with_up.pcdiff.config.n_implant, 3)
     assert report["mesh"]["watertight"]
-    with pytest.raises(UserError, match="task 'pcdiff', not of the upsampler"):
+    with pytest.raises(UserError, match="task 'pcdiff', not of task 'upsampler'"):
         load_models(pc, vox, device="cpu", upsample=pc)

@@ -11,10 +11,10 @@ import pytest
 import torch
 from torch import nn
 
-from pointforge.config import load_train_config, to_dict
+from pointforge.config import to_dict
 from pointforge.data.volumes import Volume
 from pointforge.errors import CheckpointError, ConfigError, DataError
-from pointforge.implant.voxelize import (
+from pointforge.inference.voxelizer import (
     field_to_mesh,
     load_voxelizer,
     points_to_field,
@@ -23,6 +23,7 @@ from pointforge.implant.voxelize import (
     unit_points,
 )
 from pointforge.tasks import get_task
+from pointforge.tasks.configs import load_train_config
 from pointforge.train import checkpoint as ck
 from tests.helpers import REPO
 
@@ -202,7 +203,7 @@ def test_checkpoints_that_are_not_voxelizers_are_refused(tmp_path):
     toy_cfg = load_train_config("toy", REPO / "configs" / "toy" / "tiny.yaml")
     toy = get_task("toy").build_model(toy_cfg.task)
     ck.save_checkpoint(tmp_path / "toy.pt", {"task": "toy", "config": to_dict(toy_cfg), "model": ck.model_state(toy)})
-    with pytest.raises(CheckpointError, match="written by task 'toy', not by the voxelizer"):
+    with pytest.raises(CheckpointError, match="of task 'toy', not of task 'voxelizer'"):
         load_voxelizer(tmp_path / "toy.pt")
     ck.save_weights(tmp_path / "bare.pt", toy.state_dict())
     with pytest.raises(CheckpointError, match="not a pointforge training checkpoint"):
@@ -212,3 +213,42 @@ def test_checkpoints_that_are_not_voxelizers_are_refused(tmp_path):
     (tmp_path / "cut.pt").write_bytes((tmp_path / "toy.pt").read_bytes()[:200])
     with pytest.raises(CheckpointError, match="truncated or corrupt"):
         load_voxelizer(tmp_path / "cut.pt")
+
+
+def test_one_entry_point_loads_any_task_with_one_ema_rule(tmp_path):
+    from pointforge import inference
+    from pointforge.inference.voxelizer import LoadedVoxelizer
+
+    model = _voxelizer_checkpoint(tmp_path / "v.pt", ema=True)
+    weight = "encoder.fc_pos.weight"
+    loaded = inference.load(tmp_path / "v.pt", "cpu")
+    assert isinstance(loaded, LoadedVoxelizer) and loaded.task == "voxelizer" and loaded.weights == "ema"
+    assert loaded.config is loaded.run_config.task and loaded.device == torch.device("cpu") and not loaded.model.training
+    assert torch.equal(loaded.model.state_dict()[weight], model.state_dict()[weight] + 1.0)
+    forced = inference.load(tmp_path / "v.pt", "cpu", weights="model")
+    assert forced.weights == "model" and torch.equal(forced.model.state_dict()[weight], model.state_dict()[weight])
+    _voxelizer_checkpoint(tmp_path / "plain.pt", ema=False)
+    assert load_voxelizer(tmp_path / "plain.pt").weights == "model"  # auto: no EMA kept, trained weights
+    with pytest.raises(CheckpointError, match="no EMA weights"):
+        load_voxelizer(tmp_path / "plain.pt", weights="ema")
+    with pytest.raises(ConfigError, match="weights must be auto, ema or model"):
+        inference.load(tmp_path / "v.pt", weights="best")
+
+    toy_cfg = load_train_config("toy", REPO / "configs" / "toy" / "tiny.yaml")
+    toy = get_task("toy").build_model(toy_cfg.task)
+    ck.save_checkpoint(tmp_path / "toy.pt", {"task": "toy", "config": to_dict(toy_cfg), "model": ck.model_state(toy)})
+    generic = inference.load(tmp_path / "toy.pt", "cpu")
+    assert type(generic) is inference.LoadedModel and generic.task == "toy" and generic.weights == "model"
+
+
+def test_the_one_device_resolver():
+    from pointforge.devices import resolve_device
+    from pointforge.errors import DeviceError
+
+    assert resolve_device("cpu") == torch.device("cpu") and resolve_device(torch.device("cpu")) == torch.device("cpu")
+    if not torch.cuda.is_available():
+        assert resolve_device("auto") == torch.device("cpu")
+        with pytest.raises(DeviceError, match="device=cuda:3 does not exist"):
+            resolve_device("cuda:3")
+    with pytest.raises(ConfigError, match="is not a device"):
+        resolve_device("tpu")

@@ -8,9 +8,10 @@ import torch
 
 from pointforge.data.pairs import SyntheticScene, pair_normalization, synthetic_pair
 from pointforge.errors import ConfigError, DataError
+from pointforge.inference.upsampler import upsample_cloud
 from pointforge.nn.knn import knn_graph
 from pointforge.nn.losses import chamfer_distance
-from pointforge.nn.upsampler import PRESETS, NodeShuffleUpsampler, UpsamplerConfig, build_upsampler, child_graph, upsample_cloud
+from pointforge.nn.upsampler import PRESETS, NodeShuffleUpsampler, UpsamplerConfig, build_upsampler, child_graph
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -119,7 +120,7 @@ def test_config_validation_and_presets():
         UpsamplerConfig(hidden=30, heads=4)
     with pytest.raises(ConfigError, match="preset"):
         UpsamplerConfig.preset("huge")
-    with pytest.raises(ConfigError, match="unknown upsampler setting"):
+    with pytest.raises(ConfigError, match="unknown upsampler config field"):
         UpsamplerConfig.preset("tiny", hiden=8)
     with pytest.raises(ConfigError, match="ratio"):
         UpsamplerConfig(ratio=0)

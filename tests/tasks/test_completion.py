@@ -13,7 +13,7 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from pointforge.config import load_train_config
+from pointforge.tasks.configs import load_train_config
 from pointforge.data.skulls import PreparedDataset, bbox_normalization
 from pointforge.errors import CheckpointError, ConfigError, DataError, UserError
 from pointforge.inference.pcdiff import complete, load_pcdiff

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pointforge.config import load_train_config
+from pointforge.tasks.configs import load_train_config
 from pointforge.nn.diffusion import diffusion_loss, make_sampler
 from pointforge.tasks.completion import (
     CompletionTask,

@@ -14,20 +14,20 @@ import typer
 from typer.testing import CliRunner
 
 from pointforge.cli.upsample import upsample as upsample_command
-from pointforge.config import load_train_config
 from pointforge.data.batching import collate_pairs
 from pointforge.data.pairs import PairEntry, UpsamplingPairs, read_manifest, spread_sizes, synthetic_pair, write_manifest, write_synthetic_pairs
 from pointforge.data.pointio import LasGeometry, read_points, write_points
 from pointforge.errors import CheckpointError, ConfigError, DataError
+from pointforge.inference.upsampler import load_upsampler, upsample_points
 from pointforge.nn.losses import chamfer_distance
 from pointforge.tasks import get_task
+from pointforge.tasks.configs import load_train_config
 from pointforge.tasks.base import EvalContext
 from pointforge.tasks.upsampling import SyntheticSection, ensure_synthetic_pairs, model_config, select_clouds
 from pointforge.train import checkpoint as ck
 from pointforge.train.data import derive_seed, seed_everything
 from tests.helpers import QUIET, REPO
 from pointforge.train.engine import train
-from pointforge.upsample_api import load_upsampler, upsample_points
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -324,7 +324,7 @@ def test_upsample_bad_inputs_fail_with_one_clear_line(tmp_path, tiny_run):
         ((tmp_path / "in.npy", best, tmp_path / "o.txt"), DataError, "unsupported point cloud format '.txt'"),
         ((tmp_path / "in.npy", best, tmp_path / "in.npy"), DataError, "overwrite the input"),
         ((tmp_path / "in.npy", tmp_path / "none.pt", tmp_path / "o.npy"), CheckpointError, "does not exist"),
-        ((tmp_path / "in.npy", tmp_path / "toy.pt", tmp_path / "o.npy"), CheckpointError, "of task 'toy', not of the upsampler"),
+        ((tmp_path / "in.npy", tmp_path / "toy.pt", tmp_path / "o.npy"), CheckpointError, "of task 'toy', not of task 'upsampler'"),
         ((tmp_path / "in.npy", tmp_path / "bare.pt", tmp_path / "o.npy"), CheckpointError, "not a pointforge training checkpoint"),
     ]
     for (src, ckpt, out), kind, text in cases:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from pointforge.config import load_train_config
+from pointforge.tasks.configs import load_train_config
 from pointforge.data.cache import ensure_synthetic_prepared
 from pointforge.data.skulls import (
     PreparedDataset,
@@ -23,7 +23,7 @@ from pointforge.data.skulls import (
 )
 from pointforge.data.volumes import read_binary_volume
 from pointforge.errors import ConfigError
-from pointforge.implant.voxelize import load_voxelizer, points_to_volume
+from pointforge.inference.voxelizer import load_voxelizer, points_to_volume
 from pointforge.tasks import get_task
 from pointforge.train import checkpoint as ck
 from pointforge.train.data import global_batches

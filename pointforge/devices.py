@@ -1,0 +1,78 @@
+"""The one device resolver: what ``auto``, ``cpu``, ``cuda`` and ``cuda:N`` mean here.
+
+It sits in the lowest layer (beside :mod:`pointforge.errors`) so that every
+user can call it: the engine for each rank (``local_rank``, ``world_size``),
+the model loaders and the implant pipeline (one process, the defaults).
+``setting`` names the option in messages (``run.device`` for training,
+``device`` for the Python API), so the one clear line points at what to change.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from pointforge.errors import ConfigError, DeviceError
+
+__all__ = ["resolve_device", "visible_devices"]
+
+
+def visible_devices() -> str:
+    """The CUDA devices this process sees, in words (for error messages)."""
+    if not torch.cuda.is_available():
+        return "none (no CUDA device is visible)"
+    names = [f"cuda:{i} ({torch.cuda.get_device_name(i)})" for i in range(torch.cuda.device_count())]
+    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
+    suffix = f"; CUDA_VISIBLE_DEVICES={mask}" if mask is not None else ""
+    return ", ".join(names) + suffix
+
+
+def _cuda_index(text: str, requested: object, setting: str) -> int:
+    try:
+        return int(text.split(":", 1)[1])
+    except ValueError:
+        raise ConfigError(f"{setting}={requested!r} is not a device; use auto, cpu, cuda or cuda:N") from None
+
+
+def resolve_device(
+    requested: str | torch.device | None = "auto",
+    *,
+    local_rank: int = 0,
+    world_size: int = 1,
+    setting: str = "device",
+) -> torch.device:
+    """The device to run on, or one DeviceError (ConfigError for text that is no device) saying what to use.
+
+    ``auto``: this rank's GPU when there is one, else the CPU. ``cuda``: GPU
+    ``local_rank`` (each rank of a multi-process run takes its own). ``cuda:N``
+    pins one GPU, which only a single-process run may do.
+    """
+    text = str(requested).strip().lower() if isinstance(requested, torch.device) else (requested or "auto").strip().lower()
+    cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if text == "cpu":
+        return torch.device("cpu")
+    if text == "auto":
+        if cuda_count == 0:
+            return torch.device("cpu")
+        text = "cuda"
+    if text == "cuda":
+        if cuda_count == 0:
+            raise DeviceError(f"{setting}=cuda but no CUDA device is visible (visible: {visible_devices()}); use {setting}=cpu or {setting}=auto")
+        if local_rank >= cuda_count:
+            raise DeviceError(
+                f"this process has LOCAL_RANK={local_rank} but only {cuda_count} CUDA device(s) are visible "
+                f"({visible_devices()}); start at most {cuda_count} processes per node"
+            )
+        return torch.device("cuda", local_rank)
+    if text.startswith("cuda:"):
+        index = _cuda_index(text, requested, setting)
+        if world_size > 1:
+            raise DeviceError(
+                f"{setting}={requested} pins one device, but this run has {world_size} ranks; "
+                f"use {setting}=cuda (each rank takes cuda:LOCAL_RANK) and choose devices with CUDA_VISIBLE_DEVICES"
+            )
+        if index >= cuda_count:
+            raise DeviceError(f"{setting}={requested} does not exist; visible devices: {visible_devices()}; use {setting}=cpu or {setting}=auto")
+        return torch.device("cuda", index)
+    raise ConfigError(f"{setting}={requested!r} is not a device; use auto, cpu, cuda or cuda:N")

@@ -1,0 +1,54 @@
+"""Values made plain for JSON files and people: one NaN policy, one byte format.
+
+In the lowest layer so that every writer of JSON (the engine's metrics, the
+evaluation tables, the implant reports, the benchmarks) and every printer of
+sizes (doctor, monitor, ``ckpt inspect``) can share them.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["json_safe", "format_bytes"]
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` as plain JSON data: NaN and ±inf as null, tuples as lists, paths as strings, NumPy/torch scalars as numbers.
+
+    JSON has no NaN, and an undefined number (an empty mask's HD95, a diverged
+    loss) must still be written and read back by any JSON reader; null is the
+    one spelling every reader understands. An object with a ``__json__()``
+    method is written as what that returns.
+    """
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, np.ndarray):
+        return json_safe(value.tolist())
+    if isinstance(value, np.generic) or (hasattr(value, "item") and getattr(value, "ndim", None) == 0):
+        return json_safe(value.item())
+    to_json = getattr(value, "__json__", None)
+    if callable(to_json):
+        return json_safe(to_json())
+    return value
+
+
+def format_bytes(n: float | None) -> str:
+    """``1536`` → ``"1.5 KB"`` (powers of 1024); ``None`` → ``"-"``."""
+    if n is None:
+        return "-"
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if size < 1024 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TB"

@@ -1,0 +1,295 @@
+"""Defective skull in, implant out, in memory: the PCDiff pipeline for one case.
+
+Stages (REFERENCE.md, "post-processing"), each timed:
+
+1. **surface** — the defective skull's surface (marching cubes at 0.5, area-uniform
+   samples, :func:`~pointforge.data.surface.surface_points`) in voxel-index
+   coordinates. A scan with anisotropic voxels (SkullFix) is first resampled to
+   isotropic voxels of its finest spacing, as ``pointforge data prepare`` does for
+   training; every output is mapped back to the input's grid at the end.
+2. **sample** — :func:`~pointforge.inference.pcdiff.complete`: the conditioning
+   subsample, the same normalisation as in training, ``n`` implant proposals in
+   one batched pass of the chosen sampler, mapped back to voxel coordinates.
+3. **voxelize** — per proposal, the voxelizer (Shape-as-Points + DPSR,
+   :func:`~pointforge.inference.voxelizer.points_to_volume`) turns a fresh
+   subsample of the defective skull's surface plus the proposal's implant points
+   into a completed-skull volume. The skull part has ``voxelizer n_points -
+   n_implant`` points, so the voxelizer sees as many points as it was trained on.
+4. **postprocess** — :func:`~pointforge.implant.postprocess.implant_from_proposals`
+   (dilate, majority vote, minus the defective skull, near the generated points,
+   opening / largest component / median / closing / hole filling, each sized in
+   millimetres as upstream's at 0.45 mm: see that module). Each proposal
+   is also turned into an implant on its own (same chain, no vote and no
+   dilation): their per-voxel mean is the agreement (uncertainty) map.
+Writing a case's files is :mod:`pointforge.implant.writer`; a whole dataset,
+:mod:`pointforge.implant.folder`; :mod:`pointforge.implant.generate` gathers the three.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from pointforge.data.prepare import resample_isotropic
+from pointforge.data.surface import surface_points
+from pointforge.data.volumes import Volume
+from pointforge.devices import resolve_device
+from pointforge.errors import ConfigError, DataError, UserError
+from pointforge.implant.postprocess import implant_from_proposals
+from pointforge.inference.pcdiff import LoadedPCDiff, complete, load_pcdiff
+from pointforge.inference.upsampler import load_upsampler, upsample_points
+from pointforge.inference.voxelizer import load_voxelizer, points_to_volume
+from pointforge.nn.diffusion import SAMPLER_NAMES, make_sampler
+
+__all__ = ["Models", "load_models", "GenerateOptions", "Generated", "generate_implant"]
+
+_ISOTROPY_TOLERANCE = 1e-3
+
+
+# --------------------------------------------------------------------------- models and options
+
+
+@dataclass
+class Models:
+    """Everything loaded once and reused across cases."""
+
+    pcdiff: LoadedPCDiff
+    voxelizer: torch.nn.Module
+    voxelizer_config: Any  # the voxelizer run's TrainConfig (LoadedVoxelizer.run_config)
+    device: torch.device
+    pcdiff_path: str
+    voxelizer_path: str
+    upsampler: Any = None  # LoadedUpsampler or None
+    upsampler_path: str | None = None
+
+    def describe(self) -> dict:
+        cfg = self.pcdiff.config
+        out = {
+            "pcdiff": {"checkpoint": self.pcdiff_path, "preset": cfg.model, "n_skull": cfg.n_skull,
+                       "n_implant": cfg.n_implant, "timesteps": cfg.diffusion.timesteps, "weights": self.pcdiff.weights},
+            "voxelizer": {"checkpoint": self.voxelizer_path, "preset": self.voxelizer_config.task.preset,
+                          "n_points": self.voxelizer_config.task.n_points},
+        }
+        if self.upsampler is not None:
+            out["upsampler"] = {"checkpoint": self.upsampler_path, "ratio": self.upsampler.ratio}
+        return out
+
+
+def load_models(pcdiff: str | os.PathLike, voxelizer: str | os.PathLike, *, device: str = "auto",
+                upsample: str | os.PathLike | None = None) -> Models:
+    """Load the PCDiff and voxelizer checkpoints (and optionally an upsampler) on ``device``.
+
+    Each loader checks that its checkpoint was written by its own task, so a
+    voxelizer checkpoint given as ``--pcdiff`` (or the reverse) is one clear
+    CheckpointError naming the file and the task it belongs to.
+    """
+    dev = resolve_device(device)
+    for task, path in (("pcdiff", pcdiff), ("voxelizer", voxelizer), ("upsampler", upsample)):
+        if path is not None and not Path(path).is_file():
+            raise UserError(f"{path}: no such file; give a checkpoint written by `pointforge train {task}`")
+    loaded = load_pcdiff(pcdiff, dev)
+    vox_model, vox_cfg = load_voxelizer(voxelizer, dev)
+    ups = None
+    if upsample is not None:
+        ups = load_upsampler(upsample, dev)
+    return Models(pcdiff=loaded, voxelizer=vox_model, voxelizer_config=vox_cfg, device=dev,
+                  pcdiff_path=str(pcdiff), voxelizer_path=str(voxelizer), upsampler=ups,
+                  upsampler_path=None if upsample is None else str(upsample))
+
+
+@dataclass
+class GenerateOptions:
+    ensemble: int = 5
+    sampler: str = "ddim"  # ddpm | ddim | dpm++2m
+    steps: int | None = None  # the sampler's default when None (ddim 50, dpm++2m 20; ddpm always all T)
+    seed: int = 0
+    surface_points: int = 50_000  # defective-skull surface samples the conditioning is drawn from
+    voxel_resolution: int | None = None  # DPSR solve grid; the voxelizer's training resolution when None
+    subsample: str = "random"  # how the conditioning points are drawn: random (as in training) or fps
+
+    def validate(self) -> None:
+        if isinstance(self.ensemble, bool) or not isinstance(self.ensemble, int) or self.ensemble < 1:
+            raise ConfigError(f"--ensemble must be a positive integer, got {self.ensemble!r}")
+        if str(self.sampler).lower() not in SAMPLER_NAMES:
+            raise ConfigError(f"unknown sampler {self.sampler!r}; choose one of: {', '.join(SAMPLER_NAMES)}")
+        if self.steps is not None and self.steps < 1:
+            raise ConfigError(f"--steps must be a positive integer, got {self.steps}")
+        if self.surface_points < 1000:
+            raise ConfigError(f"surface_points must be at least 1000, got {self.surface_points}")
+        if self.subsample not in ("random", "fps"):
+            raise ConfigError(f"subsample must be random or fps, got {self.subsample!r}")
+
+
+# --------------------------------------------------------------------------- the pipeline
+
+
+@dataclass
+class Generated:
+    """One case's results, all on the input's grid."""
+
+    defective: Volume
+    implant: np.ndarray  # bool
+    proposals: list[np.ndarray]  # bool, one implant per proposal
+    agreement: np.ndarray  # float32 in [0, 1]
+    implant_points: np.ndarray  # [n, P, 3] generated implant points, input voxel coordinates
+    timings: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def completed(self) -> np.ndarray:
+        return self.defective.data | self.implant
+
+
+def _isotropic(volume: Volume) -> tuple[Volume, np.ndarray | None]:
+    """The volume on isotropic voxels (finest spacing) and the work→input index scale, or itself and None."""
+    spacing = np.asarray(volume.spacing, dtype=np.float64)
+    if spacing.max() / spacing.min() <= 1 + _ISOTROPY_TOLERANCE:
+        return volume, None
+    iso = float(spacing.min())
+    mask, info = resample_isotropic(volume, iso)
+    work = Volume(data=mask, spacing=(iso, iso, iso), origin=volume.origin, direction=volume.direction)
+    return work, np.asarray(info["to_original_index_scale"], dtype=np.float64)
+
+
+def _to_input_grid(values: np.ndarray, scale: np.ndarray | None, shape: tuple[int, int, int], *,
+                   binary: bool) -> np.ndarray:
+    """Map a work-grid array back to the input grid: input index p reads work index p / scale."""
+    if scale is None:
+        return values
+    from scipy.ndimage import affine_transform
+
+    out = affine_transform(values.astype(np.float32), 1.0 / scale, output_shape=shape, order=1, mode="nearest")
+    return out >= 0.5 if binary else out.astype(np.float32)
+
+
+def _inside_volume(implants: np.ndarray, shape: tuple[int, int, int], notes: list[str]) -> np.ndarray:
+    """Keep each proposal's points that lie in the volume (one voxel of slack).
+
+    A trained model's points lie on the skull; points far outside come from an
+    undertrained model or an input unlike the training data. A few stray points
+    are replaced by copies of inside ones (the proposals stay one array) and
+    noted in the report; a proposal with fewer than half its points inside is
+    an error rather than an implant.
+    """
+    hi = np.asarray(shape, dtype=np.float64)
+    inside = ((implants >= -1.0) & (implants <= hi)).all(axis=2)  # [n, P]
+    if inside.all():
+        return implants
+    worst = float(inside.mean(axis=1).min())
+    if worst < 0.5:
+        raise DataError(
+            f"the PCDiff proposals fall outside the volume ({100 * (1 - worst):.0f}% of one proposal's points); "
+            "the model is undertrained or this skull is unlike its training data"
+        )
+    fixed = implants.copy()
+    for k in range(len(implants)):
+        good = np.flatnonzero(inside[k])
+        bad = np.flatnonzero(~inside[k])
+        if bad.size:
+            fixed[k, bad] = implants[k, good[np.arange(bad.size) % good.size]]
+    notes.append(f"{int((~inside).sum())} generated points outside the volume were replaced by copies of inside ones")
+    return fixed
+
+
+def _sampler(models: Models, options: GenerateOptions):
+    return make_sampler(options.sampler, options.steps, schedule=models.pcdiff.schedule)
+
+
+def _proposals(work: Volume, skull_pts: np.ndarray, models: Models, options: GenerateOptions,
+               generator: torch.Generator, progress, proposals_mm: np.ndarray | None) -> np.ndarray:
+    """``[n, P, 3]`` implant points in ``work``'s voxel coordinates: PCDiff's, or the given ones (mm)."""
+    if proposals_mm is not None:
+        return work.physical_to_voxel(np.reshape(proposals_mm, (-1, 3))).reshape(np.shape(proposals_mm))
+    model, _, cfg = models.pcdiff
+    implants = complete(skull_pts, model, _sampler(models, options), options.ensemble, config=cfg,
+                        subsample=options.subsample, generator=generator, spacing=work.spacing,
+                        progress=(lambda i, n: progress("sample", i, n)) if progress else None)
+    return np.asarray(implants, dtype=np.float64)
+
+
+def generate_implant(defective: Volume, models: Models, options: GenerateOptions | None = None, *,
+                     log: Callable[[str], None] | None = None,
+                     progress: Callable[[str, int, int], None] | None = None,
+                     proposals_mm: np.ndarray | None = None) -> Generated:
+    """Run the pipeline on one defective skull (a bool :class:`Volume`, e.g. from read_binary_volume).
+
+    ``proposals_mm`` (``[n, P, 3]`` physical coordinates) replaces PCDiff's
+    proposals: the rest of the pipeline alone, e.g. fed the true implant points
+    to measure what the voxelizer and clean-up can reach (the demo's oracle row).
+
+    ``progress(stage, done, total)`` is called as sampler steps and voxelised
+    proposals complete. Raises DataError when the result is empty (no implant
+    survives post-processing: an input without a defect, or undertrained models).
+    """
+    options = options or GenerateOptions()
+    options.validate()
+    say = log or (lambda _msg: None)
+    if defective.data.ndim != 3 or defective.data.dtype != bool:
+        raise DataError("the defective skull must be a 3-D binary (bool) volume; read it with read_binary_volume")
+    if not defective.data.any():
+        raise DataError("the defective skull volume is empty (no bone voxel)")
+    timings: dict[str, float] = {}
+    notes: list[str] = []
+    cfg = models.pcdiff.config
+    generator = torch.Generator().manual_seed(int(options.seed))
+    rng = np.random.default_rng(int(options.seed))
+
+    t = time.perf_counter()
+    work, scale = _isotropic(defective)
+    if scale is not None:
+        notes.append(f"resampled to isotropic {work.spacing[0]:g} mm voxels {work.shape} for the networks; outputs mapped back")
+    skull_pts = surface_points(work.data, int(options.surface_points), seed=int(options.seed))
+    timings["surface_s"] = time.perf_counter() - t
+    say(f"surface: {len(skull_pts)} points on the defective skull ({timings['surface_s']:.1f} s)")
+
+    t = time.perf_counter()
+    steps = getattr(_sampler(models, options), "num_steps", None)
+    implants = _proposals(work, skull_pts, models, options, generator, progress, proposals_mm)
+    timings["sample_s"] = time.perf_counter() - t
+    say(f"sample: {options.ensemble} proposals × {cfg.n_implant} points, {options.sampler}"
+        f"{'' if steps is None else f' {steps} steps'} ({timings['sample_s']:.1f} s)")
+
+    implants = _inside_volume(implants, work.shape, notes)
+
+    t = time.perf_counter()
+    dense = implants
+    if models.upsampler is not None:
+        dense = _inside_volume(np.stack([upsample_points(models.upsampler, p) for p in implants]), work.shape, notes)
+        timings["upsample_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+    n_vox_skull = max(int(models.voxelizer_config.task.n_points) - dense.shape[1], cfg.n_skull)
+    completed = []
+    for k, proposal in enumerate(dense):
+        take = rng.choice(len(skull_pts), size=min(n_vox_skull, len(skull_pts)), replace=False)
+        points = np.concatenate([skull_pts[take], proposal], axis=0)
+        vol = points_to_volume(models.voxelizer, points, work, resolution=options.voxel_resolution, device=models.device)
+        completed.append(vol.data)
+        if progress:
+            progress("voxelize", k + 1, len(dense))
+    timings["voxelize_s"] = time.perf_counter() - t
+    say(f"voxelize: {len(completed)} completed skulls ({timings['voxelize_s']:.1f} s)")
+
+    t = time.perf_counter()
+    implant, _ = implant_from_proposals(completed, work.data, dense.reshape(-1, 3), spacing=work.spacing)
+    own = [implant_from_proposals([c], work.data, p, dilate=0, spacing=work.spacing)[0] for c, p in zip(completed, dense)]
+    agreement = np.mean(own, axis=0, dtype=np.float32) if own else np.zeros(work.shape, np.float32)
+    implant = _to_input_grid(implant, scale, defective.shape, binary=True)
+    own = [_to_input_grid(m, scale, defective.shape, binary=True) for m in own]
+    agreement = _to_input_grid(agreement, scale, defective.shape, binary=False)
+    implant &= ~defective.data  # resampling back must not put implant voxels into bone
+    timings["postprocess_s"] = time.perf_counter() - t
+    if not implant.any():
+        raise DataError(
+            "no implant survived post-processing (the proposals do not close a defect in this skull); "
+            "check that the input has a defect, or train the models longer"
+        )
+    say(f"postprocess: implant of {int(implant.sum())} voxels ({timings['postprocess_s']:.1f} s)")
+    points_in = implants if scale is None else implants * scale[None, None, :]
+    return Generated(defective=defective, implant=implant, proposals=own, agreement=agreement,
+                     implant_points=points_in.astype(np.float32), timings=timings, notes=notes)

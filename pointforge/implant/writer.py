@@ -1,0 +1,199 @@
+"""One case's folder: the pipeline's results written, atomically, beside a report.
+
+Everything goes into a temporary sibling folder renamed into place at the end, so
+a folder under the final name is always complete (:func:`generate_case`).
+
+Outputs of one case (``EXT`` is the input's: NRRD in → NRRD out, NIfTI → NIfTI):
+
+* ``implant.EXT`` — bool mask on the input's grid with its exact shape, spacing,
+  origin, direction and kept header fields;
+* ``implant.stl`` — the implant surface in millimetres in the input's physical
+  space (its affine), watertight, normals outward (voxels touching only along an
+  edge or a corner are joined by one filled voxel first, so the surface is a
+  closed manifold; the report counts them);
+* ``proposals/implant_K.EXT`` — each proposal's own implant;
+* ``proposals/points.npy`` — the generated implant points, ``[n, P, 3]`` float32
+  voxel indices of the input grid;
+* ``uncertainty.EXT`` — float32, the fraction of proposals whose implant holds the
+  voxel (1 = all agree it is implant, 0 = none; in-between values mark where
+  the proposals disagree);
+* ``completed_skull.EXT`` — defective skull ∪ implant;
+* ``preview.png`` — skull and implant from four surgical views, the implant
+  coloured by agreement;
+* ``report.json`` — parameters, seed, models, timings per stage, implant volume,
+  mesh checks, agreement statistics, versions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from pointforge import __version__
+from pointforge.data.surface import make_well_composed
+from pointforge.data.volumes import read_binary_volume, volume_format, write_volume
+from pointforge.errors import UserError
+from pointforge.formats import json_safe
+from pointforge.implant.export import Layer, render_preview
+from pointforge.implant.pipeline import Generated, GenerateOptions, Models, _sampler, generate_implant
+from pointforge.inference.voxelizer import field_to_mesh
+
+__all__ = ["REPORT", "write_case", "case_done", "generate_case"]
+
+REPORT = "report.json"
+
+
+def _suffix_of(path: Path) -> str:
+    return ".nii.gz" if str(path).lower().endswith(".nii.gz") else (".nii" if volume_format(path) == "nifti" else ".nrrd")
+
+
+def _mesh_checks(mesh) -> dict:
+    import trimesh
+
+    components = trimesh.graph.connected_components(mesh.face_adjacency, nodes=np.arange(len(mesh.faces)))
+    watertight = bool(mesh.is_watertight)
+    return {
+        "watertight": watertight,
+        "winding_consistent": bool(mesh.is_winding_consistent),
+        "outward_normals": bool(watertight and mesh.volume > 0),
+        "components": int(len(components)),
+        "vertices": int(len(mesh.vertices)),
+        "faces": int(len(mesh.faces)),
+        "volume_cm3": round(float(mesh.volume) / 1000.0, 3) if watertight else None,
+        "units": "mm",
+    }
+
+
+def _versions() -> dict:
+    import scipy
+    import skimage
+    import trimesh
+
+    return {"pointforge": __version__, "torch": torch.__version__, "numpy": np.__version__,
+            "scipy": scipy.__version__, "scikit-image": skimage.__version__, "trimesh": trimesh.__version__,
+            "python": platform.python_version()}
+
+
+def write_case(result: Generated, folder: Path, *, suffix: str, report: dict) -> dict:
+    """Write every output of one case into ``folder`` (which the caller renames into place);
+    returns ``report`` completed with what was written. The caller writes report.json last."""
+    t = time.perf_counter()
+    ref = result.defective
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {"implant": f"implant{suffix}", "uncertainty": f"uncertainty{suffix}",
+             "completed_skull": f"completed_skull{suffix}", "mesh": "implant.stl", "preview": "preview.png",
+             "proposals": [f"proposals/implant_{k}{suffix}" for k in range(len(result.proposals))],
+             "points": "proposals/points.npy"}
+    write_volume(folder / files["implant"], ref.with_data(result.implant))
+    for rel, mask in zip(files["proposals"], result.proposals):
+        write_volume(folder / rel, ref.with_data(mask))
+    np.save(folder / files["points"], result.implant_points)
+    write_volume(folder / files["uncertainty"], ref.with_data(result.agreement.astype(np.float32)))
+    write_volume(folder / files["completed_skull"], ref.with_data(result.completed))
+    # A printable mesh must be a closed 2-manifold: implant voxels that touch only
+    # along an edge or at a corner give marching cubes non-manifold edges. The
+    # mesh is made from the implant with one voxel filled per such configuration
+    # (a handful, at the rim; counted in the report); the NRRD keeps the implant
+    # itself, disjoint from the skull.
+    solid = make_well_composed(result.implant.copy())
+    mesh = field_to_mesh(solid, ref)
+    mesh.export(folder / files["mesh"], file_type="stl")
+    spacing = tuple(float(s) for s in ref.spacing)
+    render_preview(folder / files["preview"], [
+        Layer(ref.data, (0.89, 0.85, 0.76), 1.0, "defective skull"),
+        Layer(result.implant, (0.95, 0.45, 0.1), 1.0, "implant (colour: agreement of proposals, yellow = all)",
+              values=result.agreement, cmap="plasma"),
+    ], spacing=spacing, title=report.get("title", ""))
+    result.timings["write_s"] = time.perf_counter() - t
+
+    inside = result.agreement[result.implant]
+    voxel_mm3 = float(np.prod(spacing))
+    report.update({
+        "outputs": files,
+        "timings_s": {k: round(v, 3) for k, v in result.timings.items()},
+        "implant": {"voxels": int(result.implant.sum()),
+                    "volume_cm3": round(int(result.implant.sum()) * voxel_mm3 / 1000.0, 3),
+                    "shape": list(ref.shape), "spacing_mm": list(spacing), "origin_mm": [float(o) for o in ref.origin]},
+        "mesh": {**_mesh_checks(mesh), "voxels_filled_for_manifold": int(solid.sum() - result.implant.sum())},
+        "agreement": {"meaning": "fraction of proposals whose own implant contains the voxel",
+                      "mean_in_implant": round(float(inside.mean()), 4) if inside.size else None,
+                      "unanimous_fraction_in_implant": round(float((inside >= 1.0).mean()), 4) if inside.size else None},
+        "notes": result.notes,
+        "versions": _versions(),
+    })
+    return report
+
+
+def _partial_dir(out: Path) -> Path:
+    return out.parent / f".{out.name}.partial-{os.getpid()}"
+
+
+def _remove_stale_partials(out: Path) -> None:
+    for stale in out.parent.glob(f".{out.name}.partial-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def case_done(out: Path) -> bool:
+    """A case folder is complete exactly when its report.json exists (written last, then renamed in)."""
+    return (out / REPORT).is_file()
+
+
+def generate_case(input_path: str | os.PathLike, out: str | os.PathLike, models: Models,
+                  options: GenerateOptions | None = None, *, overwrite: bool = False,
+                  log: Callable[[str], None] | None = None,
+                  progress: Callable[[str, int, int], None] | None = None, title: str = "",
+                  proposals_mm: np.ndarray | None = None) -> dict:
+    """Generate the implant for the defective skull at ``input_path`` into the folder ``out``.
+
+    All outputs are written into a hidden sibling folder that is renamed to
+    ``out`` only once complete; a failure leaves ``out`` as it was. An existing
+    ``out`` is refused unless ``overwrite``. Returns the report.
+    """
+    options = options or GenerateOptions()
+    options.validate()
+    input_path, out = Path(input_path), Path(out)
+    steps = getattr(_sampler(models, options), "num_steps", None)  # a sampler/steps mismatch fails before any work
+    if out.exists() and not overwrite:
+        raise UserError(f"{out} already exists; pass --overwrite to replace it, or choose another --out")
+    suffix = _suffix_of(input_path)
+    t0 = time.perf_counter()
+    defective = read_binary_volume(input_path)
+    load_s = time.perf_counter() - t0
+    result = generate_implant(defective, models, options, log=log, progress=progress, proposals_mm=proposals_mm)
+    result.timings = {"read_s": load_s, **result.timings}
+    report = {
+        "input": str(input_path),
+        "title": title or f"{input_path.name}: generated implant",
+        "parameters": {**asdict(options), "sampler_steps": steps,
+                       "device": str(models.device)},
+        "seed": options.seed,
+        "models": models.describe(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_partials(out)
+    partial = _partial_dir(out)
+    try:
+        write_case(result, partial, suffix=suffix, report=report)
+        report["timings_s"]["total_s"] = round(time.perf_counter() - t0, 3)
+        (partial / REPORT).write_text(json.dumps(json_safe(report), indent=1))
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            os.replace(out, old)
+            os.replace(partial, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(partial, out)
+    finally:
+        if partial.exists():
+            shutil.rmtree(partial, ignore_errors=True)
+    return report

@@ -1,0 +1,173 @@
+"""Use a trained upsampler: load a checkpoint, densify points or a point cloud file.
+
+::
+
+    from pointforge.inference.upsampler import load_upsampler, upsample_points, upsample_file
+
+    upsampler = load_upsampler("runs/upsampler/small/checkpoints/best.pt", device="auto")
+    dense = upsample_points(upsampler, sparse_xyz)          # float64 [r·N, 3], same frame as the input
+    upsample_file("tile.laz", "tile_dense.laz", upsampler)   # keeps the tile's scales, offsets and CRS
+
+The checkpoint is read with the engine's one loader
+(:func:`pointforge.train.checkpoint.load_checkpoint`) and the model rebuilt from
+the config stored inside it, so the network, its graph's ``k`` and the
+normalisation it was trained with come with the weights. Which weights follows
+the one EMA rule of :mod:`pointforge.inference.loading`.
+
+Coordinates: a cloud is normalised exactly as the training pairs were (centre
+and scale from the sparse cloud itself), run through the network and mapped
+back in float64, so the output lies in the input's own frame (georeferenced
+metres stay georeferenced metres). Written files keep the input's storage
+precision (float32 stays float32); a LAS/LAZ output takes the input's scales,
+offsets, point format, version and coordinate-reference records when the input
+is LAS/LAZ too (the new points are quantised to those scales, which is what LAS
+does), and millimetres around the data otherwise. Only coordinates are written:
+the new points have no intensity, classification or colour.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Union
+
+import numpy as np
+import torch
+
+from pointforge.data.pointio import LasGeometry, PointCloud, point_format, read_points, write_points
+from pointforge.devices import resolve_device
+from pointforge.errors import DataError
+from pointforge.inference.loading import LoadedModel, Weights, load_trained
+from pointforge.data.pairs import pair_normalization
+from pointforge.nn.knn import knn_graph
+from pointforge.nn.upsampler import NodeShuffleUpsampler
+
+__all__ = ["LoadedUpsampler", "TrainedUpsampler", "UpsampleResult", "resolve_device", "load_upsampler", "upsample_cloud", "upsample_points", "upsample_file"]
+
+TASK_NAME = "upsampler"
+
+
+@dataclass
+class LoadedUpsampler(LoadedModel):
+    """A trained upsampler (:class:`~pointforge.inference.loading.LoadedModel`); ``config`` is the task section."""
+
+    @property
+    def normalization(self) -> str:
+        return self.config.normalization
+
+    @property
+    def ratio(self) -> int:
+        return int(self.model.config.ratio)
+
+
+TrainedUpsampler = LoadedUpsampler  # the name this type had before the loaders became one
+
+
+@dataclass
+class UpsampleResult:
+    input: Path
+    output: Path
+    points_in: int
+    points_out: int
+    seconds: float
+
+
+def load_upsampler(ckpt: Union[str, Path], device: str | torch.device = "auto", *, weights: Weights = "auto") -> LoadedUpsampler:
+    """The upsampler in a checkpoint written by ``pointforge train upsampler``, in eval mode on ``device``.
+
+    CheckpointError for a missing or damaged file and for a checkpoint of another task.
+    """
+    return load_trained(LoadedUpsampler, ckpt, TASK_NAME, device, weights)
+
+
+@torch.no_grad()
+def upsample_cloud(
+    model: NodeShuffleUpsampler,
+    xyz: np.ndarray,
+    *,
+    normalization: str = "spacing",
+    device: torch.device | str = "cpu",
+) -> np.ndarray:
+    """Upsample one cloud in source coordinates: float64 ``[N, 3]`` in, float64 ``[r·N, 3]`` out.
+
+    Normalises as the training pairs are (:func:`pointforge.data.pairs.pair_normalization`),
+    builds the graph, runs the model in eval mode and maps the result back.
+    """
+    xyz = np.asarray(xyz, dtype=np.float64)
+    if xyz.ndim != 2 or xyz.shape[1] != 3 or len(xyz) == 0:
+        raise DataError(f"cloud to upsample must be a non-empty [N, 3] array, got shape {xyz.shape}")
+    centred = torch.from_numpy(xyz - xyz.min(axis=0))
+    edges = knn_graph(centred, model.config.k)
+    norm = pair_normalization(xyz, normalization, edges.numpy())
+    was_training = model.training
+    model.eval()
+    try:
+        pos = torch.from_numpy(norm.apply(xyz)).to(device)
+        out = model(pos, None, edges.to(device))
+    finally:
+        model.train(was_training)
+    return norm.inverse(out.points)
+
+
+def upsample_points(
+    model: Union[LoadedUpsampler, NodeShuffleUpsampler],
+    xyz: np.ndarray,
+    *,
+    normalization: str = "spacing",
+    device: str | torch.device | None = None,
+) -> np.ndarray:
+    """Densify one cloud: ``xyz [N, 3]`` in, float64 ``[r·N, 3]`` out, in the input's frame.
+
+    ``model`` is what :func:`load_upsampler` returns (its normalisation and
+    device are used) or a bare network (then ``normalization`` and ``device``,
+    default the model's own, apply).
+    """
+    if isinstance(model, LoadedUpsampler):
+        net, normalization, where = model.model, model.normalization, model.device if device is None else resolve_device(device)
+    elif isinstance(model, NodeShuffleUpsampler):
+        net = model
+        where = resolve_device(device) if device is not None else next(net.parameters()).device
+    else:
+        raise TypeError(f"upsample_points needs a LoadedUpsampler (from load_upsampler) or NodeShuffleUpsampler, got {type(model).__name__}")
+    points = np.asarray(xyz)
+    if points.ndim != 2 or points.shape[1] != 3 or len(points) == 0:
+        raise DataError(f"points to upsample must be a non-empty [N, 3] array, got shape {points.shape}")
+    if not np.isfinite(points).all():
+        raise DataError("points to upsample hold NaN or infinite coordinates; clean them first")
+    net.to(where)
+    return upsample_cloud(net, points, normalization=normalization, device=where)
+
+
+def upsample_file(
+    input: Union[str, Path],
+    output: Union[str, Path],
+    model: Union[LoadedUpsampler, str, Path],
+    *,
+    device: str | torch.device = "auto",
+) -> UpsampleResult:
+    """Read ``input`` (npy/ply/las/laz), densify it, write ``output`` (any of those, atomically).
+
+    ``model``: a loaded upsampler or a checkpoint path. Everything a user can
+    get wrong (paths, suffixes, the checkpoint) is checked before the network runs.
+    """
+    src, dst = Path(input), Path(output)
+    point_format(src)
+    out_format = point_format(dst)
+    if not src.is_file():
+        raise DataError(f"{src}: no such point cloud file; check the path")
+    if dst.exists() and dst.resolve() == src.resolve():
+        raise DataError(f"{dst}: the output would overwrite the input; choose another --out path")
+    if dst.is_dir():
+        raise DataError(f"{dst} is a folder; give --out a file name ending in .npy, .ply, .las or .laz")
+    upsampler = model if isinstance(model, LoadedUpsampler) else load_upsampler(model, device)
+    start = time.perf_counter()
+    cloud = read_points(src)
+    if len(cloud) == 0:
+        raise DataError(f"{src}: point cloud is empty; nothing to upsample")
+    dense = upsample_points(upsampler, cloud.xyz)
+    las = None
+    if out_format in ("las", "laz"):
+        las = cloud.las or LasGeometry.around(dense)
+    write_points(dst, PointCloud(xyz=dense, dtype=cloud.dtype, las=las))
+    return UpsampleResult(input=src, output=dst, points_in=len(cloud), points_out=len(dense), seconds=time.perf_counter() - start)
