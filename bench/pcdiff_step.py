@@ -12,8 +12,10 @@ Side by side in one process, interleaved step by step on models with the same in
 weights and the same batches, the step runs through
 
 * ``reference``: the paths this benchmark was written to improve on (the per-example
-  loop of the SA levels' weighted GroupNorm; Adam's default single-tensor loop);
-* ``fast``: the current defaults (``pvcnn.SEGMENT_GROUP_NORM``), plus Adam with
+  loop of the SA levels' weighted GroupNorm; embedding_bag's own backward in the
+  devoxelisation and 3-NN interpolation; Adam's default single-tensor loop);
+* ``fast``: the current defaults (``pvcnn.SEGMENT_GROUP_NORM``,
+  ``pvops.SCATTER_BAG_BACKWARD``), plus Adam with
   ``foreach=True`` (what ``train/schedule.py`` could pass; measured, not yet used by the
   engine).
 
@@ -44,7 +46,7 @@ import yaml
 
 from _common import machine, print_table, write_json
 from pointforge.config import from_dict
-from pointforge.nn import pvcnn
+from pointforge.nn import pvcnn, pvops
 from pointforge.tasks.completion import CompletionTask, PCDiffConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,8 +59,8 @@ RECIPES: dict[str, dict[str, Any]] = {
 
 # Module switches per path: (module, attribute, value).
 PATH_SWITCHES: dict[str, list[tuple[Any, str, Any]]] = {
-    "reference": [(pvcnn, "SEGMENT_GROUP_NORM", False)],
-    "fast": [(pvcnn, "SEGMENT_GROUP_NORM", True)],
+    "reference": [(pvcnn, "SEGMENT_GROUP_NORM", False), (pvops, "SCATTER_BAG_BACKWARD", False)],
+    "fast": [(pvcnn, "SEGMENT_GROUP_NORM", True), (pvops, "SCATTER_BAG_BACKWARD", True)],
 }
 PATH_ADAM: dict[str, dict[str, Any]] = {"reference": {}, "fast": {"foreach": True}}
 
@@ -129,7 +131,7 @@ def measure_recipe(name: str, data_root: Path, repeats: int) -> dict[str, Any]:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return float(loss)
+        return float(loss.detach())
 
     times: dict[str, dict[str, list[float]]] = {p: {"wall": [], "cpu": []} for p in PATH_SWITCHES}
     losses: dict[str, list[float]] = {p: [] for p in PATH_SWITCHES}

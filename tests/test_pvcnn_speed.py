@@ -29,3 +29,24 @@ def test_segment_group_norm_equals_per_example_loop():
     grads_batched = torch.autograd.grad((batched * probe).sum(), [x, norm.weight, norm.bias])
     for a, b in zip(grads_batched, grads_loop):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_scatter_bag_backward_equals_embedding_bag_backward(monkeypatch):
+    """sum_bags' scatter-add gradient equals embedding_bag's own (float64)."""
+    from pointforge.nn import pvops
+
+    g = torch.Generator().manual_seed(1)
+    rows = torch.randn(2 * 27, 5, generator=g, dtype=torch.float64)
+    index = torch.randint(0, 27, (2, 8, 40), generator=g)
+    weight = torch.rand(2, 8, 40, generator=g, dtype=torch.float64)
+    bags = pvops.weighted_bags(index, weight, 27)
+    probe = torch.linspace(-1, 1, 2 * 5 * 40, dtype=torch.float64).view(2, 5, 40)
+    results = []
+    for scatter in (True, False):
+        monkeypatch.setattr(pvops, "SCATTER_BAG_BACKWARD", scatter)
+        r = rows.clone().requires_grad_()
+        out = pvops.sum_bags(r, *bags, 2)
+        (out * probe).sum().backward()
+        results.append((out.detach(), r.grad))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=0)
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-12, atol=1e-12)
