@@ -8,16 +8,18 @@ the demo as configured, and the demo with ``task.condition_mark=true`` and
 ``task.frame.scale=0.5`` (one more input channel; the dataset reads every skull point
 and crops around the implant).
 
-Side by side in one process, interleaved step by step on models with the same initial
-weights and the same batches, the step runs through
+Side by side in one process, interleaved step by step (the order rotating) on models
+with the same initial weights, the same batches and the same t and noise, the step runs
+through the ``reference`` paths (those before the changes below) and then with each
+change added in turn, so that neighbouring rows give each change's share:
 
-* ``reference``: the paths this benchmark was written to improve on (the per-example
-  loop of the SA levels' weighted GroupNorm; embedding_bag's own backward in the
-  devoxelisation and 3-NN interpolation; Adam's default single-tensor loop);
-* ``fast``: the current defaults (``pvcnn.SEGMENT_GROUP_NORM``,
-  ``pvops.SCATTER_BAG_BACKWARD``), plus Adam with
-  ``foreach=True`` (what ``train/schedule.py`` could pass; measured, not yet used by the
-  engine).
+* segment GroupNorm: the SA levels' weighted GroupNorm for all batch elements at once
+  (``pvcnn.SEGMENT_GROUP_NORM``; before: a loop over batch elements);
+* scatter bag backward: devoxelisation and 3-NN interpolation backward as one
+  ``index_add_`` (``pvops.SCATTER_BAG_BACKWARD``; before: embedding_bag's backward);
+* channels-last conv3d: oneDNN gets channels-last grids (``pvcnn.CHANNELS_LAST_CONV3D``);
+* Adam foreach: ``torch.optim.Adam(..., foreach=True)``, the multi-tensor step (what
+  ``train/schedule.py`` could pass; measured here, not used by the engine yet).
 
 The machine may be shared: each path's median of interleaved steps, wall and process CPU
 time, and their ratio are the point; absolute times are context. CPU time (one thread)
@@ -57,12 +59,34 @@ RECIPES: dict[str, dict[str, Any]] = {
     "mark_frame": {"condition_mark": True, "frame": {"scale": 0.5}},
 }
 
-# Module switches per path: (module, attribute, value).
-PATH_SWITCHES: dict[str, list[tuple[Any, str, Any]]] = {
-    "reference": [(pvcnn, "SEGMENT_GROUP_NORM", False), (pvops, "SCATTER_BAG_BACKWARD", False)],
-    "fast": [(pvcnn, "SEGMENT_GROUP_NORM", True), (pvops, "SCATTER_BAG_BACKWARD", True)],
-}
-PATH_ADAM: dict[str, dict[str, Any]] = {"reference": {}, "fast": {"foreach": True}}
+# The changes, each as (module, attribute, fast value, reference value) or Adam options,
+# applied cumulatively: path k runs changes 1..k, so neighbouring paths give each
+# change's share.
+CHANGES: list[tuple[str, list[tuple[Any, str, Any, Any]], dict[str, Any]]] = [
+    ("+ segment GroupNorm", [(pvcnn, "SEGMENT_GROUP_NORM", True, False)], {}),
+    ("+ scatter bag backward", [(pvops, "SCATTER_BAG_BACKWARD", True, False)], {}),
+    ("+ channels-last conv3d", [(pvcnn, "CHANNELS_LAST_CONV3D", True, False)], {}),
+    ("+ Adam foreach", [], {"foreach": True}),
+]
+
+
+def _paths() -> dict[str, tuple[list[tuple[Any, str, Any]], dict[str, Any]]]:
+    every = [(owner, name, reference) for _, switches, _ in CHANGES for owner, name, _, reference in switches]
+    paths = {"reference": (every, {})}
+    applied: dict[tuple[int, str], Any] = {}
+    adam: dict[str, Any] = {}
+    for label, switches, options in CHANGES:
+        for owner, name, fast, _ in switches:
+            applied[(id(owner), name)] = fast
+        adam = {**adam, **options}
+        paths[label] = ([(o, n, applied.get((id(o), n), ref)) for o, n, ref in every], dict(adam))
+    return paths
+
+
+PATHS = _paths()
+PATH_SWITCHES = {name: switches for name, (switches, _) in PATHS.items()}
+PATH_ADAM = {name: adam for name, (_, adam) in PATHS.items()}
+FAST = CHANGES[-1][0]
 
 
 @contextlib.contextmanager
@@ -138,7 +162,7 @@ def measure_recipe(name: str, data_root: Path, repeats: int) -> dict[str, Any]:
     paths = list(PATH_SWITCHES)
     for r in range(repeats + 2):  # two warm-up rounds (oneDNN primitives, allocator)
         item = batches[r % len(batches)]
-        for path in paths if r % 2 == 0 else reversed(paths):
+        for path in paths[r % len(paths):] + paths[: r % len(paths)]:  # rotate who goes first
             torch.manual_seed(1000 + r)  # the same t and noise for every path
             with switched(path):
                 wall, cpu = time.perf_counter(), time.process_time()
@@ -181,17 +205,17 @@ def main() -> None:
     for res in results:
         med: Callable[[str, str], float] = lambda p, k: statistics.median(res["step"][p][k])
         for path in PATH_SWITCHES:
-            rows.append([res["recipe"], path, med(path, "wall"), 1 / med(path, "wall"), med(path, "cpu"), 1 / med(path, "cpu")])
-        res["cpu_speedup"] = med("reference", "cpu") / med("fast", "cpu")
-        res["wall_speedup"] = med("reference", "wall") / med("fast", "wall")
+            rows.append([res["recipe"], path, med(path, "wall"), 1 / med(path, "wall"), med(path, "cpu"), 1 / med(path, "cpu"),
+                         med("reference", "cpu") / med(path, "cpu")])
+        res["cpu_speedup"] = med("reference", "cpu") / med(FAST, "cpu")
+        res["wall_speedup"] = med("reference", "wall") / med(FAST, "wall")
         res["data_cpu_s_per_batch"] = statistics.median(res["data_cpu_s"])
         rows.append([res["recipe"], "data loading (per batch)", statistics.median(res["data_wall_s"]), float("nan"),
-                     res["data_cpu_s_per_batch"], float("nan")])
-    print_table(["recipe", "path", "wall s/step", "steps/s (wall)", "CPU s/step", "steps/s (CPU)"], rows)
+                     res["data_cpu_s_per_batch"], float("nan"), float("nan")])
+    print_table(["recipe", "path", "wall s/step", "steps/s (wall)", "CPU s/step", "steps/s (CPU)", "speed-up (CPU)"], rows)
     for res in results:
-        print(f"{res['recipe']}: reference / fast = {res['cpu_speedup']:.2f}x CPU time, {res['wall_speedup']:.2f}x wall time "
-              f"(median of {args.repeats}); first losses reference {res['losses']['reference'][0]:.5f}, "
-              f"fast {res['losses']['fast'][0]:.5f}")
+        print(f"{res['recipe']}: reference / all changes = {res['cpu_speedup']:.2f}x CPU time, {res['wall_speedup']:.2f}x wall time "
+              f"(median of {args.repeats}); first losses " + ", ".join(f"{p} {res['losses'][p][0]:.5f}" for p in PATHS))
 
     record = {
         "benchmark": "pcdiff_step",
