@@ -694,8 +694,40 @@ def sum_bags(rows: Tensor, bag_index: Tensor, bag_weight: Tensor, batch: int) ->
     One ``embedding_bag`` does the gathers, the weighting and the sum in a single pass;
     gradients reach ``rows`` only (the weights are constants, as in upstream's kernels).
     """
-    out = F.embedding_bag(bag_index, rows, per_sample_weights=bag_weight.to(rows.dtype), mode="sum")
+    weight = bag_weight.to(rows.dtype)
+    if SCATTER_BAG_BACKWARD and rows.device.type == "cpu" and torch.is_grad_enabled() and rows.requires_grad and not weight.requires_grad:
+        out = _SumBags.apply(rows, bag_index, weight)
+    else:
+        out = F.embedding_bag(bag_index, rows, per_sample_weights=weight, mode="sum")
     return out.view(batch, -1, rows.shape[1]).transpose(1, 2)
+
+
+# embedding_bag's own backward (``_embedding_bag_dense_backward``) sorts and counts the
+# indices on every call; in the tiny PCDiff network's training step it was ~10% of the
+# time. The gradient of a weighted bag sum is a weighted scatter-add of the output
+# gradient, which ``index_add_`` does in one pass. False: embedding_bag's backward
+# (the reference; equal up to float rounding of the summation order). CPU only: on CUDA
+# index_add_ is atomic, hence not deterministic, and the slow backward was measured on CPU.
+SCATTER_BAG_BACKWARD = True
+
+
+class _SumBags(torch.autograd.Function):
+    """``embedding_bag(bag_index, rows, per_sample_weights=weight, mode="sum")`` with a
+    scatter-add backward into ``rows`` (the weights and indices get no gradient)."""
+
+    @staticmethod
+    def forward(ctx, rows: Tensor, bag_index: Tensor, weight: Tensor) -> Tensor:
+        ctx.save_for_backward(bag_index, weight)
+        ctx.num_rows = rows.shape[0]
+        return F.embedding_bag(bag_index, rows, per_sample_weights=weight, mode="sum")
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, None, None]:
+        bag_index, weight = ctx.saved_tensors
+        c = grad_out.shape[1]
+        spread = (grad_out.unsqueeze(1) * weight.unsqueeze(2)).reshape(-1, c)  # [bags * K, C]
+        grad_rows = grad_out.new_zeros((ctx.num_rows, c)).index_add_(0, bag_index.reshape(-1), spread)
+        return grad_rows, None, None
 
 
 def voxel_rows(voxel_features: Tensor) -> Tensor:
