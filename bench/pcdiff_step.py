@@ -41,7 +41,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import torch
 import yaml
@@ -203,7 +203,9 @@ def main() -> None:
     print(f"load average when done: {load:.1f} on {os.cpu_count()} cores (other work inflates wall times; CPU time less so)")
     rows = []
     for res in results:
-        med: Callable[[str, str], float] = lambda p, k: statistics.median(res["step"][p][k])
+        def med(p: str, k: str) -> float:
+            return statistics.median(res["step"][p][k])
+
         for path in PATH_SWITCHES:
             rows.append([res["recipe"], path, med(path, "wall"), 1 / med(path, "wall"), med(path, "cpu"), 1 / med(path, "cpu"),
                          med("reference", "cpu") / med(path, "cpu")])

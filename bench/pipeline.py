@@ -99,8 +99,8 @@ sys.path.insert(0, str(REPO))
 from pointforge.data.skulls import PreparedDataset  # noqa: E402
 from pointforge.data.volumes import Volume, read_binary_volume  # noqa: E402
 from pointforge.errors import DataError, UserError  # noqa: E402
-from pointforge.implant.generate import GenerateOptions, Models, generate_implant, load_models  # noqa: E402
 from pointforge.formats import json_safe  # noqa: E402
+from pointforge.implant.generate import GenerateOptions, Models, generate_implant, load_models  # noqa: E402
 from pointforge.implant.metrics import evaluate_case  # noqa: E402
 from pointforge.nn.diffusion import make_sampler  # noqa: E402
 

@@ -44,11 +44,11 @@ from _common import machine, print_table, write_json
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pointforge.tasks.configs import load_train_config  # noqa: E402
 from pointforge.data.skulls import PreparedDataset, bbox_normalization  # noqa: E402
-from pointforge.nn.diffusion import make_sampler  # noqa: E402
 from pointforge.inference.pcdiff import complete, load_pcdiff  # noqa: E402
+from pointforge.nn.diffusion import make_sampler  # noqa: E402
 from pointforge.tasks.completion import HALF_EXTENT, ensure_prepared_dataset, implant_distances  # noqa: E402
+from pointforge.tasks.configs import load_train_config  # noqa: E402
 from pointforge.train.engine import train  # noqa: E402
 
 SAMPLERS = [("ddpm", None), ("ddim", 100), ("ddim", 50), ("ddim", 25), ("dpm++2m", 20), ("dpm++2m", 10)]

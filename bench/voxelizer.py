@@ -157,7 +157,13 @@ def run_stage(stage: str, res: int, work: Path, threads: int, checkpoint: str | 
     import torch
 
     torch.set_num_threads(threads)
-    from pointforge.inference.voxelizer import field_to_mesh, load_voxelizer, points_to_volume, resample_inside, unit_points
+    from pointforge.inference.voxelizer import (
+        field_to_mesh,
+        load_voxelizer,
+        points_to_volume,
+        resample_inside,
+        unit_points,
+    )
     from pointforge.nn.dpsr import dpsr
     from pointforge.nn.voxelizer import VoxelizerConfig, VoxelizerNet
 

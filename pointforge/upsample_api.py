@@ -1,6 +1,6 @@
 """Moved to :mod:`pointforge.inference.upsampler`, beside the other trained-model loaders; this path keeps working."""
 
-from pointforge.inference.upsampler import (  # noqa: F401
+from pointforge.inference.upsampler import (
     LoadedUpsampler,
     TrainedUpsampler,
     UpsampleResult,

@@ -93,7 +93,9 @@ def write_raw_dataset(root: Path, layout: str = "skullbreak", n_skulls: int = 3,
         cut[x0 : x0 + 12, 10:30, 14:30] = True
         implant = complete & cut
         defective = complete & ~cut
-        as_type = lambda m: (m.astype(np.uint8) * foreground)
+        def as_type(m):
+            return m.astype(np.uint8) * foreground
+
         write_volume(root / "complete_skull" / f"{stem}{fmt}", as_type(complete), spacing=spacing)
         if layout == "skullbreak":
             for d in defects:

@@ -8,10 +8,10 @@ from typing import Literal
 import pytest
 import yaml
 
-from tests.helpers import REPO
 from pointforge import config as C
 from pointforge.errors import ConfigError
 from pointforge.tasks.configs import load_train_config, train_config_from_dict
+from tests.helpers import REPO
 
 TINY = REPO / "configs" / "toy" / "tiny.yaml"
 

@@ -32,12 +32,11 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import machine, print_table, write_json  # noqa: E402
-
-from pointforge.data.skulls import PreparedDataset  # noqa: E402
-from pointforge.implant.generate import GenerateOptions, generate_folder, load_models  # noqa: E402
-from pointforge.nn.placement import condition_use, placement_metrics  # noqa: E402
-from pointforge.tasks.completion import HALF_EXTENT, PCDiffDataset  # noqa: E402
+from _common import machine, print_table, write_json
+from pointforge.data.skulls import PreparedDataset
+from pointforge.implant.generate import GenerateOptions, generate_folder, load_models
+from pointforge.nn.placement import condition_use, placement_metrics
+from pointforge.tasks.completion import HALF_EXTENT, PCDiffDataset
 
 PLACEMENT_KEYS = ("centroid_error", "spread_ratio", "pred_to_true", "true_to_pred")
 

@@ -19,17 +19,19 @@ usage (PREPARED from prepare_dataset, RAW the synthesize() folder it came from):
   PYTHONPATH=. python bench/tools/voxelizer_oracle.py CKPT PREPARED RAW \
       [--n-skull 896 --n-implant 128] [--quick] [--pp] [--resolution 96] [--json out.json]
 """
-import argparse, json, time
+import argparse
+import json
+import time
 from collections import defaultdict
 
 import numpy as np
 import torch
 
 from pointforge.data.skulls import PreparedDataset
-from pointforge.data.volumes import read_volume, read_binary_volume
-from pointforge.inference.voxelizer import load_voxelizer, points_to_volume
-from pointforge.implant.postprocess import implant_from_proposals
+from pointforge.data.volumes import read_binary_volume, read_volume
 from pointforge.implant.metrics import evaluate_case
+from pointforge.implant.postprocess import implant_from_proposals
+from pointforge.inference.voxelizer import load_voxelizer, points_to_volume
 
 ap = argparse.ArgumentParser()
 ap.add_argument("ckpt")
@@ -92,7 +94,9 @@ for ci, case in enumerate(cases):
     res["iou"].append(iou(m, complete))
     # IoU of the completed skull restricted to the defect region (truth implant dilated)
     r0 = score([m], i)
-    res["dsc_clean"].append(r0["dsc"]); res["bdsc_clean"].append(r0["bdsc"]); res["hd95_clean"].append(r0["hd95"])
+    res["dsc_clean"].append(r0["dsc"])
+    res["bdsc_clean"].append(r0["bdsc"])
+    res["hd95_clean"].append(r0["hd95"])
     # raw implant region without post-processing
     raw = m & ~defective
     from pointforge.implant.postprocess import near_points

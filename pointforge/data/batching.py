@@ -86,7 +86,9 @@ class PairBatch:
         return int(self.sparse.shape[0])
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "PairBatch":
-        move = lambda t: t.to(device, non_blocking=non_blocking)
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device, non_blocking=non_blocking)
+
         return PairBatch(
             sparse=move(self.sparse),
             sparse_batch=move(self.sparse_batch),
@@ -103,7 +105,9 @@ class PairBatch:
 
     def pin_memory(self) -> "PairBatch":
         # Called by DataLoader(pin_memory=True) in its pinning thread.
-        pin = lambda t: t.pin_memory()
+        def pin(t: torch.Tensor) -> torch.Tensor:
+            return t.pin_memory()
+
         return PairBatch(
             sparse=pin(self.sparse),
             sparse_batch=pin(self.sparse_batch),

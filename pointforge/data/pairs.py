@@ -143,7 +143,9 @@ def write_manifest(path: str | os.PathLike, entries: Sequence[PairEntry]) -> Pat
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(["id", "sparse", "dense"])
     folder = path.parent.resolve()
-    relative = lambda p: os.path.relpath(Path(p).resolve(), folder) if Path(p).is_absolute() else str(p)
+    def relative(p: str | Path) -> str:
+        return os.path.relpath(Path(p).resolve(), folder) if Path(p).is_absolute() else str(p)
+
     for e in entries:
         writer.writerow([e.pair_id, relative(e.sparse), relative(e.dense)])
     payload = buffer.getvalue().encode()

@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -300,7 +300,9 @@ def _read_las(path: Path) -> PointCloud:
     offsets = np.asarray(header.offsets, dtype=np.float64)
     ints = np.stack([np.asarray(las.X), np.asarray(las.Y), np.asarray(las.Z)], axis=1).astype(np.float64)
     xyz = ints * scales + offsets
-    projection = lambda records: tuple(v for v in (records or []) if getattr(v, "user_id", "") == "LASF_Projection")
+    def projection(records: Any) -> tuple:
+        return tuple(v for v in (records or []) if getattr(v, "user_id", "") == "LASF_Projection")
+
     geometry = LasGeometry(
         scales=tuple(float(s) for s in scales),
         offsets=tuple(float(o) for o in offsets),

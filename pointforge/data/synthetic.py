@@ -79,8 +79,7 @@ from typing import Callable
 import numpy as np
 from scipy import ndimage
 
-from pointforge.data.surface import _bounding_box
-from pointforge.data.surface import make_well_composed as _make_well_composed
+from pointforge.data.surface import _bounding_box, make_well_composed as _make_well_composed
 from pointforge.data.volumes import write_volume
 from pointforge.errors import ConfigError, DataError
 

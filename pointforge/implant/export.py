@@ -124,9 +124,9 @@ def render_preview(
         ax.view_init(elev=elev, azim=azim)
         ax.set_axis_off()
         ax.set_title(name, fontsize=10)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=l.color) for _, _, l in meshes if l.label]
+    handles = [plt.Rectangle((0, 0), 1, 1, color=layer.color) for _, _, layer in meshes if layer.label]
     if handles:
-        fig.legend(handles, [l.label for _, _, l in meshes if l.label], loc="lower center", ncol=len(handles),
+        fig.legend(handles, [layer.label for _, _, layer in meshes if layer.label], loc="lower center", ncol=len(handles),
                    frameon=False)
     if title:
         fig.suptitle(title)

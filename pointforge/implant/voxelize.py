@@ -4,7 +4,7 @@ A plain re-export: the implant layer sits above inference, so importing from
 there is no upward import.
 """
 
-from pointforge.inference.voxelizer import (  # noqa: F401
+from pointforge.inference.voxelizer import (
     LoadedVoxelizer,
     field_to_mesh,
     load_voxelizer,

@@ -35,11 +35,11 @@ from typing import Union
 import numpy as np
 import torch
 
+from pointforge.data.pairs import pair_normalization
 from pointforge.data.pointio import LasGeometry, PointCloud, point_format, read_points, write_points
 from pointforge.devices import resolve_device
 from pointforge.errors import DataError
 from pointforge.inference.loading import LoadedModel, Weights, load_trained
-from pointforge.data.pairs import pair_normalization
 from pointforge.nn.knn import knn_graph
 from pointforge.nn.upsampler import NodeShuffleUpsampler
 

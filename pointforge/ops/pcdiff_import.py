@@ -18,7 +18,14 @@ from pointforge.errors import CheckpointError, ConfigError
 from pointforge.nn.pcdiff_import import import_upstream_state_dict
 from pointforge.tasks.completion import PRESET_POINTS, CompletionTask, build_model
 from pointforge.tasks.configs import load_train_config
-from pointforge.train.checkpoint import capture_rng, is_pointforge_checkpoint, load_checkpoint, load_model_state, restore_rng, save_checkpoint
+from pointforge.train.checkpoint import (
+    capture_rng,
+    is_pointforge_checkpoint,
+    load_checkpoint,
+    load_model_state,
+    restore_rng,
+    save_checkpoint,
+)
 from pointforge.train.data import derive_seed, seed_everything
 from pointforge.train.schedule import build_optimizer, build_scheduler
 from pointforge.train.state import BestMetric, TrainState

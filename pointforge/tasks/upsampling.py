@@ -298,7 +298,9 @@ class UpsamplingTask(Task):
         else:
             train_entries, val_entries = _split(entries, cfg.val_fraction, cfg.split_seed)
         k = model_config(cfg).k
-        make = lambda items: UpsamplingPairs(items, k=k, normalization=cfg.normalization, graph_cache=cfg.graph_cache)
+        def make(items: list) -> UpsamplingPairs:
+            return UpsamplingPairs(items, k=k, normalization=cfg.normalization, graph_cache=cfg.graph_cache)
+
         return make(train_entries), (make(val_entries) if val_entries else None)
 
     def batch_sampler(self, dataset, *, rank, world_size, micro_batch, accumulation, seed, epoch):

@@ -38,7 +38,13 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from pointforge.data.cache import ensure_synthetic_prepared
-from pointforge.data.skulls import PreparedDataset, VoxelAugmentation, VoxelizationDataset, parse_ratios, transform_inside
+from pointforge.data.skulls import (
+    PreparedDataset,
+    VoxelAugmentation,
+    VoxelizationDataset,
+    parse_ratios,
+    transform_inside,
+)
 from pointforge.data.synthetic import MAX_SIZE, MIN_SIZE
 from pointforge.errors import ConfigError
 from pointforge.nn.voxelizer import VoxelizerConfig, VoxelizerNet, indicator_target, psr_tanh_mse_loss

@@ -38,8 +38,8 @@ import torch
 from torch import nn
 
 from pointforge import __version__
-from pointforge.errors import CheckpointError
 from pointforge.atomic import atomic_writer
+from pointforge.errors import CheckpointError
 
 FORMAT = "pointforge.checkpoint"
 FORMAT_VERSION = 1

@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from pointforge.errors import ConfigError
 from pointforge.atomic import atomic_write_json, atomic_write_text
+from pointforge.errors import ConfigError
 
 LOGGER_NAME = "pointforge"
 
@@ -257,7 +257,13 @@ class Progress:
         self._task = None
         if not self.enabled:
             return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress as RichProgress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
 
         self._progress = RichProgress(
             TextColumn("[bold]train"),

@@ -3,8 +3,6 @@
 import subprocess
 import sys
 
-import pytest
-
 from tests.helpers import write_raw_dataset
 
 

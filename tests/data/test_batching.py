@@ -106,7 +106,9 @@ def test_sampler_invariants_for_world_sizes_one_to_four(world_size, accumulation
 
 def test_sampler_is_deterministic_per_epoch_and_seed_and_varies_between_them():
     sizes = np.random.default_rng(0).integers(1_000, 50_000, 80)
-    make = lambda **kw: PointBudgetBatchSampler(sizes, 100_000, world_size=2, **{"seed": 3, "epoch": 0, **kw}).plan()
+    def make(**kw):
+        return PointBudgetBatchSampler(sizes, 100_000, world_size=2, **{"seed": 3, "epoch": 0, **kw}).plan()
+
     assert make() == make()
     assert make() != make(epoch=1)
     assert make() != make(seed=4)

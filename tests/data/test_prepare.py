@@ -15,12 +15,11 @@ from pointforge.data.skulls import (
     bbox_normalization,
     detect_layout,
     indicator_grid,
-    list_cases,
     parse_ratios,
     split_skulls,
 )
 from pointforge.data.surface import farthest_point_sample, surface_points, volume_to_mesh
-from pointforge.data.volumes import Volume, read_volume
+from pointforge.data.volumes import Volume
 from pointforge.errors import ConfigError, DataError
 from tests.helpers import shell_mask, write_raw_dataset
 

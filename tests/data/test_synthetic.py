@@ -240,7 +240,9 @@ def test_skull_proportions_orientation_and_margin():
     assert not skull[cx - 5 : cx + 6, cy - 5 : cy + 6, box[2][0] : box[2][0] + 10].any()
     # Axis 1 runs backwards: the head is egg-shaped from above, narrower at the forehead.
     quarter = (box[1][-1] - box[1][0]) // 4
-    width_at = lambda y0, y1: np.ptp(np.flatnonzero(skull[:, y0:y1].any(axis=(1, 2))))
+    def width_at(y0, y1):
+        return np.ptp(np.flatnonzero(skull[:, y0:y1].any(axis=(1, 2))))
+
     assert width_at(box[1][0], box[1][0] + quarter) < width_at(box[1][-1] - quarter, box[1][-1])
     # A few millimetres of bone at the vertex.
     top = np.flatnonzero(skull[cx, cy])

@@ -1,4 +1,3 @@
-import gzip
 
 import nrrd
 import numpy as np

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pointforge.implant import demo
 from pointforge.errors import DataError, UserError
+from pointforge.implant import demo
 from pointforge.implant.evaluate import Evaluation, summarise
 from tests.helpers import TOY_TINY
 

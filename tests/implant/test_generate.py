@@ -20,12 +20,12 @@ import trimesh
 from typer.testing import CliRunner
 
 from pointforge.cli.main import app
-from pointforge.tasks.configs import load_train_config
 from pointforge.data.cache import ensure_synthetic_prepared
 from pointforge.data.skulls import PreparedDataset
 from pointforge.data.volumes import read_volume, write_volume
 from pointforge.errors import UserError
 from pointforge.implant.generate import GenerateOptions, case_done, generate_case, generate_folder, load_models
+from pointforge.tasks.configs import load_train_config
 from pointforge.train.engine import train
 from tests.helpers import QUIET, REPO
 

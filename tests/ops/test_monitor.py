@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from pointforge.errors import DataError
-from pointforge.ops import host
-from pointforge.ops import monitor as mon
+from pointforge.ops import host, monitor as mon
 from pointforge.ops.runs import find_run_dirs, run_state
 from tests.helpers import run_cli
 
@@ -102,9 +101,9 @@ def test_launched_jobs_before_and_after_training_starts(tmp_path):
         starting = launched(tmp_path / "starting", holder.pid)
         # run.json left from before this launch: the job is resuming, not running that old run.
         write_run(starting, "stopped", dead_pid(), started_at=time.time() - 3600)
-        failed = launched(tmp_path / "failed", dead_pid(), "error: unknown config key 'optim.lrr'; did you mean 'optim.lr'?\n")
-        crashed = launched(tmp_path / "crashed", dead_pid(), "Segmentation fault (core dumped)\n")
-        fresh = launched(tmp_path / "fresh", None)
+        launched(tmp_path / "failed", dead_pid(), "error: unknown config key 'optim.lrr'; did you mean 'optim.lr'?\n")
+        launched(tmp_path / "crashed", dead_pid(), "Segmentation fault (core dumped)\n")
+        launched(tmp_path / "fresh", None)
         states = {s.name: s for s in mon.collect_runs([tmp_path])}
         assert states["starting"].status == "starting" and states["starting"].step == 12  # last known progress shown
         assert states["failed"].status == "failed" and "optim.lrr" in states["failed"].error

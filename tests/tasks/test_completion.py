@@ -13,7 +13,6 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from pointforge.tasks.configs import load_train_config
 from pointforge.data.skulls import PreparedDataset, bbox_normalization
 from pointforge.errors import CheckpointError, ConfigError, DataError, UserError
 from pointforge.inference.pcdiff import complete, load_pcdiff
@@ -26,6 +25,7 @@ from pointforge.tasks.completion import (
     SyntheticSection,
     ensure_prepared_dataset,
 )
+from pointforge.tasks.configs import load_train_config
 from pointforge.train import checkpoint as ck
 from pointforge.train.engine import train
 from tests.helpers import REPO

@@ -4,7 +4,6 @@ loss weightings, the condition mark, and the local implant frame with its atlas 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -257,8 +256,8 @@ def test_framed_run_logs_placement_and_its_checkpoint_places_implants_alone(tmp_
 
 
 def test_upstream_import_refuses_a_config_with_another_formulation(tmp_path):
-    from pointforge.ops.pcdiff_import import import_pcdiff_checkpoint
     from pointforge.nn.pvcnn import PVCNN2
+    from pointforge.ops.pcdiff_import import import_pcdiff_checkpoint
 
     source = tmp_path / "upstream.pth"
     torch.save({"epoch": 1, "model_state": {"model." + k: v for k, v in PVCNN2("tiny").state_dict().items()}}, source)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pointforge.tasks.configs import load_train_config
+from pointforge.inference.pcdiff import load_pcdiff
 from pointforge.nn.diffusion import diffusion_loss, make_sampler
 from pointforge.tasks.completion import (
     CompletionTask,
@@ -27,7 +27,7 @@ from pointforge.tasks.completion import (
     ensure_prepared_dataset,
     implant_distances,
 )
-from pointforge.inference.pcdiff import load_pcdiff
+from pointforge.tasks.configs import load_train_config
 from pointforge.train.data import derive_seed, seed_everything
 from pointforge.train.engine import train
 from tests.helpers import REPO, torch_threads

@@ -15,19 +15,27 @@ from typer.testing import CliRunner
 
 from pointforge.cli.upsample import upsample as upsample_command
 from pointforge.data.batching import collate_pairs
-from pointforge.data.pairs import PairEntry, UpsamplingPairs, read_manifest, spread_sizes, synthetic_pair, write_manifest, write_synthetic_pairs
-from pointforge.data.pointio import LasGeometry, read_points, write_points
+from pointforge.data.pairs import (
+    PairEntry,
+    UpsamplingPairs,
+    read_manifest,
+    spread_sizes,
+    synthetic_pair,
+    write_manifest,
+    write_synthetic_pairs,
+)
+from pointforge.data.pointio import read_points, write_points
 from pointforge.errors import CheckpointError, ConfigError, DataError
 from pointforge.inference.upsampler import load_upsampler, upsample_points
 from pointforge.nn.losses import chamfer_distance
 from pointforge.tasks import get_task
-from pointforge.tasks.configs import load_train_config
 from pointforge.tasks.base import EvalContext
+from pointforge.tasks.configs import load_train_config
 from pointforge.tasks.upsampling import SyntheticSection, ensure_synthetic_pairs, model_config, select_clouds
 from pointforge.train import checkpoint as ck
 from pointforge.train.data import derive_seed, seed_everything
-from tests.helpers import QUIET, REPO
 from pointforge.train.engine import train
+from tests.helpers import QUIET, REPO
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 
-from pointforge.tasks.configs import load_train_config
 from pointforge.data.cache import ensure_synthetic_prepared
 from pointforge.data.skulls import (
     PreparedDataset,
@@ -25,6 +24,7 @@ from pointforge.data.volumes import read_binary_volume
 from pointforge.errors import ConfigError
 from pointforge.inference.voxelizer import load_voxelizer, points_to_volume
 from pointforge.tasks import get_task
+from pointforge.tasks.configs import load_train_config
 from pointforge.train import checkpoint as ck
 from pointforge.train.data import global_batches
 from pointforge.train.engine import train

@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
+from pointforge.atomic import atomic_writer
 from pointforge.errors import CheckpointError
 from pointforge.train import checkpoint as ck
-from pointforge.atomic import atomic_writer
 from tests.helpers import run_cli
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from pointforge.config import load_train_config
 from pointforge.errors import CheckpointError, ConfigError, DeviceError, UserError
 from pointforge.train import checkpoint as ck
