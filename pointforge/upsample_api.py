@@ -10,4 +10,12 @@ from pointforge.inference.upsampler import (
     upsample_points,
 )
 
-__all__ = ["LoadedUpsampler", "TrainedUpsampler", "UpsampleResult", "resolve_device", "load_upsampler", "upsample_points", "upsample_file"]
+__all__ = [
+    "LoadedUpsampler",
+    "TrainedUpsampler",
+    "UpsampleResult",
+    "resolve_device",
+    "load_upsampler",
+    "upsample_points",
+    "upsample_file",
+]

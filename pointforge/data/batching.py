@@ -199,7 +199,9 @@ class PointBudgetBatchSampler:
     ):
         sizes = np.asarray(sizes)
         if sizes.ndim != 1 or sizes.size == 0 or not np.issubdtype(sizes.dtype, np.integer):
-            raise DataError(f"sizes must be a non-empty vector of integer point counts, got shape {sizes.shape} {sizes.dtype}")
+            raise DataError(
+                f"sizes must be a non-empty vector of integer point counts, got shape {sizes.shape} {sizes.dtype}"
+            )
         if (sizes < 1).any():
             bad = int(np.flatnonzero(sizes < 1)[0])
             raise DataError(f"sample {bad} has {int(sizes[bad])} points; remove empty clouds from the dataset")
@@ -237,7 +239,9 @@ class PointBudgetBatchSampler:
     # -- the scheme, step by step (module docs)
 
     def _rng(self, epoch: int) -> np.random.Generator:
-        return np.random.default_rng(np.random.SeedSequence([self.seed & 0xFFFFFFFF, self.seed >> 32, epoch & 0xFFFFFFFF, 0xB0D6]))
+        return np.random.default_rng(
+            np.random.SeedSequence([self.seed & 0xFFFFFFFF, self.seed >> 32, epoch & 0xFFFFFFFF, 0xB0D6])
+        )
 
     def _pack(self, order: np.ndarray) -> list[list[int]]:
         closed: list[list[int]] = []

@@ -123,7 +123,10 @@ def _storage_dtype(dtype: np.dtype) -> np.dtype:
 
 def _is_format_error(err: Exception) -> bool:
     # laspy and its LAZ backend lazrs raise their own types for damaged files.
-    return isinstance(err, (OSError, ValueError, EOFError, KeyError)) or type(err).__module__.split(".")[0] in ("laspy", "lazrs")
+    return isinstance(err, (OSError, ValueError, EOFError, KeyError)) or type(err).__module__.split(".")[0] in (
+        "laspy",
+        "lazrs",
+    )
 
 
 def read_points(path: str | os.PathLike) -> PointCloud:
@@ -142,7 +145,9 @@ def read_points(path: str | os.PathLike) -> PointCloud:
     except Exception as err:
         if not _is_format_error(err):
             raise
-        raise DataError(f"{path}: cannot read point cloud ({err}); is the file complete and a valid {fmt.upper()}?") from None
+        raise DataError(
+            f"{path}: cannot read point cloud ({err}); is the file complete and a valid {fmt.upper()}?"
+        ) from None
     _finite_xyz(cloud.xyz, path)
     return cloud
 
@@ -259,7 +264,9 @@ def _read_ply(path: Path) -> PointCloud:
         header = _ply_header(fh, path)
         name, count, props = header.elements[header.vertex_position]
         if any(isinstance(t, tuple) for _, t in props):
-            raise DataError(f"{path}: PLY vertex element has list properties; only scalar vertex properties are supported")
+            raise DataError(
+                f"{path}: PLY vertex element has list properties; only scalar vertex properties are supported"
+            )
         types = {p: t for p, t in props}
         stored = _storage_dtype(types["x"]) if types["x"] == types["y"] == types["z"] else np.dtype(np.float64)
         if header.fmt == "ascii":
@@ -295,11 +302,14 @@ def _read_las(path: Path) -> PointCloud:
     las = laspy.read(path)
     header = las.header
     if len(las.points) != header.point_count:
-        raise DataError(f"{path}: holds {len(las.points)} of the {header.point_count} points its header announces; the file is truncated")
+        raise DataError(
+            f"{path}: holds {len(las.points)} of the {header.point_count} points its header announces; the file is truncated"
+        )
     scales = np.asarray(header.scales, dtype=np.float64)
     offsets = np.asarray(header.offsets, dtype=np.float64)
     ints = np.stack([np.asarray(las.X), np.asarray(las.Y), np.asarray(las.Z)], axis=1).astype(np.float64)
     xyz = ints * scales + offsets
+
     def projection(records: Any) -> tuple:
         return tuple(v for v in (records or []) if getattr(v, "user_id", "") == "LASF_Projection")
 
@@ -366,7 +376,9 @@ def write_points(
     if fmt == "ply":
         return atomic_write(path, lambda tmp: _write_ply(tmp, np.asarray(xyz, dtype=out_dtype), ply_ascii))
     geometry = las or LasGeometry.around(np.asarray(xyz, dtype=np.float64))
-    return atomic_write(path, lambda tmp: _write_las(tmp, np.asarray(xyz, dtype=np.float64), geometry, fmt == "laz", path))
+    return atomic_write(
+        path, lambda tmp: _write_las(tmp, np.asarray(xyz, dtype=np.float64), geometry, fmt == "laz", path)
+    )
 
 
 def _write_ply(tmp: str, xyz: np.ndarray, ascii_: bool) -> None:
@@ -408,4 +420,3 @@ def _write_las(tmp: str, xyz: np.ndarray, geometry: LasGeometry, compress: bool,
     las = laspy.LasData(header)
     las.X, las.Y, las.Z = (ints[:, i].astype(np.int32) for i in range(3))
     las.write(tmp, do_compress=compress)
-

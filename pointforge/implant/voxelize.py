@@ -14,4 +14,12 @@ from pointforge.inference.voxelizer import (
     unit_points,
 )
 
-__all__ = ["LoadedVoxelizer", "load_voxelizer", "unit_points", "points_to_field", "points_to_volume", "field_to_mesh", "resample_inside"]
+__all__ = [
+    "LoadedVoxelizer",
+    "load_voxelizer",
+    "unit_points",
+    "points_to_field",
+    "points_to_volume",
+    "field_to_mesh",
+    "resample_inside",
+]

@@ -168,7 +168,12 @@ class _Corners:
             wx, wy, wz = w[:, :, None, None, 0], w[:, None, :, None, 1], w[:, None, None, :, 2]
             sx, sy, sz = slope[None, :, None, None, 0], slope[None, None, :, None, 1], slope[None, None, None, :, 2]
             self._with_derivatives = torch.stack(
-                (self.weight, (sx * wy * wz).reshape(-1, 8), (wx * sy * wz).reshape(-1, 8), (wx * wy * sz).reshape(-1, 8)),
+                (
+                    self.weight,
+                    (sx * wy * wz).reshape(-1, 8),
+                    (wx * sy * wz).reshape(-1, 8),
+                    (wx * wy * sz).reshape(-1, 8),
+                ),
                 2,
             )
         return self._with_derivatives
@@ -189,9 +194,7 @@ def _corners(points: Tensor, res: tuple[int, int, int]) -> _Corners:
     i1 = torch.where(i1 == size.long(), 0, i1)
     stride = torch.tensor((res[1] * res[2], res[2], 1), device=points.device)
     offsets = torch.stack((i0 * stride, i1 * stride), 1)  # (n, 2, 3)
-    index = (
-        offsets[:, :, None, None, 0] + offsets[:, None, :, None, 1] + offsets[:, None, None, :, 2]
-    ).reshape(-1, 8)
+    index = (offsets[:, :, None, None, 0] + offsets[:, None, :, None, 1] + offsets[:, None, None, :, 2]).reshape(-1, 8)
     w = torch.stack((w_lower, w_upper), 1)  # (n, 2, 3)
     weight = (w[:, :, None, None, 0] * w[:, None, :, None, 1] * w[:, None, None, :, 2]).reshape(-1, 8)
     return _Corners(index=index, weight=weight, axis_weights=w, cell=cell)

@@ -83,7 +83,11 @@ def batch_ptr(batch: Tensor, num_clouds: Optional[int] = None) -> Tensor:
     batch = batch.detach().cpu()
     if num_clouds is None:
         num_clouds = int(batch[-1]) + 1 if batch.numel() else 0
-    counts = torch.bincount(batch, minlength=num_clouds)[:num_clouds] if batch.numel() else torch.zeros(num_clouds, dtype=torch.long)
+    counts = (
+        torch.bincount(batch, minlength=num_clouds)[:num_clouds]
+        if batch.numel()
+        else torch.zeros(num_clouds, dtype=torch.long)
+    )
     ptr = torch.zeros(num_clouds + 1, dtype=torch.long)
     torch.cumsum(counts, 0, out=ptr[1:])
     return ptr

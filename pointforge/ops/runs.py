@@ -288,7 +288,9 @@ def find_run_dirs(root: str | os.PathLike, max_depth: int = 4) -> list[Path]:
         if depth >= max_depth:
             return
         try:
-            children = sorted(p for p in folder.iterdir() if p.is_dir() and p.name not in _SKIP_DIRS and not p.name.startswith("."))
+            children = sorted(
+                p for p in folder.iterdir() if p.is_dir() and p.name not in _SKIP_DIRS and not p.name.startswith(".")
+            )
         except OSError:
             return
         for child in children:

@@ -209,7 +209,9 @@ def split_step_output(out: Any) -> tuple[torch.Tensor, Mapping[str, Any]]:
             f"training_step must return a scalar loss tensor (optionally with a metrics dict), got {type(loss).__name__}"
             + (f" of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else "")
         )
-    return (loss if loss.dim() == 0 else loss.reshape(())), (metrics if isinstance(metrics, dict) else dict(metrics or {}))
+    return (loss if loss.dim() == 0 else loss.reshape(())), (
+        metrics if isinstance(metrics, dict) else dict(metrics or {})
+    )
 
 
 # --------------------------------------------------------------------------- the registry
@@ -282,7 +284,9 @@ def get_task(name: str | Task) -> Task:
         hint = f"did you mean '{close[0]}'? " if close else ""
         raise ConfigError(f"unknown task '{name}'; {hint}available tasks: {', '.join(choices)}")
     if not _module_exists(target):
-        raise ConfigError(f"task '{name}' is not available in this install ({target.split(':')[0]} is missing); available tasks: {', '.join(available_tasks())}")
+        raise ConfigError(
+            f"task '{name}' is not available in this install ({target.split(':')[0]} is missing); available tasks: {', '.join(available_tasks())}"
+        )
     return _instantiate(_load(target), name)
 
 

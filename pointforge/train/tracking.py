@@ -144,7 +144,12 @@ class MetricsWriter:
     def write(self, step: int, epoch: float, metrics: Mapping[str, Any], *, prefix: str = "") -> None:
         now = time.time()
         clean = {f"{prefix}{k}": v for k, v in ((k, _scalar(v)) for k, v in metrics.items()) if v is not None}
-        record = {"time": round(now, 3), "step": step, "epoch": round(epoch, 4), **{k: (v if math.isfinite(v) else str(v)) for k, v in clean.items()}}
+        record = {
+            "time": round(now, 3),
+            "step": step,
+            "epoch": round(epoch, 4),
+            **{k: (v if math.isfinite(v) else str(v)) for k, v in clean.items()},
+        }
         self._jsonl.write(json.dumps(record) + "\n")
         self._jsonl.flush()
         if self._csv is not None:

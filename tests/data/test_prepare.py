@@ -143,8 +143,15 @@ def test_corrupt_file_is_reported_and_the_rest_finish(tmp_path):
 
 
 def test_other_tools_layouts_nifti_0_255_anisotropic(tmp_path):
-    raw = write_raw_dataset(tmp_path / "raw", "skullfix", n_skulls=2, shape=(40, 40, 24),
-                            spacing=(0.45, 0.45, 0.9), fmt=".nii.gz", foreground=255)
+    raw = write_raw_dataset(
+        tmp_path / "raw",
+        "skullfix",
+        n_skulls=2,
+        shape=(40, 40, 24),
+        spacing=(0.45, 0.45, 0.9),
+        fmt=".nii.gz",
+        foreground=255,
+    )
     res = prepare_dataset(raw, tmp_path / "prep", n_points=N, workers=1)
     assert res.ok and res.layout == "skullfix"
     meta = json.loads((tmp_path / "prep/surfaces/defective_skull/000.json").read_text())

@@ -66,6 +66,7 @@ def test_implant_from_proposals_recovers_the_defect():
         p &= rng.random(p.shape) > 0.05  # each proposal imperfect in its own way
         proposals.append(p)
     pts = np.argwhere(implant).astype(float)
+
     def dice(r):
         return 2 * (r & implant).sum() / (r.sum() + implant.sum())
 

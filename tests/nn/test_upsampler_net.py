@@ -16,7 +16,6 @@ from pointforge.nn.upsampler import PRESETS, NodeShuffleUpsampler, UpsamplerConf
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-
 SIZES = [50, 500, 2000]
 
 
@@ -60,6 +59,7 @@ def test_no_information_leaks_between_clouds():
         moved = model(perturbed, batch).points
         alone = [model(c).points for c in clouds]
     r = model.config.ratio
+
     def pieces(t):
         return torch.split(t, [r * n for n in SIZES])
 
