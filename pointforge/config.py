@@ -82,7 +82,7 @@ def _type_name(tp: Any) -> str:
         return f"a list of {inner}"
     if origin is dict:
         return "a mapping"
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return f"a section ({tp.__name__})"
     return getattr(tp, "__name__", str(tp))
 

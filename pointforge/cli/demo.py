@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from rich.progress import TaskID
 
 
 class _StageBars:
@@ -23,7 +27,7 @@ class _StageBars:
             disable=not sys.stderr.isatty(),
             console=Console(stderr=True),
         )
-        self.tasks: dict[str, int] = {}
+        self.tasks: dict[str, TaskID] = {}
         self.current: str | None = None
 
     def __enter__(self):

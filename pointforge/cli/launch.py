@@ -115,9 +115,9 @@ def launch_command(
         typer.echo("\ndry run: nothing started")
         return
     typer.echo("")
-    for item in started:
-        where = f"pid {item.pid}" if item.pid else "pid not known yet"
-        typer.echo(f"started {item.name} ({item.mode}, {where}); log {item.run_dir / ops.CONSOLE_LOG}")
+    for launched in started:
+        where = f"pid {launched.pid}" if launched.pid else "pid not known yet"
+        typer.echo(f"started {launched.name} ({launched.mode}, {where}); log {launched.run_dir / ops.CONSOLE_LOG}")
     dirs = " ".join(str(j.run_dir) for j in plan.jobs)
     source = str(plan.source) if plan.source else f"--runs-dir {spec.runs_dir}"
     if tmux:

@@ -276,7 +276,7 @@ class UpsamplingPairs(Dataset):
             raise ConfigError(f"unknown normalization {normalization!r}; choose one of {', '.join(NORMALIZATIONS)}")
         if graph_cache not in GRAPH_CACHES:
             raise ConfigError(f"unknown graph_cache {graph_cache!r}; choose one of {', '.join(GRAPH_CACHES)}")
-        self.entries = list(source) if isinstance(source, (list, tuple)) else read_manifest(source)
+        self.entries = list(source) if isinstance(source, (list, tuple)) else read_manifest(source)  # type: ignore[arg-type]  # otherwise a path
         if not self.entries:
             raise DataError("no pairs given; list at least one sparse/dense pair")
         self.k = k

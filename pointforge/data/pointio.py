@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import numpy as np
 
@@ -63,8 +63,8 @@ DEFAULT_LAS_SCALE = 0.001
 class LasGeometry:
     """What a LAS/LAZ file needs to store coordinates exactly: integers × scale + offset."""
 
-    scales: tuple[float, float, float]
-    offsets: tuple[float, float, float]
+    scales: tuple[float, ...]  # x, y, z
+    offsets: tuple[float, ...]  # x, y, z
     point_format: int = 1
     version: str = "1.2"
     # Coordinate-reference records ("LASF_Projection" VLRs/EVLRs), carried to outputs.
@@ -284,15 +284,15 @@ def _read_ply(path: Path) -> PointCloud:
             # Values become what a binary file of the declared types would hold.
             xyz = np.stack([table[:, column[a]].astype(types[a]).astype(np.float64) for a in "xyz"], axis=1)
         else:
-            endian = _PLY_FORMATS[header.fmt]
+            endian = cast(str, _PLY_FORMATS[header.fmt])  # only "ascii" maps to None
             for _, n, p in header.elements[: header.vertex_position]:
                 _skip_binary_element(fh, n, p, endian)
             record = np.dtype([(p, endian + t) for p, t in props])
             payload = fh.read(record.itemsize * count)
             if len(payload) != record.itemsize * count:
                 raise DataError(f"{path}: PLY file ends before its {count} vertices; the file is truncated")
-            table = np.frombuffer(payload, dtype=record)
-            xyz = np.stack([table[a].astype(np.float64) for a in "xyz"], axis=1)
+            vertices = np.frombuffer(payload, dtype=record)
+            xyz = np.stack([vertices[a].astype(np.float64) for a in "xyz"], axis=1)
     return PointCloud(xyz=np.ascontiguousarray(xyz), dtype=stored)
 
 

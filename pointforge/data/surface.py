@@ -87,7 +87,8 @@ def _bounding_box(mask: np.ndarray, margin: int = 0) -> tuple[slice, slice, slic
     present = [np.flatnonzero(mask.any(axis=tuple(a for a in range(3) if a != axis))) for axis in range(3)]
     if any(p.size == 0 for p in present):
         return None
-    return tuple(slice(max(p[0] - margin, 0), min(p[-1] + 1 + margin, n)) for p, n in zip(present, mask.shape))
+    x, y, z = (slice(max(p[0] - margin, 0), min(p[-1] + 1 + margin, n)) for p, n in zip(present, mask.shape))
+    return x, y, z
 
 
 def make_well_composed(mask: np.ndarray, max_passes: int = 10) -> np.ndarray:

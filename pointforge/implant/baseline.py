@@ -52,7 +52,7 @@ from scipy import ndimage
 from scipy.spatial import cKDTree
 
 from pointforge.data.registration import Registration, register
-from pointforge.data.skulls import PreparedDataset
+from pointforge.data.skulls import PreparedCase, PreparedDataset
 from pointforge.data.surface import surface_points
 from pointforge.data.volumes import Volume
 from pointforge.errors import DataError
@@ -137,7 +137,7 @@ class Atlas:
         grid's spacing, origin and direction.
         """
         data = root if isinstance(root, PreparedDataset) else PreparedDataset(root)
-        seen: dict[str, object] = {}
+        seen: dict[str, PreparedCase] = {}
         for case in data.split(split, require=("complete_mask",)):
             seen.setdefault(case.complete_mask, case)
         if not seen:

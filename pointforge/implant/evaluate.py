@@ -23,6 +23,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -102,9 +103,9 @@ def evaluate_predictions(
         if pred_path is None:
             result.missing.append(case.case_id)
         else:
-            row = {"case_id": case.case_id, "defect": case.defect, "prediction": str(pred_path)}
+            row: dict[str, Any] = {"case_id": case.case_id, "defect": case.defect, "prediction": str(pred_path)}
             try:
-                truth = read_binary_volume(case.implant)
+                truth = read_binary_volume(case.implant)  # type: ignore[arg-type]  # raw_cases keeps cases with one
                 pred = read_binary_volume(pred_path, allow_empty=True)
                 defective = read_binary_volume(case.defective)
                 if pred.shape != truth.shape:

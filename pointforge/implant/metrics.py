@@ -98,7 +98,7 @@ def _check_spacing(spacing: Any) -> tuple[float, float, float]:
         raise DataError(f"spacing must be three voxel sizes in mm, got {spacing!r}") from None
     if len(values) != 3 or not all(math.isfinite(s) and s > 0 for s in values):
         raise DataError(f"spacing must be three positive voxel sizes in mm, got {spacing!r}")
-    return values  # type: ignore[return-value]
+    return values
 
 
 def _check_margin(margin_mm: Any) -> float:
@@ -187,6 +187,7 @@ def _restricted_surface_distances(
     # face of the box has its outward neighbour outside the box, hence outside
     # the mask, so it is border with or without the crop.
     box = _union_box(pred_box, truth_box)
+    assert box is not None  # both boxes are given, so their union is one
     origin = np.array([s.start for s in box])
     scale = np.asarray(spacing)
     points = []

@@ -31,7 +31,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import numpy as np
 import torch
@@ -200,7 +200,7 @@ def _inside_volume(implants: np.ndarray, shape: tuple[int, int, int], notes: lis
     an error rather than an implant.
     """
     hi = np.asarray(shape, dtype=np.float64)
-    inside = ((implants >= -1.0) & (implants <= hi)).all(axis=2)  # [n, P]
+    inside = cast(np.ndarray, ((implants >= -1.0) & (implants <= hi)).all(axis=2))  # [n, P]
     if inside.all():
         return implants
     worst = float(inside.mean(axis=1).min())
@@ -242,7 +242,7 @@ def _proposals(
         _sampler(models, options),
         options.ensemble,
         config=cfg,
-        subsample=options.subsample,
+        subsample=options.subsample,  # type: ignore[arg-type]  # checked in GenerateOptions
         generator=generator,
         spacing=work.spacing,
         progress=(lambda i, n: progress("sample", i, n)) if progress else None,
@@ -328,7 +328,7 @@ def generate_implant(
     own = [
         implant_from_proposals([c], work.data, p, dilate=0, spacing=work.spacing)[0] for c, p in zip(completed, dense)
     ]
-    agreement = np.mean(own, axis=0, dtype=np.float32) if own else np.zeros(work.shape, np.float32)
+    agreement = cast(np.ndarray, np.mean(own, axis=0, dtype=np.float32)) if own else np.zeros(work.shape, np.float32)
     implant = _to_input_grid(implant, scale, defective.shape, binary=True)
     own = [_to_input_grid(m, scale, defective.shape, binary=True) for m in own]
     agreement = _to_input_grid(agreement, scale, defective.shape, binary=False)

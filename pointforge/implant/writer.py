@@ -33,7 +33,7 @@ import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -85,7 +85,7 @@ def _versions() -> dict:
         "torch": torch.__version__,
         "numpy": np.__version__,
         "scipy": scipy.__version__,
-        "scikit-image": skimage.__version__,
+        "scikit-image": skimage.__version__,  # type: ignore[attr-defined]  # set by skimage's lazy loader
         "trimesh": trimesh.__version__,
         "python": platform.python_version(),
     }
@@ -97,7 +97,7 @@ def write_case(result: Generated, folder: Path, *, suffix: str, report: dict) ->
     t = time.perf_counter()
     ref = result.defective
     folder.mkdir(parents=True, exist_ok=True)
-    files = {
+    files: dict[str, Any] = {
         "implant": f"implant{suffix}",
         "uncertainty": f"uncertainty{suffix}",
         "completed_skull": f"completed_skull{suffix}",
@@ -120,7 +120,8 @@ def write_case(result: Generated, folder: Path, *, suffix: str, report: dict) ->
     solid = make_well_composed(result.implant.copy())
     mesh = field_to_mesh(solid, ref)
     mesh.export(folder / files["mesh"], file_type="stl")
-    spacing = tuple(float(s) for s in ref.spacing)
+    sx, sy, sz = (float(s) for s in ref.spacing)
+    spacing = (sx, sy, sz)
     render_preview(
         folder / files["preview"],
         [
@@ -209,7 +210,7 @@ def generate_case(
     load_s = time.perf_counter() - t0
     result = generate_implant(defective, models, options, log=log, progress=progress, proposals_mm=proposals_mm)
     result.timings = {"read_s": load_s, **result.timings}
-    report = {
+    report: dict[str, Any] = {
         "input": str(input_path),
         "title": title or f"{input_path.name}: generated implant",
         "parameters": {**asdict(options), "sampler_steps": steps, "device": str(models.device)},

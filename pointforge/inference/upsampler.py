@@ -27,10 +27,11 @@ the new points have no intensity, classification or colour.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
+from typing import Union, cast
 
 import numpy as np
 import torch
@@ -67,7 +68,7 @@ class LoadedUpsampler(LoadedModel):
 
     @property
     def ratio(self) -> int:
-        return int(self.model.config.ratio)
+        return int(cast(NodeShuffleUpsampler, self.model).config.ratio)
 
 
 TrainedUpsampler = LoadedUpsampler  # the name this type had before the loaders became one
@@ -83,7 +84,7 @@ class UpsampleResult:
 
 
 def load_upsampler(
-    ckpt: Union[str, Path], device: str | torch.device = "auto", *, weights: Weights = "auto"
+    ckpt: Union[str, os.PathLike], device: str | torch.device = "auto", *, weights: Weights = "auto"
 ) -> LoadedUpsampler:
     """The upsampler in a checkpoint written by ``pointforge train upsampler``, in eval mode on ``device``.
 
@@ -136,7 +137,7 @@ def upsample_points(
     """
     if isinstance(model, LoadedUpsampler):
         net, normalization, where = (
-            model.model,
+            cast(NodeShuffleUpsampler, model.model),
             model.normalization,
             model.device if device is None else resolve_device(device),
         )

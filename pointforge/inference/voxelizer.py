@@ -103,7 +103,7 @@ def _check_shape(volume_shape: Any) -> tuple[int, int, int]:
         raise DataError(f"volume shape must be three positive integers, got {volume_shape!r}") from None
     if len(shape) != 3 or min(shape) < 1:
         raise DataError(f"volume shape must be three positive integers, got {volume_shape!r}")
-    return shape  # type: ignore[return-value]
+    return shape
 
 
 def unit_points(points_vox: Any, volume_shape: Any) -> torch.Tensor:
@@ -158,7 +158,7 @@ def _solve(model: nn.Module, points_vox, volume_shape, *, resolution, device, si
     model.eval()
     try:
         with torch.no_grad():
-            moved, normals = model.oriented_points(points)
+            moved, normals = model.oriented_points(points)  # type: ignore[operator]  # a VoxelizerNet, checked above
             field = dpsr(moved, normals, res, sigma, memory_limit=limit)
     finally:
         model.train(was_training)

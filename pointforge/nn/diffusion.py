@@ -763,7 +763,7 @@ class DDIMSampler(Sampler):
         float64 work reads the exact float64 ᾱ instead.
         """
         kept = self.timesteps.flip(0)  # ascending
-        ac32 = self.schedule.alphas_cumprod
+        ac32 = self.schedule.alphas_cumprod  # type: ignore[attr-defined]  # set in __init__ from the float32 tables
         before = torch.cat([torch.ones(1), ac32[kept[:-1]]])
         respaced = NoiseSchedule(
             (1.0 - ac32[kept] / before).double(), name="ddim-respaced", prediction=self.schedule.prediction
@@ -775,7 +775,7 @@ class DDIMSampler(Sampler):
         }
         exact["sqrt_recip_alphas_cumprod"] = torch.sqrt(1.0 / exact["alphas_cumprod"])
         exact["sqrt_recipm1_alphas_cumprod"] = torch.sqrt(1.0 / exact["alphas_cumprod"] - 1.0)
-        tables = {}
+        tables: dict[torch.dtype, dict[str, Tensor]] = {}
         for precision, source in ((torch.float32, None), (torch.float64, exact)):
             tables[precision] = {}
             for name in (

@@ -35,6 +35,7 @@ import numbers
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -88,14 +89,16 @@ def normalize_resolution(res: int | Sequence[int]) -> tuple[int, int, int]:
     """Return ``res`` as a 3-tuple of ints, each at least 2."""
     if isinstance(res, bool):
         raise ConfigError(f"DPSR resolution must be an int or three ints, got {res!r}")
+    dims: tuple[Any, ...]
     if isinstance(res, numbers.Integral):
         dims = (res, res, res)
     else:
+        seq = cast(Sequence[int], res)  # numbers.Integral covers the ints, which mypy cannot see
         try:
-            dims = tuple(int(r) for r in res)
+            dims = tuple(int(r) for r in seq)
         except TypeError:
             raise ConfigError(f"DPSR resolution must be an int or three ints, got {res!r}") from None
-        if len(dims) != 3 or any(d != r for d, r in zip(dims, res)):
+        if len(dims) != 3 or any(d != r for d, r in zip(dims, seq)):
             raise ConfigError(f"DPSR resolution must be an int or three ints, got {res!r}")
     if any(d < 2 for d in dims):
         raise ConfigError(f"DPSR resolution must be at least 2 along every axis, got {dims}")
@@ -213,7 +216,7 @@ class _PointCorners:
     def __init__(self, points: Tensor, res: tuple[int, int, int], chunk: int):
         self.points, self.res = points, res
         self.slices = list(_chunks(points.shape[0], chunk))
-        self._kept = [] if points.shape[0] <= _KEEP_CORNERS_UP_TO else None
+        self._kept: list[Any] | None = [] if points.shape[0] <= _KEEP_CORNERS_UP_TO else None
 
     def __iter__(self) -> Iterator[tuple[slice, _Corners]]:
         if self._kept is not None and len(self._kept) == len(self.slices):
@@ -396,6 +399,7 @@ def _raw_solve(corners: _PointCorners, normals: Tensor, spectrum: _Spectrum, bac
             spec.add_(part)
         del part
     del grid
+    assert spec is not None  # the loop ran for three axes
     spectrum.apply_filter_(spec)
     # A fresh grid: torch's irfftn(out=...) would compute into a temporary and copy.
     return _irfftn_consuming(spec, res, backend)

@@ -158,7 +158,7 @@ class NodeShuffleUpsampler(nn.Module):
         self.refine = TransformerConv(c, c // h if cfg.concat else c, edge_dim=c, **attention)
         self.decode = nn.Sequential(nn.LayerNorm(c), _mlp([c, c, 3]))
         # Start from "every child sits on its parent" so early training only has to learn offsets.
-        for head in (self.coarse, self.decode[-1][-1]):
+        for head in (self.coarse, self.decode[-1][-1]):  # type: ignore[index]  # decode[-1] is an _mlp Sequential
             nn.init.normal_(head.weight, std=1e-3)
             nn.init.zeros_(head.bias)
 

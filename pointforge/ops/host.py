@@ -108,7 +108,7 @@ def _num(text: str) -> float | None:
 
 def _from_nvml() -> list[GpuInfo] | None:
     try:
-        import pynvml  # type: ignore[import-not-found]  # optional: nvidia-ml-py
+        import pynvml  # optional: nvidia-ml-py
     except ImportError:
         return None
     try:

@@ -207,7 +207,8 @@ def fit_columns(rows: list[dict[str, str]], width: int | None) -> list[str]:
     if width is None:
         return order
     need = {c: max(len(c), *(len(r[c]) for r in rows)) + 3 for c in order}
-    chosen, used = [], 1
+    chosen: list[str] = []
+    used = 1
     for column in COLUMN_PRIORITY:
         if column in need and (used + need[column] <= width or len(chosen) < 2):
             chosen.append(column)

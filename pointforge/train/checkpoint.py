@@ -31,7 +31,7 @@ import time
 import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -74,10 +74,11 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     seen = 0
     while seen < 8:
         seen += 1
-        if hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
-            model = model._orig_mod
+        compiled_inner = getattr(model, "_orig_mod", None)
+        if isinstance(compiled_inner, nn.Module):
+            model = compiled_inner
         elif isinstance(model, nn.parallel.DistributedDataParallel) or type(model).__name__ in ("DataParallel",):
-            model = model.module
+            model = cast(nn.Module, model.module)
         else:
             break
     return model
@@ -146,7 +147,8 @@ def load_model_state(
 def capture_rng(device: torch.device | None = None) -> dict[str, Any]:
     """This process's RNG states as tensors and plain values (weights_only-safe)."""
     version, mt_state, gauss = random.getstate()
-    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    np_state: tuple[str, np.ndarray, int, int, float] = np.random.get_state(legacy=True)  # type: ignore[assignment]  # the legacy tuple
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np_state
     state: dict[str, Any] = {
         "python": [version, torch.tensor(mt_state, dtype=torch.int64), gauss],
         "numpy": [np_name, torch.from_numpy(np_keys.astype(np.int64)), int(np_pos), int(np_has_gauss), float(np_gauss)],

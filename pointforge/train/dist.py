@@ -154,18 +154,29 @@ def env_from_torchrun() -> dict[str, int]:
     }
 
 
+def _dist_env(device: torch.device, info: dict[str, int]) -> DistEnv:
+    return DistEnv(
+        device=device,
+        rank=info["rank"],
+        world_size=info["world_size"],
+        local_rank=info["local_rank"],
+        local_world_size=info["local_world_size"],
+        restart_count=info["restart_count"],
+    )
+
+
 def probe_env(device: str) -> DistEnv:
     """The environment as it would be, without starting a process group (for --dry-run)."""
     info = env_from_torchrun()
     dev = resolve_device(device, local_rank=info["local_rank"], world_size=info["world_size"])
-    return DistEnv(device=dev, **info)
+    return _dist_env(dev, info)
 
 
 def init_distributed(device: str, backend: str = "auto", timeout_s: float = 600.0) -> DistEnv:
     """Set up this rank: device, and (when WORLD_SIZE > 1) the process group with a timeout."""
     info = env_from_torchrun()
     dev = resolve_device(device, local_rank=info["local_rank"], world_size=info["world_size"])
-    env = DistEnv(device=dev, **info)
+    env = _dist_env(dev, info)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     if info["world_size"] <= 1:
@@ -353,7 +364,7 @@ def broadcast_object(env: DistEnv, obj: T | None) -> T:
         return obj  # type: ignore[return-value]
     box = [obj]
     dist.broadcast_object_list(box, src=0)
-    return box[0]
+    return box[0]  # type: ignore[return-value]  # rank 0 passes the object; the others get it
 
 
 def rank0_section(env: DistEnv, doing: str, fn: Callable[[], T], *, timeout_s: float) -> T | None:

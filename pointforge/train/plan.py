@@ -202,8 +202,11 @@ def dry_run_plan(task: Task | str, cfg: TrainConfig, *, world_size: int | None =
     """The plan for ``cfg`` without training (``world_size`` overrides the torchrun environment)."""
     task = get_task(task)
     task.configure(cfg.task)
-    env = probe_env(cfg.run.device) if world_size is None else None
-    if env is None:
+    if world_size is None:
+        env = probe_env(cfg.run.device)
+        devices = [str(env.device)] if env.world_size == 1 else [str(env.device.type)] * env.world_size
+        size = env.world_size
+    else:
         first = resolve_device(cfg.run.device, local_rank=0, world_size=world_size)
         if first.type == "cuda":
             count = torch.cuda.device_count()
@@ -215,10 +218,9 @@ def dry_run_plan(task: Task | str, cfg: TrainConfig, *, world_size: int | None =
         else:
             devices = ["cpu"] * world_size
         size = world_size
-    else:
-        devices = [str(env.device)] if env.world_size == 1 else [str(env.device.type)] * env.world_size
-        size = env.world_size
-    backend = cfg.dist.backend if cfg.dist.backend != "auto" else ("nccl" if devices[0].startswith("cuda") else "gloo")
+    backend: str = (
+        cfg.dist.backend if cfg.dist.backend != "auto" else ("nccl" if devices[0].startswith("cuda") else "gloo")
+    )
     if size == 1:
         backend = "single process"
     seed_everything(derive_seed(cfg.train.seed, "init"))

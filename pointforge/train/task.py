@@ -157,9 +157,10 @@ class Task:
 
     name: ClassVar[str] = ""
     Config: ClassVar[type] = NoConfig
-    eval_on: ClassVar[Literal["all", "rank0"]] = "all"
-    best_metric: ClassVar[str | None] = None
-    best_mode: ClassVar[Literal["min", "max"]] = "min"
+    # Class defaults that configure() may set per instance (see the module docs).
+    eval_on: Literal["all", "rank0"] = "all"
+    best_metric: str | None = None
+    best_mode: Literal["min", "max"] = "min"
 
     def configure(self, cfg: Any) -> None:
         """Called first with the task's config section; may adjust ``eval_on``/``best_metric``."""

@@ -52,7 +52,7 @@ class _StderrHandler(logging.StreamHandler):
     redirects stderr prints log lines above itself instead of through itself."""
 
     @property
-    def stream(self):  # type: ignore[override]
+    def stream(self):
         return sys.stderr
 
     @stream.setter
@@ -78,7 +78,7 @@ class LogSetup:
         self.logger.propagate = False
         flt = _RankFilter(rank)
         if console:
-            handler = _StderrHandler()
+            handler: logging.Handler = _StderrHandler()
             handler.setLevel(logging.INFO if rank == 0 else logging.WARNING)
             handler.setFormatter(logging.Formatter("%(rank_prefix)s%(message)s"))
             handler.addFilter(flt)
@@ -155,7 +155,7 @@ class MetricsWriter:
         if self._csv is not None:
             for name, value in clean.items():
                 self._csv.writerow([f"{now:.3f}", step, f"{epoch:.4f}", name, repr(value)])
-            self._csv_file.flush()
+            self._csv_file.flush()  # type: ignore[union-attr]  # opened together with _csv
         if self._tb is not None:
             for name, value in clean.items():
                 self._tb.add_scalar(name, value, step)
@@ -282,7 +282,7 @@ class Progress:
         self._task = self._progress.add_task("train", total=total_steps, completed=start_step, info="")
 
     def update(self, step: int, info: str) -> None:
-        if self._progress is not None:
+        if self._progress is not None and self._task is not None:
             self._progress.update(self._task, completed=step, info=info)
 
     def close(self) -> None:
