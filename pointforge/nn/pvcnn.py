@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence, cast
 
 import torch
 import torch.nn.functional as F
@@ -223,13 +223,13 @@ class PVCNN2Config:
                 not level.voxel_attention or (level.conv is not None and level.conv.voxel_resolution is not None),
                 f"SA level {i}: voxel_attention needs a PVConv stage",
             )
-        for i, level in enumerate(self.fp_levels):
-            need(len(level.mlp) >= 1, f"FP level {i} needs at least one MLP layer")
-            for c in level.mlp:
+        for i, fp_level in enumerate(self.fp_levels):
+            need(len(fp_level.mlp) >= 1, f"FP level {i} needs at least one MLP layer")
+            for c in fp_level.mlp:
                 groups_ok(c, f"FP level {i} MLP")
-            if level.conv is not None:
-                groups_ok(level.conv.out_channels, f"FP level {i} conv")
-                need(level.conv.num_blocks >= 1, f"FP level {i} conv needs at least one block")
+            if fp_level.conv is not None:
+                groups_ok(fp_level.conv.out_channels, f"FP level {i} conv")
+                need(fp_level.conv.num_blocks >= 1, f"FP level {i} conv needs at least one block")
         if self.global_attention:
             groups_ok(_sa_out_channels(self.sa_levels[-1]), "the global attention (last SA level output)")
 
@@ -342,7 +342,7 @@ def resolve_config(config: PVCNN2Config | str | Mapping) -> PVCNN2Config:
 # =========================================================================== building blocks
 
 
-def _pointwise(conv: nn.Module, x: Tensor) -> Tensor:
+def _pointwise(conv: Any, x: Tensor) -> Tensor:  # a Conv1d or Conv2d with a bias
     """A 1x1 Conv1d/Conv2d as one batched matrix product (faster than the conv on CPU)."""
     b, c = x.shape[:2]
     w = conv.weight.view(conv.out_channels, c)
@@ -366,7 +366,7 @@ class SharedMLP(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         mods = list(self.layers)
         for i in range(0, len(mods), 3):
-            conv, norm = mods[i], mods[i + 1]
+            conv, norm = mods[i], cast(nn.GroupNorm, mods[i + 1])
             x = _pointwise(conv, x)
             x = F.group_norm(x, norm.num_groups, norm.weight, norm.bias, norm.eps)
             x = F.silu(x)
@@ -438,7 +438,7 @@ def _use_mkldnn(x: Tensor) -> bool:
         x.device.type == "cpu"
         and x.dtype == torch.float32
         and torch.backends.mkldnn.is_available()
-        and torch.backends.mkldnn.enabled
+        and bool(torch.backends.mkldnn.enabled)
     )
 
 
@@ -613,9 +613,10 @@ class SetAbstraction(nn.Module):
             def normed(x: Tensor, norm: nn.GroupNorm) -> Tensor:
                 return _weighted_group_norm(x, copies, segments, norm)
 
-        mods = list(self.mlps[0].layers)
+        mods = list(cast(SharedMLP, self.mlps[0]).layers)
         for i in range(0, len(mods), 3):
-            conv, norm = mods[i], mods[i + 1]
+            conv, norm = cast(nn.Conv1d, mods[i]), cast(nn.GroupNorm, mods[i + 1])
+            assert conv.bias is not None  # SharedMLP's convs have one
             x = torch.addmm(conv.bias.view(-1, 1), conv.weight.view(conv.out_channels, -1), x)
             x = F.silu(normed(x, norm))
 
@@ -642,7 +643,7 @@ class FeaturePropagation(nn.Module):
 
     def forward(
         self, points_coords: Tensor, centers_coords: Tensor, centers_features: Tensor, points_features: Tensor
-    ) -> Tensor:
+    ) -> tuple[Tensor, Tensor]:
         indices, weights = pvops.three_nearest_neighbors(points_coords, centers_coords)
         interpolated = pvops.interpolate_from_neighbors(centers_features, indices, weights)
         return interpolated, self.mlp(torch.cat([interpolated, points_features], 1))
@@ -728,12 +729,12 @@ class PVCNN2(nn.Module):
         # not fed back), as upstream does.
         sa_in_channels[0] = cfg.extra_feature_channels
         fp_layers = []
-        for fp_index, level in enumerate(cfg.fp_levels):
-            blocks = [FeaturePropagation(in_channels + e + sa_in_channels[-1 - fp_index], level.mlp)]
-            in_channels = level.mlp[-1]
-            if level.conv is not None:
-                blocks += _conv_stage(level.conv, in_channels, False, cfg.dropout)
-                in_channels = level.conv.out_channels
+        for fp_index, fp_level in enumerate(cfg.fp_levels):
+            blocks = [FeaturePropagation(in_channels + e + sa_in_channels[-1 - fp_index], fp_level.mlp)]
+            in_channels = fp_level.mlp[-1]
+            if fp_level.conv is not None:
+                blocks += _conv_stage(fp_level.conv, in_channels, False, cfg.dropout)
+                in_channels = fp_level.conv.out_channels
             fp_layers.append(blocks[0] if len(blocks) == 1 else nn.Sequential(*blocks))
         self.fp_layers = nn.ModuleList(fp_layers)
 
