@@ -30,8 +30,15 @@ $(STAMP): pyproject.toml
 	@$(PY) -m pip install -q -c $(VENV)/torch-constraint.txt -e ".[dev]"
 	@touch $(STAMP)
 
-# The layers contract (pyproject's [tool.importlinter]) first: a back-import fails fast.
+# The fast checks first, all from the venv (the dev extra installs them): lint and
+# format (pyproject's [tool.ruff]), types ([tool.mypy]) and the layers contract
+# ([tool.importlinter]), so a back-import or a type error fails before pytest runs.
+LINTED := pointforge bench tests
+
 test: $(STAMP)
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
+	$(VENV)/bin/mypy pointforge
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -m "not slow" tests
 

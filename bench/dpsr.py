@@ -159,12 +159,26 @@ def check_equal() -> float:
 
 
 def _child(impl: str, res: int, n_points: int, backward: bool, threads: int) -> dict:
-    cmd = [sys.executable, __file__, "--threads", str(threads), "--child", impl, str(res), str(n_points),
-           "1" if backward else "0"]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--threads",
+        str(threads),
+        "--child",
+        impl,
+        str(res),
+        str(n_points),
+        "1" if backward else "0",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
-        return {"impl": impl, "res": res, "points": n_points, "mode": "fwd+bwd" if backward else "fwd",
-                "error": (done.stderr.strip().splitlines() or ["failed"])[-1]}
+        return {
+            "impl": impl,
+            "res": res,
+            "points": n_points,
+            "mode": "fwd+bwd" if backward else "fwd",
+            "error": (done.stderr.strip().splitlines() or ["failed"])[-1],
+        }
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -210,9 +224,15 @@ def main() -> None:
                     row = min(timed, key=lambda r: r["time_s"]) if timed else results[-1]
                     row["rounds"] = len(timed)
                     rows.append(row)
-                    print(f"  {impl:19s} {res}^3 {n_points:7d} pts {row['mode']:8s} "
-                          + (f"{row['time_s']:8.2f} s  peak {row['peak_rss_gib']:.2f} GiB" if "time_s" in row
-                             else row["error"]), flush=True)
+                    print(
+                        f"  {impl:19s} {res}^3 {n_points:7d} pts {row['mode']:8s} "
+                        + (
+                            f"{row['time_s']:8.2f} s  peak {row['peak_rss_gib']:.2f} GiB"
+                            if "time_s" in row
+                            else row["error"]
+                        ),
+                        flush=True,
+                    )
 
     # Ratios side by side: straightforward / pointforge for the same configuration.
     by_key = {(r["impl"], r["res"], r["points"], r["mode"]): r for r in rows}
@@ -223,10 +243,21 @@ def main() -> None:
             if min(other["peak_above_start_gib"], r["peak_above_start_gib"]) > 0.02:  # else allocator noise
                 r["memory_ratio"] = other["peak_above_start_gib"] / r["peak_above_start_gib"]
     print()
-    columns = [("impl", "impl"), ("res", "grid"), ("points", "points"), ("mode", "mode"), ("time_s", "time s"),
-               ("cpu_s", "CPU s"), ("peak_rss_gib", "peak RSS GiB"), ("peak_above_start_gib", "working GiB"),
-               ("estimate_gib", "estimate GiB"), ("speedup", "x faster"), ("memory_ratio", "x leaner"),
-               ("rounds", "rounds"), ("error", "error")]
+    columns = [
+        ("impl", "impl"),
+        ("res", "grid"),
+        ("points", "points"),
+        ("mode", "mode"),
+        ("time_s", "time s"),
+        ("cpu_s", "CPU s"),
+        ("peak_rss_gib", "peak RSS GiB"),
+        ("peak_above_start_gib", "working GiB"),
+        ("estimate_gib", "estimate GiB"),
+        ("speedup", "x faster"),
+        ("memory_ratio", "x leaner"),
+        ("rounds", "rounds"),
+        ("error", "error"),
+    ]
     print_table([title for _, title in columns], [[r.get(key, "") for key, _ in columns] for r in rows])
     path = write_json("dpsr", {"machine": info, "sigma": SIGMA, "threads": args.threads, "rows": rows})
     print(f"\nwrote {path.relative_to(ROOT)}")

@@ -45,9 +45,18 @@ from pointforge.train.schedule import lr_factor  # noqa: E402
 
 TINY = REPO / "configs" / "toy" / "tiny.yaml"
 COMMON = [
-    "task.n_train=8192", "task.n_val=0", "data.global_batch=32", "train.eval_every=0",
-    "sched.name=cosine", "sched.warmup_steps=10", "ckpt.every_epochs=0", "ckpt.every_minutes=0",
-    "log.every_steps=50", "log.tensorboard=false", "log.progress=off", "perf.threads=1",
+    "task.n_train=8192",
+    "task.n_val=0",
+    "data.global_batch=32",
+    "train.eval_every=0",
+    "sched.name=cosine",
+    "sched.warmup_steps=10",
+    "ckpt.every_epochs=0",
+    "ckpt.every_minutes=0",
+    "log.every_steps=50",
+    "log.tensorboard=false",
+    "log.progress=off",
+    "perf.threads=1",
 ]
 # "small": a few milliseconds of compute per step, the regime the target is
 # about; "tiny": so little compute that any per-step cost shows.
@@ -81,8 +90,13 @@ def bare_loop(cfg) -> tuple[float, float]:
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lr_factor(cfg.sched.name, total_steps=steps, warmup_steps=cfg.sched.warmup_steps)
     )
-    loader = DataLoader(train_ds, batch_size=cfg.data.global_batch, shuffle=True, drop_last=True,
-                        generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(
+        train_ds,
+        batch_size=cfg.data.global_batch,
+        shuffle=True,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(0),
+    )
     running = 0.0
     running_mae = None
     for _epoch in range(cfg.train.epochs):
@@ -125,8 +139,11 @@ def overhead(workload: list[str], repeats: int, workdir: Path) -> dict:
                 times.setdefault(("bare", epochs), []).append(b)
                 times.setdefault(("engine", epochs), []).append(e)
     extra_steps = (LONG - SHORT) * STEPS_PER_EPOCH
-    out: dict = {"repeats": repeats, "target_pct": 5.0,
-                 "runs": {f"{loop}-{epochs}ep": values for (loop, epochs), values in times.items()}}
+    out: dict = {
+        "repeats": repeats,
+        "target_pct": 5.0,
+        "runs": {f"{loop}-{epochs}ep": values for (loop, epochs), values in times.items()},
+    }
     for index, clock in ((0, "wall"), (1, "cpu")):
         med = {key: statistics.median(v[index] for v in values) for key, values in times.items()}
         per_step = {loop: (med[(loop, LONG)] - med[(loop, SHORT)]) / extra_steps for loop in ("bare", "engine")}
@@ -166,18 +183,38 @@ def main() -> None:
         for name, workload in WORKLOADS.items():
             over = overhead(workload, args.repeats, workdir)
             payload["overhead"][name] = over
-            rows.append([
-                name, over["bare_cpu_s_per_step"] * 1e3, over["engine_cpu_s_per_step"] * 1e3, f"{over['overhead_cpu_pct']:+.1f}%",
-                over["bare_wall_s_per_step"] * 1e3, over["engine_wall_s_per_step"] * 1e3, f"{over['overhead_wall_pct']:+.1f}%",
-                over["engine_wall_startup_s"] - over["bare_wall_startup_s"],
-            ])
+            rows.append(
+                [
+                    name,
+                    over["bare_cpu_s_per_step"] * 1e3,
+                    over["engine_cpu_s_per_step"] * 1e3,
+                    f"{over['overhead_cpu_pct']:+.1f}%",
+                    over["bare_wall_s_per_step"] * 1e3,
+                    over["engine_wall_s_per_step"] * 1e3,
+                    f"{over['overhead_wall_pct']:+.1f}%",
+                    over["engine_wall_startup_s"] - over["bare_wall_startup_s"],
+                ]
+            )
         print(f"machine: {machine()}")
         print("\nEngine overhead versus a bare loop (same model, data, optimizer, schedule; 1 process, 1 thread).")
-        print(f"Per step: marginal cost between runs of {SHORT} and {LONG} epochs ({STEPS_PER_EPOCH} steps each), medians "
-              f"of {args.repeats}, including the engine's epoch-end checkpoints. CPU time is the steadier measure on a "
-              "shared machine; wall time also counts the fsyncs.")
-        print_table(["workload", "bare CPU ms", "engine CPU ms", "overhead CPU", "bare wall ms", "engine wall ms",
-                     "overhead wall", "extra start-up s"], rows)
+        print(
+            f"Per step: marginal cost between runs of {SHORT} and {LONG} epochs ({STEPS_PER_EPOCH} steps each), medians "
+            f"of {args.repeats}, including the engine's epoch-end checkpoints. CPU time is the steadier measure on a "
+            "shared machine; wall time also counts the fsyncs."
+        )
+        print_table(
+            [
+                "workload",
+                "bare CPU ms",
+                "engine CPU ms",
+                "overhead CPU",
+                "bare wall ms",
+                "engine wall ms",
+                "overhead wall",
+                "extra start-up s",
+            ],
+            rows,
+        )
         print("target: ≤ 5 % per step")
         if not args.skip_dist:
             one = torchrun_throughput(1, workdir)
@@ -187,8 +224,10 @@ def main() -> None:
             print("\nData parallel on CPU with gloo ('small' workload, global batch 32 fixed; engine step timing)")
             print_table(
                 ["ranks", "samples/s", "speed-up", "efficiency", "wall s incl. start-up"],
-                [[1, one["samples_per_s"], 1.0, 1.0, one["wall_s_with_startup"]],
-                 [2, two["samples_per_s"], speedup, speedup / 2, two["wall_s_with_startup"]]],
+                [
+                    [1, one["samples_per_s"], 1.0, 1.0, one["wall_s_with_startup"]],
+                    [2, two["samples_per_s"], speedup, speedup / 2, two["wall_s_with_startup"]],
+                ],
             )
         path = write_json("engine", payload)
         print(f"\nwrote {path}")

@@ -78,7 +78,9 @@ def main() -> None:
         "bDSC": lambda restrict: metrics.boundary_dice(pred, truth, skull, SPACING, restrict=restrict),
         "HD95": lambda restrict: metrics.hd95(pred, truth, SPACING, restrict=restrict),
         "HD": lambda restrict: metrics.hausdorff(pred, truth, SPACING, restrict=restrict),
-        "all four (evaluate_case)": lambda restrict: metrics.evaluate_case(pred, truth, skull, SPACING, restrict=restrict),
+        "all four (evaluate_case)": lambda restrict: metrics.evaluate_case(
+            pred, truth, skull, SPACING, restrict=restrict
+        ),
     }
     rows, results = [], {}
     for name, measure in measures.items():
@@ -92,21 +94,33 @@ def main() -> None:
         shown = fast_value["hd95"] if isinstance(fast_value, dict) else fast_value
         rows.append([name, fast_s, full_s, full_s / fast_s, difference])
         results[name] = {
-            "restricted_s": fast_s, "full_volume_s": full_s, "speedup": full_s / fast_s,
-            "abs_difference": difference, "value": shown if not isinstance(fast_value, dict) else fast_value,
+            "restricted_s": fast_s,
+            "full_volume_s": full_s,
+            "speedup": full_s / fast_s,
+            "abs_difference": difference,
+            "value": shown if not isinstance(fast_value, dict) else fast_value,
         }
 
     print(f"machine: {machine()}")
-    print(f"volume {args.size}³, spacing {SPACING} mm, implant extent {tuple(int(e) for e in extent)} voxels, "
-          f"{int(truth.sum())} implant / {int(skull.sum())} skull voxels (built in {build_s:.1f} s)")
+    print(
+        f"volume {args.size}³, spacing {SPACING} mm, implant extent {tuple(int(e) for e in extent)} voxels, "
+        f"{int(truth.sum())} implant / {int(skull.sum())} skull voxels (built in {build_s:.1f} s)"
+    )
     print(f"restricted: best of {args.repeats}; whole volume: one run\n")
     print_table(["metric", "restricted s", "whole volume s", "speed-up", "|difference|"], rows)
     values = results["all four (evaluate_case)"]["value"]
     print("\nvalues: " + ", ".join(f"{k} {values[k]:.6f}" for k in ("dsc", "bdsc", "hd95", "hd")))
-    path = write_json("metrics", {
-        "machine": machine(), "size": args.size, "spacing_mm": SPACING, "repeats": args.repeats,
-        "implant_extent_voxels": [int(e) for e in extent], "results": results,
-    })
+    path = write_json(
+        "metrics",
+        {
+            "machine": machine(),
+            "size": args.size,
+            "spacing_mm": SPACING,
+            "repeats": args.repeats,
+            "implant_extent_voxels": [int(e) for e in extent],
+            "results": results,
+        },
+    )
     print(f"wrote {path}")
 
 

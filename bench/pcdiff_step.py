@@ -41,7 +41,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import torch
 import yaml
@@ -106,7 +106,9 @@ def demo_dataset(folder: Path) -> Path:
     from pointforge.data.synthetic import synthesize
 
     synthesize(str(folder / "raw"), 10, 64, 0, layout="skullbreak")
-    prepare_dataset(str(folder / "raw"), str(folder / "prepared"), n_points=16384, seed=0, split="0.6,0.2,0.2", workers=1)
+    prepare_dataset(
+        str(folder / "raw"), str(folder / "prepared"), n_points=16384, seed=0, split="0.6,0.2,0.2", workers=1
+    )
     return folder / "prepared"
 
 
@@ -123,7 +125,11 @@ def measure_recipe(name: str, data_root: Path, repeats: int) -> dict[str, Any]:
     train_ds, _ = task.build_datasets(cfg)
     batch = int(full["data"]["global_batch"])
     loader = torch.utils.data.DataLoader(
-        train_ds, batch_size=batch, shuffle=True, drop_last=True, collate_fn=task.collate,
+        train_ds,
+        batch_size=batch,
+        shuffle=True,
+        drop_last=True,
+        collate_fn=task.collate,
         generator=torch.Generator().manual_seed(0),
     )
 
@@ -147,7 +153,9 @@ def measure_recipe(name: str, data_root: Path, repeats: int) -> dict[str, Any]:
     models, optimizers = {}, {}
     for path in PATH_SWITCHES:
         models[path] = copy.deepcopy(base)
-        optimizers[path] = torch.optim.Adam(models[path].parameters(), lr=float(optim["lr"]), betas=tuple(optim["betas"]), **PATH_ADAM[path])
+        optimizers[path] = torch.optim.Adam(
+            models[path].parameters(), lr=float(optim["lr"]), betas=tuple(optim["betas"]), **PATH_ADAM[path]
+        )
 
     def step(path: str, item: dict[str, Any]) -> float:
         model, optimizer = models[path], optimizers[path]
@@ -162,7 +170,7 @@ def measure_recipe(name: str, data_root: Path, repeats: int) -> dict[str, Any]:
     paths = list(PATH_SWITCHES)
     for r in range(repeats + 2):  # two warm-up rounds (oneDNN primitives, allocator)
         item = batches[r % len(batches)]
-        for path in paths[r % len(paths):] + paths[: r % len(paths)]:  # rotate who goes first
+        for path in paths[r % len(paths) :] + paths[: r % len(paths)]:  # rotate who goes first
             torch.manual_seed(1000 + r)  # the same t and noise for every path
             with switched(path):
                 wall, cpu = time.perf_counter(), time.process_time()
@@ -186,7 +194,9 @@ def measure_recipe(name: str, data_root: Path, repeats: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=12, help="timed steps per path (after 2 warm-up rounds)")
-    parser.add_argument("--data", type=Path, help="a prepared dataset (default: synthesise the demo's into a temporary folder)")
+    parser.add_argument(
+        "--data", type=Path, help="a prepared dataset (default: synthesise the demo's into a temporary folder)"
+    )
     parser.add_argument("--recipe", choices=[*RECIPES, "both"], default="both")
     args = parser.parse_args()
     torch.set_num_threads(1)  # perf.threads in the demo recipe
@@ -196,26 +206,55 @@ def main() -> None:
         data_root = args.data if args.data is not None else demo_dataset(Path(scratch))
         results = [measure_recipe(name, data_root, args.repeats) for name in recipes]
 
-    print(f"PCDiff demo training step (PVCNN2 tiny, batch 4, 1536 + 256 points, Adam), 1 torch thread, "
-          f"{args.repeats} interleaved steps per path")
+    print(
+        f"PCDiff demo training step (PVCNN2 tiny, batch 4, 1536 + 256 points, Adam), 1 torch thread, "
+        f"{args.repeats} interleaved steps per path"
+    )
     print(machine())
     load = os.getloadavg()[0]
-    print(f"load average when done: {load:.1f} on {os.cpu_count()} cores (other work inflates wall times; CPU time less so)")
+    print(
+        f"load average when done: {load:.1f} on {os.cpu_count()} cores (other work inflates wall times; CPU time less so)"
+    )
     rows = []
     for res in results:
-        med: Callable[[str, str], float] = lambda p, k: statistics.median(res["step"][p][k])
+
+        def med(p: str, k: str) -> float:
+            return statistics.median(res["step"][p][k])
+
         for path in PATH_SWITCHES:
-            rows.append([res["recipe"], path, med(path, "wall"), 1 / med(path, "wall"), med(path, "cpu"), 1 / med(path, "cpu"),
-                         med("reference", "cpu") / med(path, "cpu")])
+            rows.append(
+                [
+                    res["recipe"],
+                    path,
+                    med(path, "wall"),
+                    1 / med(path, "wall"),
+                    med(path, "cpu"),
+                    1 / med(path, "cpu"),
+                    med("reference", "cpu") / med(path, "cpu"),
+                ]
+            )
         res["cpu_speedup"] = med("reference", "cpu") / med(FAST, "cpu")
         res["wall_speedup"] = med("reference", "wall") / med(FAST, "wall")
         res["data_cpu_s_per_batch"] = statistics.median(res["data_cpu_s"])
-        rows.append([res["recipe"], "data loading (per batch)", statistics.median(res["data_wall_s"]), float("nan"),
-                     res["data_cpu_s_per_batch"], float("nan"), float("nan")])
-    print_table(["recipe", "path", "wall s/step", "steps/s (wall)", "CPU s/step", "steps/s (CPU)", "speed-up (CPU)"], rows)
+        rows.append(
+            [
+                res["recipe"],
+                "data loading (per batch)",
+                statistics.median(res["data_wall_s"]),
+                float("nan"),
+                res["data_cpu_s_per_batch"],
+                float("nan"),
+                float("nan"),
+            ]
+        )
+    print_table(
+        ["recipe", "path", "wall s/step", "steps/s (wall)", "CPU s/step", "steps/s (CPU)", "speed-up (CPU)"], rows
+    )
     for res in results:
-        print(f"{res['recipe']}: reference / all changes = {res['cpu_speedup']:.2f}x CPU time, {res['wall_speedup']:.2f}x wall time "
-              f"(median of {args.repeats}); first losses " + ", ".join(f"{p} {res['losses'][p][0]:.5f}" for p in PATHS))
+        print(
+            f"{res['recipe']}: reference / all changes = {res['cpu_speedup']:.2f}x CPU time, {res['wall_speedup']:.2f}x wall time "
+            f"(median of {args.repeats}); first losses " + ", ".join(f"{p} {res['losses'][p][0]:.5f}" for p in PATHS)
+        )
 
     record = {
         "benchmark": "pcdiff_step",
@@ -224,7 +263,10 @@ def main() -> None:
         "threads": 1,
         "load_average": load,
         "repeats": args.repeats,
-        "paths": {p: {"switches": {f"{o.__name__}.{n}": v for o, n, v in PATH_SWITCHES[p]}, "adam": PATH_ADAM[p]} for p in PATH_SWITCHES},
+        "paths": {
+            p: {"switches": {f"{o.__name__}.{n}": v for o, n, v in PATH_SWITCHES[p]}, "adam": PATH_ADAM[p]}
+            for p in PATH_SWITCHES
+        },
         "results": results,
     }
     print(f"\nwrote {write_json('pcdiff_step', record)}")

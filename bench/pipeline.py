@@ -99,8 +99,8 @@ sys.path.insert(0, str(REPO))
 from pointforge.data.skulls import PreparedDataset  # noqa: E402
 from pointforge.data.volumes import Volume, read_binary_volume  # noqa: E402
 from pointforge.errors import DataError, UserError  # noqa: E402
-from pointforge.implant.generate import GenerateOptions, Models, generate_implant, load_models  # noqa: E402
 from pointforge.formats import json_safe  # noqa: E402
+from pointforge.implant.generate import GenerateOptions, Models, generate_implant, load_models  # noqa: E402
 from pointforge.implant.metrics import evaluate_case  # noqa: E402
 from pointforge.nn.diffusion import make_sampler  # noqa: E402
 
@@ -144,8 +144,11 @@ def resolve_inputs(args: argparse.Namespace) -> tuple[Path, Path, Path, str]:
         from pointforge.implant.demo import run_demo
 
         demo = Path(tempfile.mkdtemp(prefix="pipeline-bench-demo-"))
-        print(f"no models given: running `pointforge demo` with its default settings into {demo} "
-              "(about 10 minutes on 2 cores) ...", flush=True)
+        print(
+            f"no models given: running `pointforge demo` with its default settings into {demo} "
+            "(about 10 minutes on 2 cores) ...",
+            flush=True,
+        )
         run_demo(demo, log=lambda msg: print(f"  {msg}", flush=True))
         print(f"demo done; next time pass --demo {demo}", flush=True)
     if not demo.is_dir():
@@ -153,8 +156,12 @@ def resolve_inputs(args: argparse.Namespace) -> tuple[Path, Path, Path, str]:
     data = demo / "data" / "prepared"
     if not (data / "cases.csv").is_file():
         raise SystemExit(f"{demo}: no prepared dataset at data/prepared; is this a `pointforge demo` output folder?")
-    return (newest_checkpoint(demo / "checkpoints", "pcdiff"), newest_checkpoint(demo / "checkpoints", "voxelizer"),
-            data, f"demo output {demo}")
+    return (
+        newest_checkpoint(demo / "checkpoints", "pcdiff"),
+        newest_checkpoint(demo / "checkpoints", "voxelizer"),
+        data,
+        f"demo output {demo}",
+    )
 
 
 @dataclass
@@ -174,8 +181,12 @@ def held_out_cases(data_root: Path, limit: int | None) -> list[Case]:
     for case in chosen[:limit]:
         sources = [data.meta(rel).get("source") for rel in (case.defective, case.implant)]
         if not all(sources) or not all(Path(s).is_file() for s in sources):
-            raise SystemExit(f"{data_root}: case {case.case_id} does not point at its raw volumes ({sources}); re-run prepare")
-        cases.append(Case(case.case_id, case.defect, Path(sources[0]), read_binary_volume(sources[1], allow_empty=True)))
+            raise SystemExit(
+                f"{data_root}: case {case.case_id} does not point at its raw volumes ({sources}); re-run prepare"
+            )
+        cases.append(
+            Case(case.case_id, case.defect, Path(sources[0]), read_binary_volume(sources[1], allow_empty=True))
+        )
     return cases
 
 
@@ -203,7 +214,12 @@ def score(pred: np.ndarray | None, case: Case, defective: Volume) -> dict:
     found = evaluate_case(pred, case.truth.data, defective.data, case.truth.spacing)
     if found["error"]:
         raise SystemExit(f"case {case.case_id}: cannot score the implant: {found['error']}")
-    return {"dsc": found["dsc"], "bdsc": found["bdsc"], "hd95": found["hd95"], "metric_notes": "; ".join(found["notes"])}
+    return {
+        "dsc": found["dsc"],
+        "bdsc": found["bdsc"],
+        "hd95": found["hd95"],
+        "metric_notes": "; ".join(found["notes"]),
+    }
 
 
 def run_case(case: Case, models: Models, options: GenerateOptions) -> dict:
@@ -215,8 +231,9 @@ def run_case(case: Case, models: Models, options: GenerateOptions) -> dict:
     marks.append(("read", time.perf_counter()))
     error, pred, notes, timings = None, None, [], {"read_s": read_s}
     try:
-        result = generate_implant(defective, models, options,
-                                  log=lambda msg: marks.append((msg.split(":", 1)[0], time.perf_counter())))
+        result = generate_implant(
+            defective, models, options, log=lambda msg: marks.append((msg.split(":", 1)[0], time.perf_counter()))
+        )
         total = time.perf_counter() - t0
         timings.update(result.timings)
         pred, notes = result.implant, result.notes
@@ -228,8 +245,15 @@ def run_case(case: Case, models: Models, options: GenerateOptions) -> dict:
             if stage in STAGES:
                 timings[f"{stage}_s"] = at - before
     timings["total_s"] = total
-    row = {"case_id": case.case_id, "defect": case.defect, "ok": error is None, "error": error,
-           "timings_s": timings, "implant_voxels": None if pred is None else int(pred.sum()), "notes": notes}
+    row = {
+        "case_id": case.case_id,
+        "defect": case.defect,
+        "ok": error is None,
+        "error": error,
+        "timings_s": timings,
+        "implant_voxels": None if pred is None else int(pred.sum()),
+        "notes": notes,
+    }
     row.update(score(pred, case, defective))
     return row
 
@@ -244,9 +268,18 @@ def run_config(sampler: str, steps: int | None, n: int, cases: list[Case], model
         rows.append(row)
         outcome = f"DSC {row['dsc']:.3f}" if row["ok"] else f"failed ({row['error'][:70]})"
         print(f"  {label} n={n} {case.case_id}: {row['timings_s']['total_s']:.1f} s, {outcome}", flush=True)
-    return {"label": label, "sampler": sampler, "requested_steps": steps, "steps": num_steps, "ensemble": n, "seed": seed,
-            "device": str(models.device), "threads": torch.get_num_threads(), "rows": rows,
-            "summary": summarise(rows, num_steps, n)}
+    return {
+        "label": label,
+        "sampler": sampler,
+        "requested_steps": steps,
+        "steps": num_steps,
+        "ensemble": n,
+        "seed": seed,
+        "device": str(models.device),
+        "threads": torch.get_num_threads(),
+        "rows": rows,
+        "summary": summarise(rows, num_steps, n),
+    }
 
 
 def _mean(values) -> float:
@@ -256,10 +289,14 @@ def _mean(values) -> float:
 
 def summarise(rows: list[dict], steps: int | None, n: int | None) -> dict:
     ok = [r for r in rows if r["ok"]]
-    out = {"cases": len(rows), "failed": len(rows) - len(ok),
-           "dsc_mean": _mean([r["dsc"] for r in rows]), "bdsc_mean": _mean([r["bdsc"] for r in rows]),
-           "hd95_mean": _mean([r["hd95"] for r in rows]),
-           "hd95_cases": sum(1 for r in rows if math.isfinite(r["hd95"]))}
+    out = {
+        "cases": len(rows),
+        "failed": len(rows) - len(ok),
+        "dsc_mean": _mean([r["dsc"] for r in rows]),
+        "bdsc_mean": _mean([r["bdsc"] for r in rows]),
+        "hd95_mean": _mean([r["hd95"] for r in rows]),
+        "hd95_cases": sum(1 for r in rows if math.isfinite(r["hd95"])),
+    }
     for stage in (*STAGES, "total"):
         out[f"{stage}_s"] = _mean([r["timings_s"].get(f"{stage}_s") for r in rows])
     out["total_ok_s"] = _mean([r["timings_s"]["total_s"] for r in ok])
@@ -290,14 +327,25 @@ def run_baseline(data_root: Path, cases: list[Case]) -> dict:
         implant = mean_skull_implant(defective, atlas).data
         seconds = time.perf_counter() - t
         ok = bool(implant.any())
-        row = {"case_id": case.case_id, "defect": case.defect, "ok": ok,
-               "error": None if ok else "the baseline implant is empty after cleaning",
-               "timings_s": {"total_s": seconds}, "implant_voxels": int(implant.sum()), "notes": []}
+        row = {
+            "case_id": case.case_id,
+            "defect": case.defect,
+            "ok": ok,
+            "error": None if ok else "the baseline implant is empty after cleaning",
+            "timings_s": {"total_s": seconds},
+            "implant_voxels": int(implant.sum()),
+            "notes": [],
+        }
         row.update(score(implant if ok else None, case, defective))
         rows.append(row)
         print(f"  baseline {case.case_id}: {seconds:.1f} s, DSC {row['dsc']:.3f}", flush=True)
-    return {"label": "baseline (mean registered skull)", "atlas_skulls": len(atlas), "atlas_s": atlas_s,
-            "rows": rows, "summary": summarise(rows, None, None)}
+    return {
+        "label": "baseline (mean registered skull)",
+        "atlas_skulls": len(atlas),
+        "atlas_s": atlas_s,
+        "rows": rows,
+        "summary": summarise(rows, None, None),
+    }
 
 
 # --------------------------------------------------------------------------- tables
@@ -311,26 +359,62 @@ def stage_rows(configs: list[dict]) -> list[list[str]]:
     rows = []
     for c in configs:
         s = c["summary"]
-        rows.append([c["label"], c["ensemble"], c["steps"], *[_f(s[f"{st}_s"]) for st in STAGES], _f(s["total_s"]),
-                     _f(s["sample_s_per_step"], 3), _f(s["voxelize_s_per_proposal"]), f"{s['failed']}/{s['cases']}"])
+        rows.append(
+            [
+                c["label"],
+                c["ensemble"],
+                c["steps"],
+                *[_f(s[f"{st}_s"]) for st in STAGES],
+                _f(s["total_s"]),
+                _f(s["sample_s_per_step"], 3),
+                _f(s["voxelize_s_per_proposal"]),
+                f"{s['failed']}/{s['cases']}",
+            ]
+        )
     return rows
 
 
-STAGE_HEADERS = ["config", "n", "steps", *[f"{st} s" for st in STAGES], "end to end s", "s / step",
-                 "voxelize s / proposal", "failed"]
+STAGE_HEADERS = [
+    "config",
+    "n",
+    "steps",
+    *[f"{st} s" for st in STAGES],
+    "end to end s",
+    "s / step",
+    "voxelize s / proposal",
+    "failed",
+]
 
 
 def quality_rows(configs: list[dict], baseline: dict | None) -> list[list[str]]:
     rows = []
     for c in [*configs, *([baseline] if baseline else [])]:
         s = c["summary"]
-        rows.append([c["label"], c.get("ensemble", "—"), c.get("steps", "—"), _f(s["dsc_mean"], 3), _f(s["bdsc_mean"], 3),
-                     f"{_f(s['hd95_mean'])} ({s['hd95_cases']})", f"{s['failed']}/{s['cases']}", _f(s["total_s"])])
+        rows.append(
+            [
+                c["label"],
+                c.get("ensemble", "—"),
+                c.get("steps", "—"),
+                _f(s["dsc_mean"], 3),
+                _f(s["bdsc_mean"], 3),
+                f"{_f(s['hd95_mean'])} ({s['hd95_cases']})",
+                f"{s['failed']}/{s['cases']}",
+                _f(s["total_s"]),
+            ]
+        )
     return rows
 
 
-QUALITY_HEADERS = ["config", "n", "steps", "mean DSC (failed = 0)", "mean bDSC (failed = 0)",
-                   "mean HD95 mm (cases)", "failed", "s per case"]
+QUALITY_HEADERS = [
+    "config",
+    "n",
+    "steps",
+    "mean DSC (failed = 0)",
+    "mean bDSC (failed = 0)",
+    "mean HD95 mm (cases)",
+    "failed",
+    "s per case",
+]
 
 
 # --------------------------------------------------------------------------- main
@@ -345,8 +429,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--cases", type=int, help="the first N test cases only (default: all)")
     parser.add_argument("--quick", action="store_true", help="fewer configurations, for a smoke run")
     parser.add_argument("--threads", type=int, default=1, help="torch threads on the CPU (default 1)")
-    parser.add_argument("--compare-threads", type=int, metavar="T",
-                        help="also time n = 1/3/5 on the first case with T threads, side by side with --threads")
+    parser.add_argument(
+        "--compare-threads",
+        type=int,
+        metavar="T",
+        help="also time n = 1/3/5 on the first case with T threads, side by side with --threads",
+    )
     parser.add_argument("--seed", type=int, default=0, help="one seed for every configuration")
     parser.add_argument("--no-gpu", action="store_true", help="skip the GPU timings even when CUDA is available")
     args = parser.parse_args()
@@ -371,10 +459,10 @@ def sweep(cases, models, args) -> list[dict]:
         return done[key]
 
     print("\nensemble size at the default sampler (CPU):", flush=True)
-    for n in (QUICK_ENSEMBLES if args.quick else ENSEMBLES):
+    for n in QUICK_ENSEMBLES if args.quick else ENSEMBLES:
         config(*DEFAULT, n, "ensemble size")
     print(f"\nsamplers at n = {SWEEP_N} (CPU):", flush=True)
-    for name, steps in (QUICK_SAMPLERS if args.quick else SAMPLERS):
+    for name, steps in QUICK_SAMPLERS if args.quick else SAMPLERS:
         config(name, steps, SWEEP_N, "sampler")
     return configs
 
@@ -385,7 +473,7 @@ def compare_threads(cases, models, args) -> list[dict]:
     for threads in sorted({args.threads, args.compare_threads}):
         torch.set_num_threads(threads)
         warm_up(cases[0], models, args.seed)
-        for n in (QUICK_ENSEMBLES if args.quick else ENSEMBLES):
+        for n in QUICK_ENSEMBLES if args.quick else ENSEMBLES:
             threads_cmp.append(run_config(*DEFAULT, n, cases[:1], models, args.seed))
     torch.set_num_threads(args.threads)
     return threads_cmp
@@ -396,36 +484,61 @@ def gpu_timings(pcdiff, voxelizer, cases, args) -> dict:
     print(f"\nGPU ({torch.cuda.get_device_name(gpu_models.device)}), ensemble size at the default sampler:", flush=True)
     warm_up(cases[0], gpu_models, args.seed)
     torch.cuda.reset_peak_memory_stats(gpu_models.device)
-    gpu = {"device": torch.cuda.get_device_name(gpu_models.device),
-           "configs": [run_config(*DEFAULT, n, cases, gpu_models, args.seed)
-                       for n in (QUICK_ENSEMBLES if args.quick else ENSEMBLES)]}
+    gpu = {
+        "device": torch.cuda.get_device_name(gpu_models.device),
+        "configs": [
+            run_config(*DEFAULT, n, cases, gpu_models, args.seed)
+            for n in (QUICK_ENSEMBLES if args.quick else ENSEMBLES)
+        ],
+    }
     gpu["peak_memory_gib"] = torch.cuda.max_memory_allocated(gpu_models.device) / 2**30
     return gpu
 
 
 def print_results(record: dict, cases, args, cfg) -> None:
-    configs, baseline, threads_cmp, gpu = record["configs"], record["baseline"], record["threads_comparison"], record["gpu"]
-    print(f"\nstage seconds per case, mean over {len(cases)} case(s) (CPU, {args.threads} thread(s); "
-          "failed cases: stages finished before the failure):")
+    configs, baseline, threads_cmp, gpu = (
+        record["configs"],
+        record["baseline"],
+        record["threads_comparison"],
+        record["gpu"],
+    )
+    print(
+        f"\nstage seconds per case, mean over {len(cases)} case(s) (CPU, {args.threads} thread(s); "
+        "failed cases: stages finished before the failure):"
+    )
     print_table(STAGE_HEADERS, stage_rows(configs))
-    print(f"\nquality over {len(cases)} held-out case(s), seed {args.seed} (HD95 over the successful cases; "
-          f"baseline atlas: {baseline['atlas_skulls']} training skulls, built in {baseline['atlas_s']:.1f} s):")
+    print(
+        f"\nquality over {len(cases)} held-out case(s), seed {args.seed} (HD95 over the successful cases; "
+        f"baseline atlas: {baseline['atlas_skulls']} training skulls, built in {baseline['atlas_s']:.1f} s):"
+    )
     print_table(QUALITY_HEADERS, quality_rows(configs, baseline))
     if threads_cmp:
         print(f"\ntorch threads, {cases[0].case_id}, {threads_cmp[0]['label']} (one run each):")
-        print_table(["threads", "n", "surface s", "sample s", "voxelize s", "postprocess s", "end to end s"],
-                    [[c["threads"], c["ensemble"], *[_f(c["summary"][f"{st}_s"]) for st in ("surface", "sample", "voxelize", "postprocess", "total")]]
-                     for c in threads_cmp])
+        print_table(
+            ["threads", "n", "surface s", "sample s", "voxelize s", "postprocess s", "end to end s"],
+            [
+                [
+                    c["threads"],
+                    c["ensemble"],
+                    *[_f(c["summary"][f"{st}_s"]) for st in ("surface", "sample", "voxelize", "postprocess", "total")],
+                ]
+                for c in threads_cmp
+            ],
+        )
     if gpu:
         print(f"\nGPU {gpu['device']} (peak {gpu['peak_memory_gib']:.2f} GiB):")
         print_table(STAGE_HEADERS, stage_rows(gpu["configs"]))
         five = [c for c in gpu["configs"] if c["ensemble"] == 5]
         if five:
-            print(f"n = 5 end to end: {_f(five[0]['summary']['total_s'], 1)} s per case; the goal is ≤ {PAPER_GOAL_S:.0f} s "
-                  f"with paper-preset models on an H100 (upstream ≈ {UPSTREAM_A100_S:.0f} s on an A100); "
-                  f"these models: PCDiff preset {cfg.model}")
-    print(f"\nload average {record['load_average_start'][0]:.2f} at start, {record['load_average_end'][0]:.2f} at end; "
-          f"{record['seconds'] / 60:.1f} min in all")
+            print(
+                f"n = 5 end to end: {_f(five[0]['summary']['total_s'], 1)} s per case; the goal is ≤ {PAPER_GOAL_S:.0f} s "
+                f"with paper-preset models on an H100 (upstream ≈ {UPSTREAM_A100_S:.0f} s on an A100); "
+                f"these models: PCDiff preset {cfg.model}"
+            )
+    print(
+        f"\nload average {record['load_average_start'][0]:.2f} at start, {record['load_average_end'][0]:.2f} at end; "
+        f"{record['seconds'] / 60:.1f} min in all"
+    )
 
 
 def main() -> None:
@@ -437,14 +550,24 @@ def main() -> None:
         models = load_models(pcdiff, voxelizer, device="cpu")
     except UserError as err:  # DataError, CheckpointError, ...: one clear line
         raise SystemExit(f"bench/pipeline.py: {err}")
-    record: dict = {"machine": machine(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-                    "load_average_start": os.getloadavg(), "inputs": source, "data": str(data_root),
-                    "models": models.describe(), "seed": args.seed, "quick": args.quick,
-                    "cases": [{"case_id": c.case_id, "defect": c.defect, "defective": str(c.defective)} for c in cases]}
+    record: dict = {
+        "machine": machine(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "load_average_start": os.getloadavg(),
+        "inputs": source,
+        "data": str(data_root),
+        "models": models.describe(),
+        "seed": args.seed,
+        "quick": args.quick,
+        "cases": [{"case_id": c.case_id, "defect": c.defect, "defective": str(c.defective)} for c in cases],
+    }
     cfg = models.pcdiff.config
     print(f"{machine()}; {torch.get_num_threads()} torch thread(s); load average {os.getloadavg()[0]:.2f}")
-    print(f"models ({source}): PCDiff {cfg.model} (T = {cfg.diffusion.timesteps}, {cfg.n_skull} + {cfg.n_implant} points) "
-          f"{pcdiff}; voxelizer {models.voxelizer_config.task.preset} {voxelizer}")
+    print(
+        f"models ({source}): PCDiff {cfg.model} (T = {cfg.diffusion.timesteps}, {cfg.n_skull} + {cfg.n_implant} points) "
+        f"{pcdiff}; voxelizer {models.voxelizer_config.task.preset} {voxelizer}"
+    )
     print(f"{len(cases)} test case(s) of {data_root}; seed {args.seed}", flush=True)
     started = time.perf_counter()
 
@@ -454,9 +577,14 @@ def main() -> None:
     baseline = run_baseline(data_root, cases)
     threads_cmp = compare_threads(cases, models, args) if args.compare_threads is not None else []
     gpu = gpu_timings(pcdiff, voxelizer, cases, args) if torch.cuda.is_available() and not args.no_gpu else None
-    record.update(load_average_end=os.getloadavg(), seconds=time.perf_counter() - started,
-                  configs=configs, baseline=baseline,
-                  threads_comparison=threads_cmp, gpu=gpu)
+    record.update(
+        load_average_end=os.getloadavg(),
+        seconds=time.perf_counter() - started,
+        configs=configs,
+        baseline=baseline,
+        threads_comparison=threads_cmp,
+        gpu=gpu,
+    )
     print_results(record, cases, args, cfg)
     path = write_json("pipeline", json_safe(record))
     print(f"wrote {path}")

@@ -194,14 +194,28 @@ def measure_reference(repeats: int) -> dict[str, Any]:
     }
 
 
-MEASUREMENTS = {"forward": measure_forward, "train": measure_train, "breakdown": measure_breakdown, "reference": measure_reference}
+MEASUREMENTS = {
+    "forward": measure_forward,
+    "train": measure_train,
+    "breakdown": measure_breakdown,
+    "reference": measure_reference,
+}
 
 
 # --------------------------------------------------------------------------- driver
 
 
 def _in_subprocess(name: str, threads: int, repeats: int) -> dict[str, Any]:
-    command = [sys.executable, str(Path(__file__).resolve()), "--measure", name, "--threads", str(threads), "--repeats", str(repeats)]
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--measure",
+        name,
+        "--threads",
+        str(threads),
+        "--repeats",
+        str(repeats),
+    ]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"bench/pvcnn.py: measurement {name!r} failed:\n{done.stderr.strip()}")
@@ -222,17 +236,35 @@ def main() -> None:
 
     results: dict[str, Any] = {}
     for name in ("forward", "train", "breakdown") + (() if args.skip_reference else ("reference",)):
-        results[name] = _in_subprocess(name, args.threads, args.repeats if name != "train" else max(1, args.repeats - 1))
+        results[name] = _in_subprocess(
+            name, args.threads, args.repeats if name != "train" else max(1, args.repeats - 1)
+        )
 
     fwd, train, parts = results["forward"], results["train"], results["breakdown"]
-    print(f"PVCNN2 paper preset ({sum(p.numel() for p in _model(False).parameters()):,} parameters), "
-          f"B=1, {N_CONDITIONING + N_GENERATED:,} points, {args.threads} torch threads")
+    print(
+        f"PVCNN2 paper preset ({sum(p.numel() for p in _model(False).parameters()):,} parameters), "
+        f"B=1, {N_CONDITIONING + N_GENERATED:,} points, {args.threads} torch threads"
+    )
     print(machine())
     load = os.getloadavg()[0]
-    print(f"load average when done: {load:.1f} on {os.cpu_count()} cores (other work on the machine inflates wall times)")
+    print(
+        f"load average when done: {load:.1f} on {os.cpu_count()} cores (other work on the machine inflates wall times)"
+    )
     rows = [
-        ["forward (eval, no grad)", statistics.median(fwd["times_s"]), min(fwd["times_s"]), statistics.median(fwd["cpu_s"]), fwd["peak_rss_mb"]],
-        ["forward + backward (train)", statistics.median(train["times_s"]), min(train["times_s"]), statistics.median(train["cpu_s"]), train["peak_rss_mb"]],
+        [
+            "forward (eval, no grad)",
+            statistics.median(fwd["times_s"]),
+            min(fwd["times_s"]),
+            statistics.median(fwd["cpu_s"]),
+            fwd["peak_rss_mb"],
+        ],
+        [
+            "forward + backward (train)",
+            statistics.median(train["times_s"]),
+            min(train["times_s"]),
+            statistics.median(train["cpu_s"]),
+            train["peak_rss_mb"],
+        ],
     ]
     if "reference" in results:
         ref = results["reference"]
@@ -242,12 +274,16 @@ def main() -> None:
         results["reference"]["speedup"] = ratio
     print_table(["measurement", "median wall s", "min wall s", "median CPU s", "peak RSS MB"], rows)
     if "reference" in results:
-        print(f"reference / fast forward, same process: {ratio:.1f}x "
-              f"(max |difference| {ref['max_abs_difference']:.2e} on outputs up to {ref['max_abs_output']:.2f})")
+        print(
+            f"reference / fast forward, same process: {ratio:.1f}x "
+            f"(max |difference| {ref['max_abs_difference']:.2e} on outputs up to {ref['max_abs_output']:.2f})"
+        )
     print(f"model + input alone: {fwd['baseline_rss_mb']:.0f} MB RSS")
     print()
     total = parts["total_s"]
-    share_rows = sorted(([name, seconds, 100 * seconds / total] for name, seconds in parts["parts_s"].items()), key=lambda r: -r[1])
+    share_rows = sorted(
+        ([name, seconds, 100 * seconds / total] for name, seconds in parts["parts_s"].items()), key=lambda r: -r[1]
+    )
     print_table([f"forward op (total {total:.2f} s)", "s", "share %"], share_rows)
 
     record = {

@@ -44,11 +44,11 @@ from _common import machine, print_table, write_json
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pointforge.tasks.configs import load_train_config  # noqa: E402
 from pointforge.data.skulls import PreparedDataset, bbox_normalization  # noqa: E402
-from pointforge.nn.diffusion import make_sampler  # noqa: E402
 from pointforge.inference.pcdiff import complete, load_pcdiff  # noqa: E402
+from pointforge.nn.diffusion import make_sampler  # noqa: E402
 from pointforge.tasks.completion import HALF_EXTENT, ensure_prepared_dataset, implant_distances  # noqa: E402
+from pointforge.tasks.configs import load_train_config  # noqa: E402
 from pointforge.train.engine import train  # noqa: E402
 
 SAMPLERS = [("ddpm", None), ("ddim", 100), ("ddim", 50), ("ddim", 25), ("dpm++2m", 20), ("dpm++2m", 10)]
@@ -60,12 +60,25 @@ class _Stop(Exception):
 
 def train_small(steps: int, run_dir: Path) -> tuple[Path, float]:
     """Train the small preset for ``steps`` steps on its synthetic data; returns the checkpoint."""
-    cfg = load_train_config("pcdiff", REPO / "configs" / "pcdiff" / "small.yaml", [
-        f"run.dir={run_dir}", f"task.data_root={REPO / 'bench' / 'results' / 'data' / 'pcdiff-small'}",
-        f"train.max_steps={steps}", "train.epochs=100000", "train.eval_every=0", "train.ema_decay=null",
-        "optim.lr=1e-3", "data.global_batch=4", "data.num_workers=0", "log.progress=off", "log.tensorboard=false",
-        f"perf.threads={torch.get_num_threads()}", "ckpt.every_epochs=0",
-    ])
+    cfg = load_train_config(
+        "pcdiff",
+        REPO / "configs" / "pcdiff" / "small.yaml",
+        [
+            f"run.dir={run_dir}",
+            f"task.data_root={REPO / 'bench' / 'results' / 'data' / 'pcdiff-small'}",
+            f"train.max_steps={steps}",
+            "train.epochs=100000",
+            "train.eval_every=0",
+            "train.ema_decay=null",
+            "optim.lr=1e-3",
+            "data.global_batch=4",
+            "data.num_workers=0",
+            "log.progress=off",
+            "log.tensorboard=false",
+            f"perf.threads={torch.get_num_threads()}",
+            "ckpt.every_epochs=0",
+        ],
+    )
     ensure_prepared_dataset(cfg.task.data_root, cfg.task.synthetic)
     started = time.perf_counter()
     result = train("pcdiff", cfg, console=False)
@@ -85,8 +98,12 @@ def pick_case(root: Path, wanted: str | None):
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", type=Path, help="a trained pcdiff checkpoint; default: train the small preset here")
-    parser.add_argument("--data-root", type=Path, help="prepared dataset holding the case (default: the checkpoint config's)")
+    parser.add_argument(
+        "--checkpoint", type=Path, help="a trained pcdiff checkpoint; default: train the small preset here"
+    )
+    parser.add_argument(
+        "--data-root", type=Path, help="prepared dataset holding the case (default: the checkpoint config's)"
+    )
     parser.add_argument("--case", help="case id (default: the first validation case)")
     parser.add_argument("--train-steps", type=int, default=100)
     parser.add_argument("--threads", type=int, default=1)
@@ -134,8 +151,15 @@ def time_sampler(args, name: str, sampler, n: int, skull, model, config, distanc
         seconds = seconds / done[-1] * sampler.num_steps
     cd, dist = distances(points) if points is not None else (math.nan, math.nan)
     print(f"  {name}-{sampler.num_steps} n={n}: {seconds:.1f} s{' (extrapolated)' if probe else ''}", flush=True)
-    return {"sampler": name, "steps": sampler.num_steps, "n": n, "seconds_per_case": seconds,
-            "extrapolated_from_steps": done[-1] if probe else None, "chamfer_normalised": cd, "mean_dist_mm": dist}
+    return {
+        "sampler": name,
+        "steps": sampler.num_steps,
+        "n": n,
+        "seconds_per_case": seconds,
+        "extrapolated_from_steps": done[-1] if probe else None,
+        "chamfer_normalised": cd,
+        "mean_dist_mm": dist,
+    }
 
 
 def table_rows(results: list[dict], baseline: tuple[float, float]) -> list[list]:
@@ -144,13 +168,19 @@ def table_rows(results: list[dict], baseline: tuple[float, float]) -> list[list]
     for r in results:
         r["speedup_vs_ddpm"] = reference[r["n"]] / r["seconds_per_case"]
         r["seconds_per_model_call"] = r["seconds_per_case"] / r["steps"]
-        rows.append([
-            f"{r['sampler']}-{r['steps']}", r["n"], r["steps"],
-            f"{r['seconds_per_case']:.1f}" + (f" (extrap. from {r['extrapolated_from_steps']} steps)" if r["extrapolated_from_steps"] else ""),
-            f"{r['seconds_per_model_call']:.3f}", f"{r['speedup_vs_ddpm']:.0f}x",
-            "—" if math.isnan(r["chamfer_normalised"]) else f"{r['chamfer_normalised']:.4g}",
-            "—" if math.isnan(r["mean_dist_mm"]) else f"{r['mean_dist_mm']:.2f}",
-        ])
+        rows.append(
+            [
+                f"{r['sampler']}-{r['steps']}",
+                r["n"],
+                r["steps"],
+                f"{r['seconds_per_case']:.1f}"
+                + (f" (extrap. from {r['extrapolated_from_steps']} steps)" if r["extrapolated_from_steps"] else ""),
+                f"{r['seconds_per_model_call']:.3f}",
+                f"{r['speedup_vs_ddpm']:.0f}x",
+                "—" if math.isnan(r["chamfer_normalised"]) else f"{r['chamfer_normalised']:.4g}",
+                "—" if math.isnan(r["mean_dist_mm"]) else f"{r['mean_dist_mm']:.2f}",
+            ]
+        )
     rows.append(["random points in the skull's box", 1, "—", "—", "—", "—", f"{baseline[0]:.4g}", f"{baseline[1]:.2f}"])
     return rows
 
@@ -164,31 +194,60 @@ def main() -> None:
     data, case, split = pick_case(root, args.case)
     skull = np.asarray(data.points(case.defective), dtype=np.float64)
     implant_all = np.asarray(data.points(case.implant), dtype=np.float32)
-    pick = np.random.default_rng(args.seed).choice(len(implant_all), size=min(len(implant_all), config.n_implant), replace=False)
+    pick = np.random.default_rng(args.seed).choice(
+        len(implant_all), size=min(len(implant_all), config.n_implant), replace=False
+    )
     true = torch.from_numpy(implant_all[np.sort(pick)])[None]  # voxel coordinates
     spacing = torch.tensor([data.meta(case.defective)["spacing"]], dtype=torch.float32)
     voxels_per_unit = bbox_normalization(skull, HALF_EXTENT).scale  # normalised → voxel
-    record.update(case=case.case_id, split=split, n_skull=config.n_skull, n_implant=config.n_implant,
-                  preset=config.model, timesteps=config.diffusion.timesteps, skull_points=len(skull))
+    record.update(
+        case=case.case_id,
+        split=split,
+        n_skull=config.n_skull,
+        n_implant=config.n_implant,
+        preset=config.model,
+        timesteps=config.diffusion.timesteps,
+        skull_points=len(skull),
+    )
     print(f"{machine()}; {args.threads} thread(s)")
-    print(f"case {case.case_id} ({split}) of {root}: {len(skull)} skull points → {config.n_skull} + {config.n_implant} sampled; "
-          f"PVCNN2 {config.model}, T = {config.diffusion.timesteps}", flush=True)
+    print(
+        f"case {case.case_id} ({split}) of {root}: {len(skull)} skull points → {config.n_skull} + {config.n_implant} sampled; "
+        f"PVCNN2 {config.model}, T = {config.diffusion.timesteps}",
+        flush=True,
+    )
 
     def distances(points: np.ndarray) -> tuple[float, float]:
         pred = torch.from_numpy(points)
-        found = implant_distances(pred, true.expand(len(pred), -1, -1), scale=torch.ones(len(pred)), spacing=spacing.expand(len(pred), -1))
+        found = implant_distances(
+            pred, true.expand(len(pred), -1, -1), scale=torch.ones(len(pred)), spacing=spacing.expand(len(pred), -1)
+        )
         normalised = found["chamfer_mm2"] / (voxels_per_unit**2 * spacing[0].pow(2).mean())
         return float(normalised.mean()), float(found["mean_dist_mm"].mean())
 
     lo, hi = skull.min(0), skull.max(0)
     uniform = (lo + (hi - lo) * np.random.default_rng(args.seed).random((1, config.n_implant, 3))).astype(np.float32)
     baseline = distances(uniform)
-    results = [time_sampler(args, name, make_sampler(name, steps, schedule=schedule), n, skull, model, config, distances)
-               for name, steps in SAMPLERS for n in (1, 5)]
+    results = [
+        time_sampler(args, name, make_sampler(name, steps, schedule=schedule), n, skull, model, config, distances)
+        for name, steps in SAMPLERS
+        for n in (1, 5)
+    ]
     rows = table_rows(results, baseline)
     print()
     print(f"network: {record['network']}")
-    print_table(["sampler", "n", "model calls", "s per case", "s per call", "speed-up vs DDPM", "Chamfer (normalised)", "mean dist (mm)"], rows)
+    print_table(
+        [
+            "sampler",
+            "n",
+            "model calls",
+            "s per case",
+            "s per call",
+            "speed-up vs DDPM",
+            "Chamfer (normalised)",
+            "mean dist (mm)",
+        ],
+        rows,
+    )
     record["results"] = results
     record["baseline_random_in_box"] = {"chamfer_normalised": baseline[0], "mean_dist_mm": baseline[1]}
     path = write_json("sampling", record)

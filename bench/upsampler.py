@@ -234,7 +234,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--budget", type=int, default=64_000, help="points per batch for the point-budget scheme")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved training rounds per scheme; best is kept")
     parser.add_argument("--epochs", type=int, default=2, help="engine runs: epochs per run, the first one untimed")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the reference machine is shared)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (default 1: the reference machine is shared)"
+    )
     parser.add_argument("--quick", action="store_true", help="a small smoke run (20k points, 6 clouds up to 8k)")
     parser.add_argument("--worker", choices=["inference", "train", "engine"], help=argparse.SUPPRESS)
     parser.add_argument("--preset", help=argparse.SUPPRESS)
@@ -302,7 +304,14 @@ def main() -> None:
     parser = _parser()
     args = parser.parse_args()
     if args.quick:
-        args.infer_points, args.clouds, args.max, args.budget, args.repeats, args.rounds = 20_000, 6, 8_000, 10_000, 1, 1
+        args.infer_points, args.clouds, args.max, args.budget, args.repeats, args.rounds = (
+            20_000,
+            6,
+            8_000,
+            10_000,
+            1,
+            1,
+        )
     torch.set_num_threads(args.threads)
 
     if args.worker:
@@ -311,7 +320,9 @@ def main() -> None:
         return
     parts = set(args.parts.split(","))
     if parts - {"inference", "plain", "engine"}:
-        parser.error(f"unknown part(s) {sorted(parts - {'inference', 'plain', 'engine'})}; choose from inference, plain, engine")
+        parser.error(
+            f"unknown part(s) {sorted(parts - {'inference', 'plain', 'engine'})}; choose from inference, plain, engine"
+        )
 
     common = [
         "--infer-points", str(args.infer_points), "--repeats", str(args.repeats), "--clouds", str(args.clouds),

@@ -54,7 +54,9 @@ from _common import machine, print_table, write_json  # noqa: E402
 SIZE = 512
 N_INPUT = 30_720  # upstream's completed cloud: 27,648 skull + 3,072 implant points
 STAGES = ("network", "dpsr", "resample", "mesh", "pipeline")
-UPSTREAM_A100_512_S = 23.0  # upstream PCDiff's voxelisation of one case at 512³ on an A100 (github.com/pfriedri/pcdiff-implant)
+UPSTREAM_A100_512_S = (
+    23.0  # upstream PCDiff's voxelisation of one case at 512³ on an A100 (github.com/pfriedri/pcdiff-implant)
+)
 
 
 # --------------------------------------------------------------------------- inputs
@@ -75,8 +77,13 @@ def make_inputs(work: Path, seed: int) -> dict:
     np.save(work / "mask.npy", mask)
     np.save(work / "cloud.npy", cloud.astype(np.float32))
     np.save(work / "oriented.npy", np.concatenate([oriented, mesh.face_normals[face]], axis=1).astype(np.float32))
-    info = {"shape": [SIZE] * 3, "spacing": list(spacing), "origin": [-(SIZE - 1) * s / 2 for s in spacing],
-            "voxels": int(mask.sum()), "seed": seed}
+    info = {
+        "shape": [SIZE] * 3,
+        "spacing": list(spacing),
+        "origin": [-(SIZE - 1) * s / 2 for s in spacing],
+        "voxels": int(mask.sum()),
+        "seed": seed,
+    }
     (work / "info.json").write_text(json.dumps(info))
     return info
 
@@ -157,7 +164,13 @@ def run_stage(stage: str, res: int, work: Path, threads: int, checkpoint: str | 
     import torch
 
     torch.set_num_threads(threads)
-    from pointforge.inference.voxelizer import field_to_mesh, load_voxelizer, points_to_volume, resample_inside, unit_points
+    from pointforge.inference.voxelizer import (
+        field_to_mesh,
+        load_voxelizer,
+        points_to_volume,
+        resample_inside,
+        unit_points,
+    )
     from pointforge.nn.dpsr import dpsr
     from pointforge.nn.voxelizer import VoxelizerConfig, VoxelizerNet
 
@@ -214,12 +227,30 @@ def run_stage(stage: str, res: int, work: Path, threads: int, checkpoint: str | 
     if stage == "pipeline":
         truth = _reference(work, with_mask=True).data
         extra["iou_vs_skull"] = round(float((result.data & truth).sum() / (result.data | truth).sum()), 4)
-    return {"stage": stage, "res": res, "seconds": seconds, "cpu_seconds": cpu,
-            "working_mib": (peak - base_rss) / 2**20, "peak_mib": peak / 2**20, **extra}
+    return {
+        "stage": stage,
+        "res": res,
+        "seconds": seconds,
+        "cpu_seconds": cpu,
+        "working_mib": (peak - base_rss) / 2**20,
+        "peak_mib": peak / 2**20,
+        **extra,
+    }
 
 
 def _child(stage: str, res: int, work: Path, threads: int, checkpoint: str | None) -> dict:
-    cmd = [sys.executable, __file__, "--child", stage, "--res", str(res), "--work", str(work), "--threads", str(threads)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        stage,
+        "--res",
+        str(res),
+        "--work",
+        str(work),
+        "--threads",
+        str(threads),
+    ]
     if checkpoint:
         cmd += ["--checkpoint", checkpoint]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
@@ -250,8 +281,10 @@ def main() -> None:
         work = Path(scratch)
         t0 = time.perf_counter()
         info = make_inputs(work, args.seed)
-        print(f"synthetic skull {SIZE}^3, spacing {info['spacing'][0]:.3f} mm, {info['voxels']} voxels "
-              f"(inputs made in {time.perf_counter() - t0:.0f} s); {args.threads} thread(s)")
+        print(
+            f"synthetic skull {SIZE}^3, spacing {info['spacing'][0]:.3f} mm, {info['voxels']} voxels "
+            f"(inputs made in {time.perf_counter() - t0:.0f} s); {args.threads} thread(s)"
+        )
         records = []
         for res in args.res:
             for stage in STAGES:
@@ -265,10 +298,21 @@ def main() -> None:
     for res in args.res:
         mine = [r for r in records if r["res"] == res]
         for r in mine:
-            note = ", ".join(f"{k} {v}" for k, v in r.items() if k in ("oriented_points", "faces", "watertight", "iou_vs_skull"))
+            note = ", ".join(
+                f"{k} {v}" for k, v in r.items() if k in ("oriented_points", "faces", "watertight", "iou_vs_skull")
+            )
             rows.append([f"{res}^3", r["stage"], r["seconds"], r["cpu_seconds"], round(r["working_mib"]), note])
         stages = [r for r in mine if r["stage"] != "pipeline"]
-        rows.append([f"{res}^3", "sum of stages", sum(r["seconds"] for r in stages), sum(r["cpu_seconds"] for r in stages), "", ""])
+        rows.append(
+            [
+                f"{res}^3",
+                "sum of stages",
+                sum(r["seconds"] for r in stages),
+                sum(r["cpu_seconds"] for r in stages),
+                "",
+                "",
+            ]
+        )
     print()
     print(f"machine: {machine()}; torch threads {args.threads}")
     print_table(["grid", "stage", "wall s", "CPU s", "working MiB", "notes"], rows)
@@ -276,12 +320,22 @@ def main() -> None:
     if 256 in args.res and 512 in args.res:
         ratios = {s: by[(512, s)]["seconds"] / by[(256, s)]["seconds"] for s in STAGES if by[(256, s)]["seconds"] > 0}
         print("512^3 / 256^3 wall time: " + ", ".join(f"{s} {v:.2f}x" for s, v in ratios.items()))
-    print(f"context: upstream's voxelisation at 512^3 takes about {UPSTREAM_A100_512_S:g} s on an A100 (upstream PCDiff's figure)")
-    path = write_json("voxelizer", {
-        "machine": machine(), "threads": args.threads, "rounds": args.rounds, "seed": args.seed,
-        "checkpoint": args.checkpoint, "skull": info, "records": records,
-        "upstream_a100_512_seconds": UPSTREAM_A100_512_S,
-    })
+    print(
+        f"context: upstream's voxelisation at 512^3 takes about {UPSTREAM_A100_512_S:g} s on an A100 (upstream PCDiff's figure)"
+    )
+    path = write_json(
+        "voxelizer",
+        {
+            "machine": machine(),
+            "threads": args.threads,
+            "rounds": args.rounds,
+            "seed": args.seed,
+            "checkpoint": args.checkpoint,
+            "skull": info,
+            "records": records,
+            "upstream_a100_512_seconds": UPSTREAM_A100_512_S,
+        },
+    )
     print(f"wrote {path}")
 
 

@@ -74,7 +74,7 @@ def atomic_writer(path: str | os.PathLike, mode: str = "wb", *, durable: bool = 
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_writer mode must be 'w' or 'wb', not {mode!r}")
     with atomic_path(path, durable=durable) as tmp:
-        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as handle:
+        with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as handle:
             yield handle
 
 
@@ -85,7 +85,7 @@ def atomic_save_npy(path: str | os.PathLike, array: np.ndarray) -> None:
 
 def atomic_save_npz(path: str | os.PathLike, **arrays: np.ndarray) -> None:
     with atomic_writer(path, "wb") as handle:
-        np.savez(handle, **arrays)
+        np.savez(handle, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as allow_pickle
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, *, durable: bool = True) -> None:

@@ -82,7 +82,7 @@ def _type_name(tp: Any) -> str:
         return f"a list of {inner}"
     if origin is dict:
         return "a mapping"
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return f"a section ({tp.__name__})"
     return getattr(tp, "__name__", str(tp))
 
@@ -127,7 +127,9 @@ def _coerce_enum(value: Any, tp: type[enum.Enum], key: str) -> Any:
     for member in tp:
         if value == member.value or value == member.name or value is member:
             return member
-    raise ConfigError(f"config key '{key}' got {value!r}; {_suggest(str(value), names)}valid choices: {', '.join(map(str, names))}")
+    raise ConfigError(
+        f"config key '{key}' got {value!r}; {_suggest(str(value), names)}valid choices: {', '.join(map(str, names))}"
+    )
 
 
 def _coerce_section(value: Any, tp: Any, key: str) -> Any:
@@ -251,7 +253,9 @@ def _fields(cls: type) -> dict[str, tuple[dataclasses.Field, Any]]:
     return {f.name: (f, hints[f.name]) for f in dataclasses.fields(cls) if f.init}
 
 
-def from_dict(cls: type[T], data: Mapping[str, Any] | None, *, prefix: str = "", types: Mapping[str, type] | None = None) -> T:
+def from_dict(
+    cls: type[T], data: Mapping[str, Any] | None, *, prefix: str = "", types: Mapping[str, type] | None = None
+) -> T:
     """Build dataclass ``cls`` from a (nested) mapping, checking keys and coercing types.
 
     ``types`` replaces the declared type of top-level fields, which is how a
@@ -274,7 +278,9 @@ def from_dict(cls: type[T], data: Mapping[str, Any] | None, *, prefix: str = "",
         if name not in kwargs and tp is not None and dataclasses.is_dataclass(tp):
             kwargs[name] = tp()
         if name not in kwargs and fld.default is dataclasses.MISSING and fld.default_factory is dataclasses.MISSING:
-            raise ConfigError(f"config key '{_join(prefix, name)}' is required; add it to the config file or pass {_join(prefix, name)}=<value>")
+            raise ConfigError(
+                f"config key '{_join(prefix, name)}' is required; add it to the config file or pass {_join(prefix, name)}=<value>"
+            )
     try:
         obj = cls(**kwargs)
     except (TypeError, ValueError) as err:
@@ -363,7 +369,13 @@ def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
     return data
 
 
-def load(cls: type[T], path: str | os.PathLike | None = None, overrides: Sequence[str] = (), *, types: Mapping[str, type] | None = None) -> T:
+def load(
+    cls: type[T],
+    path: str | os.PathLike | None = None,
+    overrides: Sequence[str] = (),
+    *,
+    types: Mapping[str, type] | None = None,
+) -> T:
     """Load dataclass ``cls`` from an optional YAML file plus ``key=value`` overrides."""
     data = load_yaml(path) if path is not None else {}
     data = deep_merge(data, parse_overrides(overrides))
@@ -486,7 +498,9 @@ class SchedSection:
         if self.warmup_steps < 0:
             raise ConfigError(f"config key '{prefix}.warmup_steps' must be 0 or more, got {self.warmup_steps}")
         if not 0.0 <= self.warmup_start_factor <= 1.0:
-            raise ConfigError(f"config key '{prefix}.warmup_start_factor' must lie in [0, 1], got {self.warmup_start_factor}")
+            raise ConfigError(
+                f"config key '{prefix}.warmup_start_factor' must lie in [0, 1], got {self.warmup_start_factor}"
+            )
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ConfigError(f"config key '{prefix}.min_lr_ratio' must lie in [0, 1], got {self.min_lr_ratio}")
         if not 0.0 < self.gamma <= 1.0:
@@ -588,14 +602,18 @@ def resolve_train_config(
     run = raw.get("run") or {}
     named = run.get("task") if isinstance(run, Mapping) else None
     if named not in (None, "", task_name):
-        raise ConfigError(f"config file {path} is for task '{named}' but task '{task_name}' was asked for; pick the matching task or config")
+        raise ConfigError(
+            f"config file {path} is for task '{named}' but task '{task_name}' was asked for; pick the matching task or config"
+        )
     cfg = from_dict(TrainConfig, raw, types={"task": task_config})
     cfg.run.task = task_name
     config_stem = Path(path).stem if path is not None else "default"
     try:
         cfg.run.dir = cfg.run.dir.format(task=task_name, config=config_stem)
     except (KeyError, IndexError, ValueError):
-        raise ConfigError(f"config key 'run.dir' = {cfg.run.dir!r} may only use the placeholders {{task}} and {{config}}") from None
+        raise ConfigError(
+            f"config key 'run.dir' = {cfg.run.dir!r} may only use the placeholders {{task}} and {{config}}"
+        ) from None
     return cfg
 
 

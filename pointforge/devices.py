@@ -48,7 +48,9 @@ def resolve_device(
     ``local_rank`` (each rank of a multi-process run takes its own). ``cuda:N``
     pins one GPU, which only a single-process run may do.
     """
-    text = str(requested).strip().lower() if isinstance(requested, torch.device) else (requested or "auto").strip().lower()
+    text = (
+        str(requested).strip().lower() if isinstance(requested, torch.device) else (requested or "auto").strip().lower()
+    )
     cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if text == "cpu":
         return torch.device("cpu")
@@ -58,7 +60,9 @@ def resolve_device(
         text = "cuda"
     if text == "cuda":
         if cuda_count == 0:
-            raise DeviceError(f"{setting}=cuda but no CUDA device is visible (visible: {visible_devices()}); use {setting}=cpu or {setting}=auto")
+            raise DeviceError(
+                f"{setting}=cuda but no CUDA device is visible (visible: {visible_devices()}); use {setting}=cpu or {setting}=auto"
+            )
         if local_rank >= cuda_count:
             raise DeviceError(
                 f"this process has LOCAL_RANK={local_rank} but only {cuda_count} CUDA device(s) are visible "
@@ -73,6 +77,8 @@ def resolve_device(
                 f"use {setting}=cuda (each rank takes cuda:LOCAL_RANK) and choose devices with CUDA_VISIBLE_DEVICES"
             )
         if index >= cuda_count:
-            raise DeviceError(f"{setting}={requested} does not exist; visible devices: {visible_devices()}; use {setting}=cpu or {setting}=auto")
+            raise DeviceError(
+                f"{setting}={requested} does not exist; visible devices: {visible_devices()}; use {setting}=cpu or {setting}=auto"
+            )
         return torch.device("cuda", index)
     raise ConfigError(f"{setting}={requested!r} is not a device; use auto, cpu, cuda or cuda:N")

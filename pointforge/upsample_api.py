@@ -1,6 +1,6 @@
 """Moved to :mod:`pointforge.inference.upsampler`, beside the other trained-model loaders; this path keeps working."""
 
-from pointforge.inference.upsampler import (  # noqa: F401
+from pointforge.inference.upsampler import (
     LoadedUpsampler,
     TrainedUpsampler,
     UpsampleResult,
@@ -10,4 +10,12 @@ from pointforge.inference.upsampler import (  # noqa: F401
     upsample_points,
 )
 
-__all__ = ["LoadedUpsampler", "TrainedUpsampler", "UpsampleResult", "resolve_device", "load_upsampler", "upsample_points", "upsample_file"]
+__all__ = [
+    "LoadedUpsampler",
+    "TrainedUpsampler",
+    "UpsampleResult",
+    "resolve_device",
+    "load_upsampler",
+    "upsample_points",
+    "upsample_file",
+]

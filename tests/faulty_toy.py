@@ -50,8 +50,14 @@ class FaultyToyTask(ToyTask):
         if cfg.drop_batches_on_rank < 0:
             return None
         batches = global_batches(
-            len(dataset), global_batch=micro_batch * accumulation * world_size, micro_batch=micro_batch,
-            accumulation=accumulation, world_size=world_size, rank=rank, seed=seed, epoch=epoch,
+            len(dataset),
+            global_batch=micro_batch * accumulation * world_size,
+            micro_batch=micro_batch,
+            accumulation=accumulation,
+            world_size=world_size,
+            rank=rank,
+            seed=seed,
+            epoch=epoch,
         )
         if rank == cfg.drop_batches_on_rank and epoch >= cfg.drop_from_epoch:
             batches = batches[:-accumulation]

@@ -79,8 +79,16 @@ def shell_mask(shape=(40, 40, 40), center=None, radii=(15, 13, 12), thickness=3.
     return mask
 
 
-def write_raw_dataset(root: Path, layout: str = "skullbreak", n_skulls: int = 3, shape=(40, 40, 40),
-                      spacing=(1.0, 1.0, 1.0), fmt: str = ".nrrd", foreground: int = 1, defects=("bilateral", "random_1")):
+def write_raw_dataset(
+    root: Path,
+    layout: str = "skullbreak",
+    n_skulls: int = 3,
+    shape=(40, 40, 40),
+    spacing=(1.0, 1.0, 1.0),
+    fmt: str = ".nrrd",
+    foreground: int = 1,
+    defects=("bilateral", "random_1"),
+):
     """A minimal raw dataset in a standard layout, with box-shaped defects cut from shells."""
     from pointforge.data.volumes import write_volume
 
@@ -93,7 +101,10 @@ def write_raw_dataset(root: Path, layout: str = "skullbreak", n_skulls: int = 3,
         cut[x0 : x0 + 12, 10:30, 14:30] = True
         implant = complete & cut
         defective = complete & ~cut
-        as_type = lambda m: (m.astype(np.uint8) * foreground)
+
+        def as_type(m):
+            return m.astype(np.uint8) * foreground
+
         write_volume(root / "complete_skull" / f"{stem}{fmt}", as_type(complete), spacing=spacing)
         if layout == "skullbreak":
             for d in defects:
@@ -180,8 +191,20 @@ def descendants(root: int) -> list[int]:
 
 def torchrun_command(task: str, config: str | os.PathLike, overrides, *, nproc: int = 2) -> list[str]:
     """``torchrun --standalone`` running ``pointforge train TASK`` on ``nproc`` local processes."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", "pointforge.cli.train", "train", task, "--config", str(config), *overrides]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "pointforge.cli.train",
+        "train",
+        task,
+        "--config",
+        str(config),
+        *overrides,
+    ]
 
 
 class Job:
@@ -192,8 +215,14 @@ class Job:
         self.out_path = log_dir / f"{name}.out"
         self._out = open(self.out_path, "w")
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(cmd, env=subprocess_env(), cwd=str(log_dir), stdout=self._out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd,
+            env=subprocess_env(),
+            cwd=str(log_dir),
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def wait(self, timeout: float) -> int:
         try:

@@ -8,10 +8,10 @@ from typing import Literal
 import pytest
 import yaml
 
-from tests.helpers import REPO
 from pointforge import config as C
 from pointforge.errors import ConfigError
 from pointforge.tasks.configs import load_train_config, train_config_from_dict
+from tests.helpers import REPO
 
 TINY = REPO / "configs" / "toy" / "tiny.yaml"
 
@@ -34,8 +34,18 @@ class Outer:
 
 
 def test_overrides_coerce_to_field_types():
-    cfg = C.load(Outer, overrides=["inner.size=7", "inner.ratio=1e-4", "inner.betas=0.5,0.6", "inner.maybe=null",
-                                   "inner.flag=yes", "inner.names=[a,b]", "name=run1"])
+    cfg = C.load(
+        Outer,
+        overrides=[
+            "inner.size=7",
+            "inner.ratio=1e-4",
+            "inner.betas=0.5,0.6",
+            "inner.maybe=null",
+            "inner.flag=yes",
+            "inner.names=[a,b]",
+            "name=run1",
+        ],
+    )
     assert cfg.inner.size == 7 and isinstance(cfg.inner.size, int)
     assert cfg.inner.ratio == pytest.approx(1e-4) and isinstance(cfg.inner.ratio, float)
     assert cfg.inner.betas == (0.5, 0.6)
@@ -118,5 +128,7 @@ def test_the_registry_aware_loaders_still_import_from_config_with_a_warning():
 
 
 def test_a_typo_inside_an_optional_section_names_the_key():
-    with pytest.raises(ConfigError, match=r"unknown config key 'task.synthetic.skulss'; did you mean 'task.synthetic.skulls'\?"):
+    with pytest.raises(
+        ConfigError, match=r"unknown config key 'task.synthetic.skulss'; did you mean 'task.synthetic.skulls'\?"
+    ):
         load_train_config("pcdiff", None, ["task.synthetic.skulss=3"])

@@ -13,8 +13,15 @@ from pointforge.formats import format_bytes, json_safe
 
 
 def test_json_safe_writes_undefined_numbers_as_null_everywhere():
-    data = {"a": math.nan, "b": (1, float("inf")), "c": np.float32(2.5), "d": Path("x/y"), "e": np.arange(2),
-            "f": torch.tensor(-math.inf), 3: [np.int64(4)]}
+    data = {
+        "a": math.nan,
+        "b": (1, float("inf")),
+        "c": np.float32(2.5),
+        "d": Path("x/y"),
+        "e": np.arange(2),
+        "f": torch.tensor(-math.inf),
+        3: [np.int64(4)],
+    }
     out = json_safe(data)
     assert out == {"a": None, "b": [1, None], "c": 2.5, "d": "x/y", "e": [0, 1], "f": None, "3": [4]}
     json.loads(json.dumps(out, allow_nan=False))  # strict JSON
@@ -28,4 +35,10 @@ def test_json_safe_writes_undefined_numbers_as_null_everywhere():
 
 def test_format_bytes():
     assert [format_bytes(n) for n in (None, 0, 1023, 1536, 5 * 1024**3, 3 * 1024**5)] == [
-        "-", "0 B", "1023 B", "1.5 KB", "5.0 GB", "3072.0 TB"]
+        "-",
+        "0 B",
+        "1023 B",
+        "1.5 KB",
+        "5.0 GB",
+        "3072.0 TB",
+    ]

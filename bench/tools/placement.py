@@ -32,12 +32,11 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import machine, print_table, write_json  # noqa: E402
-
-from pointforge.data.skulls import PreparedDataset  # noqa: E402
-from pointforge.implant.generate import GenerateOptions, generate_folder, load_models  # noqa: E402
-from pointforge.nn.placement import condition_use, placement_metrics  # noqa: E402
-from pointforge.tasks.completion import HALF_EXTENT, PCDiffDataset  # noqa: E402
+from _common import machine, print_table, write_json
+from pointforge.data.skulls import PreparedDataset
+from pointforge.implant.generate import GenerateOptions, generate_folder, load_models
+from pointforge.nn.placement import condition_use, placement_metrics
+from pointforge.tasks.completion import HALF_EXTENT, PCDiffDataset
 
 PLACEMENT_KEYS = ("centroid_error", "spread_ratio", "pred_to_true", "true_to_pred")
 
@@ -55,8 +54,16 @@ def _placement(data: PreparedDataset, cases, out: Path) -> list[dict]:
 
 def _condition_use(loaded, data: PreparedDataset, split: str) -> dict[str, float]:
     cfg = loaded.config
-    cases = PCDiffDataset(data, split, n_skull=cfg.n_skull, n_implant=cfg.n_implant, half_extent=HALF_EXTENT,
-                          frame=cfg.frame, atlas=getattr(loaded.model, "atlas_mm", None), seed=1)
+    cases = PCDiffDataset(
+        data,
+        split,
+        n_skull=cfg.n_skull,
+        n_implant=cfg.n_implant,
+        half_extent=HALF_EXTENT,
+        frame=cfg.frame,
+        atlas=getattr(loaded.model, "atlas_mm", None),
+        seed=1,
+    )
     if len(cases) < 2:
         return {}
     x0 = torch.stack([cases[i]["points"] for i in range(len(cases))]).transpose(1, 2)
@@ -101,13 +108,27 @@ def main() -> None:
     keys = [*PLACEMENT_KEYS, *(("dsc", "bdsc", "hd95") if scores else ())]
     means = {k: float(np.nanmean([np.nan if r.get(k) is None else r[k] for r in rows])) for k in keys}
     used = _condition_use(models.pcdiff, data, args.split)
-    print(f"machine: {machine()}\n{len(rows)} cases, {args.ensemble} proposals, {args.sampler}-{args.steps}, "
-          f"{seconds / max(len(cases), 1):.1f} s per case\n")
+    print(
+        f"machine: {machine()}\n{len(rows)} cases, {args.ensemble} proposals, {args.sampler}-{args.steps}, "
+        f"{seconds / max(len(cases), 1):.1f} s per case\n"
+    )
     print_table(["case", *keys], [[r["case"], *[r.get(k) for k in keys]] for r in rows] + [["mean", *means.values()]])
-    print("\ncondition use (x0 error with another case's skull / with its own; lowest noise first): "
-          + ", ".join(f"{used[k]:.2f}" for k in sorted(used)))
-    path = write_json("placement", {"machine": machine(), "args": vars(args), "rows": rows, "mean": means,
-                                    "condition_use": used, "failed": result.failed, "seconds": seconds})
+    print(
+        "\ncondition use (x0 error with another case's skull / with its own; lowest noise first): "
+        + ", ".join(f"{used[k]:.2f}" for k in sorted(used))
+    )
+    path = write_json(
+        "placement",
+        {
+            "machine": machine(),
+            "args": vars(args),
+            "rows": rows,
+            "mean": means,
+            "condition_use": used,
+            "failed": result.failed,
+            "seconds": seconds,
+        },
+    )
     print(f"\nwrote {path}")
 
 

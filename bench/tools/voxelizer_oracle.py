@@ -19,17 +19,20 @@ usage (PREPARED from prepare_dataset, RAW the synthesize() folder it came from):
   PYTHONPATH=. python bench/tools/voxelizer_oracle.py CKPT PREPARED RAW \
       [--n-skull 896 --n-implant 128] [--quick] [--pp] [--resolution 96] [--json out.json]
 """
-import argparse, json, time
+
+import argparse
+import json
+import time
 from collections import defaultdict
 
 import numpy as np
 import torch
 
 from pointforge.data.skulls import PreparedDataset
-from pointforge.data.volumes import read_volume, read_binary_volume
-from pointforge.inference.voxelizer import load_voxelizer, points_to_volume
-from pointforge.implant.postprocess import implant_from_proposals
+from pointforge.data.volumes import read_binary_volume, read_volume
 from pointforge.implant.metrics import evaluate_case
+from pointforge.implant.postprocess import implant_from_proposals
+from pointforge.inference.voxelizer import load_voxelizer, points_to_volume
 
 ap = argparse.ArgumentParser()
 ap.add_argument("ckpt")
@@ -92,21 +95,42 @@ for ci, case in enumerate(cases):
     res["iou"].append(iou(m, complete))
     # IoU of the completed skull restricted to the defect region (truth implant dilated)
     r0 = score([m], i)
-    res["dsc_clean"].append(r0["dsc"]); res["bdsc_clean"].append(r0["bdsc"]); res["hd95_clean"].append(r0["hd95"])
+    res["dsc_clean"].append(r0["dsc"])
+    res["bdsc_clean"].append(r0["bdsc"])
+    res["hd95_clean"].append(r0["hd95"])
     # raw implant region without post-processing
     raw = m & ~defective
     from pointforge.implant.postprocess import near_points
+
     raw_near = raw & near_points(defective.shape, i)
     res["dsc_raw_near"].append(evaluate_case(raw_near, truth, defective, spacing)["dsc"])
     if args.pp:
         # chain on the TRUE complete skull (upper bound of the chain itself)
-        res["pp_truecomplete"].append(evaluate_case(implant_from_proposals([complete], defective, i)[0], truth, defective, spacing)["dsc"])
-        res["pp_truecomplete_dil0"].append(evaluate_case(implant_from_proposals([complete], defective, i, dilate=0)[0], truth, defective, spacing)["dsc"])
-        res["pp_dil0"].append(evaluate_case(implant_from_proposals([m], defective, i, dilate=0)[0], truth, defective, spacing)["dsc"])
+        res["pp_truecomplete"].append(
+            evaluate_case(implant_from_proposals([complete], defective, i)[0], truth, defective, spacing)["dsc"]
+        )
+        res["pp_truecomplete_dil0"].append(
+            evaluate_case(implant_from_proposals([complete], defective, i, dilate=0)[0], truth, defective, spacing)[
+                "dsc"
+            ]
+        )
+        res["pp_dil0"].append(
+            evaluate_case(implant_from_proposals([m], defective, i, dilate=0)[0], truth, defective, spacing)["dsc"]
+        )
         res["pp_dil0_noclean"].append(evaluate_case(raw_near, truth, defective, spacing)["dsc"])
-        res["pp_dil1_noclean"].append(evaluate_case(
-            implant_from_proposals([m], defective, i)[1].mask & ~defective & near_points(defective.shape, i), truth, defective, spacing)["dsc"])
-        res["pp_r1.3"].append(evaluate_case(implant_from_proposals([m], defective, i, radius_factor=1.3)[0], truth, defective, spacing)["dsc"])
+        res["pp_dil1_noclean"].append(
+            evaluate_case(
+                implant_from_proposals([m], defective, i)[1].mask & ~defective & near_points(defective.shape, i),
+                truth,
+                defective,
+                spacing,
+            )["dsc"]
+        )
+        res["pp_r1.3"].append(
+            evaluate_case(implant_from_proposals([m], defective, i, radius_factor=1.3)[0], truth, defective, spacing)[
+                "dsc"
+            ]
+        )
     sigmas = [2.0] if args.quick else [1.0, 2.0, 4.0]
     for s in sigmas:
         m, i = proposal(s, rng)
@@ -119,11 +143,25 @@ for ci, case in enumerate(cases):
         r = score(list(ms), np.concatenate(ips))
         res[f"dsc_vote5_j{s:g}"].append(r["dsc"])
         if args.pp and s == 2.0:
-            res["pp_vote5_j2_dil0"].append(evaluate_case(implant_from_proposals(list(ms), defective, np.concatenate(ips), dilate=0)[0], truth, defective, spacing)["dsc"])
+            res["pp_vote5_j2_dil0"].append(
+                evaluate_case(
+                    implant_from_proposals(list(ms), defective, np.concatenate(ips), dilate=0)[0],
+                    truth,
+                    defective,
+                    spacing,
+                )["dsc"]
+            )
 
 keys = [k for k in res if k != "defect"]
-out = {"ckpt": args.ckpt, "n_skull": args.n_skull, "n_implant": args.n_implant, "resolution": args.resolution,
-       "time_per_proposal_s": float(np.median(times)), "mean": {}, "per_class": {}}
+out = {
+    "ckpt": args.ckpt,
+    "n_skull": args.n_skull,
+    "n_implant": args.n_implant,
+    "resolution": args.resolution,
+    "time_per_proposal_s": float(np.median(times)),
+    "mean": {},
+    "per_class": {},
+}
 for k in keys:
     out["mean"][k] = float(np.nanmean(res[k]))
 for d in sorted(set(res["defect"])):

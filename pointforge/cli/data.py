@@ -23,11 +23,16 @@ def synth(
     from pointforge.data.synthetic import synthesize
 
     with progress_bar("synthesising", total=skulls) as advance:
-        summary = synthesize(out, skulls, size, seed, layout=layout,
-                             progress=lambda done, total, name: advance(completed=done, total=total))
-    n_cases = sum(max(1, len(c.get('defects', {}))) for c in summary['cases'])
-    typer.echo(f"wrote {n_cases} cases from {skulls} skulls ({layout}, {size}) to {out} "
-               f"in {summary['seconds']:.1f} s")
+        summary = synthesize(
+            out,
+            skulls,
+            size,
+            seed,
+            layout=layout,
+            progress=lambda done, total, name: advance(completed=done, total=total),
+        )
+    n_cases = sum(max(1, len(c.get("defects", {}))) for c in summary["cases"])
+    typer.echo(f"wrote {n_cases} cases from {skulls} skulls ({layout}, {size}) to {out} in {summary['seconds']:.1f} s")
 
 
 @app.command("prepare")
@@ -38,19 +43,29 @@ def prepare(
     split: str = typer.Option("0.7,0.1,0.2", "--split", help="train,val,test ratios (grouped by skull)."),
     seed: int = typer.Option(0, "--seed", help="Seed for the split and the point sampling."),
     workers: int = typer.Option(0, "--workers", help="Parallel processes (0: up to 4, one per core)."),
-    isotropic_spacing: float = typer.Option(0.0, "--isotropic-spacing",
-                                            help="SkullFix: resample to this spacing in mm (0: the finest axis)."),
+    isotropic_spacing: float = typer.Option(
+        0.0, "--isotropic-spacing", help="SkullFix: resample to this spacing in mm (0: the finest axis)."
+    ),
 ) -> None:
     """Turn volumes into surface point clouds, a split and a manifest. Resumable."""
     from pointforge.data.prepare import prepare_dataset
 
     with progress_bar("preparing") as advance:
-        result = prepare_dataset(root, out, n_points=points, split=split, seed=seed, workers=workers or None,
-                                 isotropic_spacing=isotropic_spacing or None,
-                                 progress=lambda done, total, name: advance(completed=done, total=total))
+        result = prepare_dataset(
+            root,
+            out,
+            n_points=points,
+            split=split,
+            seed=seed,
+            workers=workers or None,
+            isotropic_spacing=isotropic_spacing or None,
+            progress=lambda done, total, name: advance(completed=done, total=total),
+        )
     counts = ", ".join(f"{k} {v}" for k, v in result.split_counts.items())
-    typer.echo(f"{result.layout}: {len(result.cases)} cases ({counts}); {result.done} volumes prepared, "
-               f"{result.skipped} already done, {len(result.failures)} failed; {result.seconds:.1f} s → {out}")
+    typer.echo(
+        f"{result.layout}: {len(result.cases)} cases ({counts}); {result.done} volumes prepared, "
+        f"{result.skipped} already done, {len(result.failures)} failed; {result.seconds:.1f} s → {out}"
+    )
     if result.failures:
         for line in result.failures:
             typer.secho(f"failed: {line}", err=True, fg=typer.colors.RED)

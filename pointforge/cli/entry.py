@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 import traceback
-from typing import NoReturn, Sequence
+from typing import Any, NoReturn, Sequence
 
 import typer
 
@@ -37,8 +37,9 @@ def run(app: typer.Typer, args: Sequence[str] | None = None) -> int:
         # Typer carries its own copy of click, so its usage errors are known by
         # their shape (show() and an exit code), not by a class imported here.
         if callable(getattr(ex, "show", None)) and isinstance(getattr(ex, "exit_code", None), int):
-            ex.show()
-            return ex.exit_code
+            usage: Any = ex
+            usage.show()
+            return usage.exit_code
         if type(ex).__name__ == "Abort":
             typer.echo("Aborted!", err=True)
             return 1

@@ -22,8 +22,9 @@ def evaluate(
     from pointforge.implant.evaluate import METRICS, evaluate_predictions, write_reports
 
     with progress_bar("evaluating") as advance:
-        result = evaluate_predictions(pred, truth, margin_mm=margin_mm,
-                                      progress=lambda done, total: advance(completed=done, total=total))
+        result = evaluate_predictions(
+            pred, truth, margin_mm=margin_mm, progress=lambda done, total: advance(completed=done, total=total)
+        )
     paths = write_reports(result, out or pred)
     table = Table(title=f"{len(result.rows)} cases scored, {len(result.missing)} missing ({result.seconds:.1f} s)")
     table.add_column("group")
@@ -31,8 +32,11 @@ def evaluate(
     for m in METRICS:
         table.add_column(f"{m.upper()} mean ± sd [median]" + (" (mm)" if m.startswith("hd") else ""), justify="right")
     for group, stats in result.summary.items():
-        table.add_row(group, str(stats["dsc"]["n"]),
-                      *[f"{stats[m]['mean']:.3f} ± {stats[m]['std']:.3f} [{stats[m]['median']:.3f}]" for m in METRICS])
+        table.add_row(
+            group,
+            str(stats["dsc"]["n"]),
+            *[f"{stats[m]['mean']:.3f} ± {stats[m]['std']:.3f} [{stats[m]['median']:.3f}]" for m in METRICS],
+        )
     Console().print(table)
     for row in result.rows:
         if row.get("error"):

@@ -10,9 +10,14 @@ from pointforge.cli.progress import progress_bar
 
 
 def generate(
-    defective: Path = typer.Argument(..., help="A defective skull (.nrrd/.nii/.nii.gz), or a dataset folder: "
-                                              "a prepared dataset (its --split is processed) or a raw SkullBreak/SkullFix one."),
-    pcdiff: Path = typer.Option(..., "--pcdiff", help="PCDiff checkpoint (pointforge train pcdiff, or ckpt import-pcdiff)."),
+    defective: Path = typer.Argument(
+        ...,
+        help="A defective skull (.nrrd/.nii/.nii.gz), or a dataset folder: "
+        "a prepared dataset (its --split is processed) or a raw SkullBreak/SkullFix one.",
+    ),
+    pcdiff: Path = typer.Option(
+        ..., "--pcdiff", help="PCDiff checkpoint (pointforge train pcdiff, or ckpt import-pcdiff)."
+    ),
     voxelizer: Path = typer.Option(..., "--voxelizer", help="Voxelizer checkpoint (pointforge train voxelizer)."),
     out: Path = typer.Option(..., "--out", help="Output folder (one case), or the root of one folder per case."),
     ensemble: int = typer.Option(5, "--ensemble", "-n", help="Number of implant proposals, sampled in one batch."),
@@ -20,8 +25,12 @@ def generate(
     steps: int = typer.Option(None, "--steps", help="Sampler steps (ddim default 50, dpm++2m default 20)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
     seed: int = typer.Option(0, "--seed", help="Seeds the conditioning subsample and the starting noise."),
-    split: str = typer.Option("test", "--split", help="Dataset mode: the split of a prepared dataset (train/val/test/all)."),
-    upsample: Path = typer.Option(None, "--upsample", help="Optional upsampler checkpoint: densify each proposal before voxelising."),
+    split: str = typer.Option(
+        "test", "--split", help="Dataset mode: the split of a prepared dataset (train/val/test/all)."
+    ),
+    upsample: Path = typer.Option(
+        None, "--upsample", help="Optional upsampler checkpoint: densify each proposal before voxelising."
+    ),
     overwrite: bool = typer.Option(False, "--overwrite", help="One case: replace an existing --out folder."),
 ) -> None:
     """Design an implant: PCDiff proposals → voxelizer → vote → clean-up → NRRD/NIfTI, STL, uncertainty, preview, report."""
@@ -38,22 +47,35 @@ def generate(
     models = load_models(pcdiff, voxelizer, device=device, upsample=upsample)
     if defective.is_dir():
         with progress_bar(f"generating implants ({split} split)") as advance:
-            result = generate_folder(defective, out, models, options, split=split,
-                                     log=lambda msg: typer.secho(msg, err=True, fg=typer.colors.YELLOW),
-                                     progress=lambda done, total: advance(completed=done, total=total))
-        typer.echo(f"{len(result.done)} generated, {len(result.skipped)} already done, {len(result.failed)} failed "
-                   f"({result.seconds:.0f} s) → {out}")
+            result = generate_folder(
+                defective,
+                out,
+                models,
+                options,
+                split=split,
+                log=lambda msg: typer.secho(msg, err=True, fg=typer.colors.YELLOW),
+                progress=lambda done, total: advance(completed=done, total=total),
+            )
+        typer.echo(
+            f"{len(result.done)} generated, {len(result.skipped)} already done, {len(result.failed)} failed "
+            f"({result.seconds:.0f} s) → {out}"
+        )
         for case_id, message in result.failed.items():
             typer.secho(f"case {case_id}: {message}", err=True, fg=typer.colors.RED)
         if result.failed:
             raise typer.Exit(1)
         return
     with progress_bar("sampling") as advance:
+
         def on_progress(stage: str, done: int, total: int) -> None:
             advance(completed=done, total=total)
 
-        report = generate_case(defective, out, models, options, overwrite=overwrite, log=typer.echo, progress=on_progress)
+        report = generate_case(
+            defective, out, models, options, overwrite=overwrite, log=typer.echo, progress=on_progress
+        )
     mesh = report["mesh"]
-    typer.echo(f"implant: {report['implant']['volume_cm3']:.2f} cm³, mesh {'watertight' if mesh['watertight'] else 'NOT watertight'}"
-               f" ({mesh['components']} component{'s' if mesh['components'] != 1 else ''}), "
-               f"{report['timings_s']['total_s']:.1f} s → {out}")
+    typer.echo(
+        f"implant: {report['implant']['volume_cm3']:.2f} cm³, mesh {'watertight' if mesh['watertight'] else 'NOT watertight'}"
+        f" ({mesh['components']} component{'s' if mesh['components'] != 1 else ''}), "
+        f"{report['timings_s']['total_s']:.1f} s → {out}"
+    )

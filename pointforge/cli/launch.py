@@ -17,16 +17,43 @@ from pointforge.errors import ConfigError
 
 
 def launch_command(
-    args: Optional[List[str]] = typer.Argument(None, help="PLAN.yaml and/or key=value overrides applied to every job.", metavar="PLAN.yaml|KEY=VALUE"),
-    job: Optional[List[str]] = typer.Option(None, "--job", help="NAME:TASK:GPUS[:CONFIG], GPUS like 0-6, 7, 0,2 or cpu/cpu4 (repeatable; instead of a plan file)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (GPU map, command, environment per job) and start nothing."),
-    tmux: bool = typer.Option(False, "--tmux", help="Start a tmux session: a window per job and one running pointforge monitor."),
-    session: Optional[str] = typer.Option(None, "--session", help="tmux session name (default: the plan's session, or pointforge)."),
-    resume: Optional[str] = typer.Option(None, "--resume", help="'auto' for every job (continue from its newest checkpoint), 'none', or a checkpoint path (one job only)."),
-    runs_dir: Optional[Path] = typer.Option(None, "--runs-dir", help="Where run dirs go (RUNS_DIR/NAME) for --job, and where --stop looks without a plan (default: runs)."),
-    stop: Optional[str] = typer.Option(None, "--stop", help="Stop job NAME, or all: SIGTERM to its workers, which write a checkpoint and exit.", metavar="NAME|all"),
+    args: Optional[List[str]] = typer.Argument(
+        None, help="PLAN.yaml and/or key=value overrides applied to every job.", metavar="PLAN.yaml|KEY=VALUE"
+    ),
+    job: Optional[List[str]] = typer.Option(
+        None,
+        "--job",
+        help="NAME:TASK:GPUS[:CONFIG], GPUS like 0-6, 7, 0,2 or cpu/cpu4 (repeatable; instead of a plan file).",
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Print the plan (GPU map, command, environment per job) and start nothing."
+    ),
+    tmux: bool = typer.Option(
+        False, "--tmux", help="Start a tmux session: a window per job and one running pointforge monitor."
+    ),
+    session: Optional[str] = typer.Option(
+        None, "--session", help="tmux session name (default: the plan's session, or pointforge)."
+    ),
+    resume: Optional[str] = typer.Option(
+        None,
+        "--resume",
+        help="'auto' for every job (continue from its newest checkpoint), 'none', or a checkpoint path (one job only).",
+    ),
+    runs_dir: Optional[Path] = typer.Option(
+        None,
+        "--runs-dir",
+        help="Where run dirs go (RUNS_DIR/NAME) for --job, and where --stop looks without a plan (default: runs).",
+    ),
+    stop: Optional[str] = typer.Option(
+        None,
+        "--stop",
+        help="Stop job NAME, or all: SIGTERM to its workers, which write a checkpoint and exit.",
+        metavar="NAME|all",
+    ),
     now: bool = typer.Option(False, "--now", help="With --stop: end the job at once (no checkpoint)."),
-    wait: float = typer.Option(600.0, "--wait", min=0, help="With --stop: seconds to wait for the jobs to end (0: do not wait)."),
+    wait: float = typer.Option(
+        600.0, "--wait", min=0, help="With --stop: seconds to wait for the jobs to end (0: do not wait)."
+    ),
 ) -> None:
     """Run several training jobs on one machine, each on its own GPUs, port, run dir and environment.
 
@@ -62,7 +89,9 @@ def launch_command(
 
     if stop is not None:
         refs = ops.jobs_in(spec, [] if spec is not None else [runs_dir or ops.DEFAULT_RUNS_DIR])
-        results = ops.stop_jobs(refs, stop, now=now, wait_s=0.0 if now else wait, on_result=lambda r: typer.echo(r.message))
+        results = ops.stop_jobs(
+            refs, stop, now=now, wait_s=0.0 if now else wait, on_result=lambda r: typer.echo(r.message)
+        )
         if wait and not now:
             for result in results:
                 if result.action != "not running":
@@ -72,9 +101,13 @@ def launch_command(
         return
 
     if spec is None:
-        raise ConfigError("nothing to launch; give a plan file (see configs/launch/example.yaml) or --job NAME:TASK:GPUS[:CONFIG]")
+        raise ConfigError(
+            "nothing to launch; give a plan file (see configs/launch/example.yaml) or --job NAME:TASK:GPUS[:CONFIG]"
+        )
     if resume not in (None, "auto", "none") and len(spec.jobs) > 1:
-        raise ConfigError(f"--resume {resume} names one checkpoint but the plan has {len(spec.jobs)} jobs; use --resume auto, or set resume: per job in the plan")
+        raise ConfigError(
+            f"--resume {resume} names one checkpoint but the plan has {len(spec.jobs)} jobs; use --resume auto, or set resume: per job in the plan"
+        )
 
     plan, started = ops.launch(spec, extra_overrides=overrides, resume=resume, tmux=tmux, dry_run=dry_run)
     typer.echo(plan.text())
@@ -82,9 +115,9 @@ def launch_command(
         typer.echo("\ndry run: nothing started")
         return
     typer.echo("")
-    for item in started:
-        where = f"pid {item.pid}" if item.pid else "pid not known yet"
-        typer.echo(f"started {item.name} ({item.mode}, {where}); log {item.run_dir / ops.CONSOLE_LOG}")
+    for launched in started:
+        where = f"pid {launched.pid}" if launched.pid else "pid not known yet"
+        typer.echo(f"started {launched.name} ({launched.mode}, {where}); log {launched.run_dir / ops.CONSOLE_LOG}")
     dirs = " ".join(str(j.run_dir) for j in plan.jobs)
     source = str(plan.source) if plan.source else f"--runs-dir {spec.runs_dir}"
     if tmux:

@@ -11,15 +11,17 @@ import sys
 import typer
 
 from pointforge import __version__
-from pointforge.cli import data as data_cli
+from pointforge.cli import (
+    data as data_cli,
+    doctor as _doctor_cli,
+    launch as _launch_cli,
+    monitor as _monitor_cli,
+    train as _train_cli,
+)
 from pointforge.cli.demo import demo as demo_command
 from pointforge.cli.entry import run
 from pointforge.cli.evaluate import evaluate as evaluate_command
 from pointforge.cli.generate import generate as generate_command
-from pointforge.cli import doctor as _doctor_cli
-from pointforge.cli import launch as _launch_cli
-from pointforge.cli import monitor as _monitor_cli
-from pointforge.cli import train as _train_cli
 from pointforge.cli.upsample import upsample as upsample_command
 
 app = typer.Typer(
@@ -39,7 +41,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
 ) -> None:
     """pointforge command line."""
 

@@ -18,7 +18,9 @@ import typer
 
 def monitor_command(
     paths: Optional[List[Path]] = typer.Argument(None, help="Run dirs, or folders of runs (default: runs)."),
-    watch: Optional[float] = typer.Option(None, "--watch", min=0.5, help="Redraw every SECONDS until Ctrl-C.", metavar="SECONDS"),
+    watch: Optional[float] = typer.Option(
+        None, "--watch", min=0.5, help="Redraw every SECONDS until Ctrl-C.", metavar="SECONDS"
+    ),
     logs: int = typer.Option(0, "--logs", min=0, help="Also show the last N lines of each run's log.", metavar="N"),
     no_gpus: bool = typer.Option(False, "--no-gpus", help="Leave out the GPU table."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON snapshot (runs and GPUs) instead of tables."),

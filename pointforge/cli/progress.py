@@ -13,8 +13,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 def progress_bar(description: str, total: int | None = None):
     """Yields ``advance(step=1, *, completed=None, total=None)``."""
     with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TimeRemainingColumn(), transient=False, disable=not sys.stderr.isatty(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        transient=False,
+        disable=not sys.stderr.isatty(),
         console=Console(stderr=True),
     ) as bar:
         task = bar.add_task(description, total=total)

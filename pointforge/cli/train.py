@@ -29,13 +29,28 @@ ckpt_app = typer.Typer(help="Inspect and convert checkpoints.", no_args_is_help=
 
 def train_command(
     task: str = typer.Argument(..., help="Task name: toy, pcdiff, voxelizer, upsampler."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides, e.g. optim.lr=1e-4 data.global_batch=16."),
+    overrides: Optional[List[str]] = typer.Argument(
+        None, help="key=value overrides, e.g. optim.lr=1e-4 data.global_batch=16."
+    ),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML preset (e.g. configs/toy/tiny.yaml)."),
-    resume: Optional[str] = typer.Option(None, "--resume", help="'auto' (newest good checkpoint in the run dir) or a checkpoint path."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved plan (batch split, LR, steps, run dir) and exit."),
-    nproc: Optional[int] = typer.Option(None, "--nproc", min=1, help="Start torchrun with this many processes on this node."),
-    max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="With --nproc: restarts after a crash (each resumes from the latest checkpoint)."),
-    wandb: bool = typer.Option(False, "--wandb", help="Also log to Weights & Biases (needs `pip install wandb`; WANDB_MODE=offline works)."),
+    resume: Optional[str] = typer.Option(
+        None, "--resume", help="'auto' (newest good checkpoint in the run dir) or a checkpoint path."
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Print the resolved plan (batch split, LR, steps, run dir) and exit."
+    ),
+    nproc: Optional[int] = typer.Option(
+        None, "--nproc", min=1, help="Start torchrun with this many processes on this node."
+    ),
+    max_restarts: int = typer.Option(
+        0,
+        "--max-restarts",
+        min=0,
+        help="With --nproc: restarts after a crash (each resumes from the latest checkpoint).",
+    ),
+    wandb: bool = typer.Option(
+        False, "--wandb", help="Also log to Weights & Biases (needs `pip install wandb`; WANDB_MODE=offline works)."
+    ),
 ) -> None:
     """Train TASK on one device, or data-parallel under torchrun / --nproc."""
     from pointforge.config import load_train_config
@@ -65,7 +80,9 @@ def train_command(
         code = launch(worker, nproc=nproc, max_restarts=max_restarts, run_dir=cfg.run.dir)
         status = read_run_status(cfg.run.dir) or {}
         if code == 0 and status.get("status") == "stopped":
-            typer.echo(f"stopped at step {status.get('global_step')}; checkpoint {status.get('last_checkpoint')}; continue with --resume auto")
+            typer.echo(
+                f"stopped at step {status.get('global_step')}; checkpoint {status.get('last_checkpoint')}; continue with --resume auto"
+            )
         # sys.exit, not typer.Exit: a non-standalone Typer app returns an Exit's
         # code instead of raising it, and the status would be lost.
         sys.exit(code)
@@ -87,7 +104,9 @@ def train_command(
 def ckpt_inspect(
     path: Path = typer.Argument(..., help="A checkpoint file, or a run dir (lists its checkpoints)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-    trust: bool = typer.Option(False, "--trust", help="Allow files that need code to unpickle (only for files you trust)."),
+    trust: bool = typer.Option(
+        False, "--trust", help="Allow files that need code to unpickle (only for files you trust)."
+    ),
 ) -> None:
     """Show what a checkpoint holds: task, progress, config, parameters, saved devices and dtypes,
     key prefixes, size, and whether it is complete and resumable."""
@@ -109,7 +128,9 @@ def ckpt_inspect(
             if key == "size_bytes":
                 key, value = "size", _size(value)
             elif isinstance(value, dict):
-                value = ", ".join(f"{k} {v:.5g}" if isinstance(v, float) else f"{k} {v}" for k, v in value.items()) or "-"
+                value = (
+                    ", ".join(f"{k} {v:.5g}" if isinstance(v, float) else f"{k} {v}" for k, v in value.items()) or "-"
+                )
             elif isinstance(value, bool):
                 value = "yes" if value else "no"
             elif isinstance(value, list):
@@ -119,7 +140,7 @@ def ckpt_inspect(
         sys.exit(1)
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1024 or unit == "GB":
             return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -129,13 +150,23 @@ def _size(n: int) -> str:
 
 @ckpt_app.command("remap")
 def ckpt_remap(
-    source: Path = typer.Argument(..., help="Checkpoint to read (ours, DDP-saved, tagged cuda:N, or a bare/upstream state dict)."),
+    source: Path = typer.Argument(
+        ..., help="Checkpoint to read (ours, DDP-saved, tagged cuda:N, or a bare/upstream state dict)."
+    ),
     target: Optional[Path] = typer.Argument(None, help="Where to write (same as --out)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where to write (default: SOURCE's name + .remapped.pt, beside it)."),
-    strip_prefix: Optional[List[str]] = typer.Option(None, "--strip-prefix", help="Extra key prefix to remove, e.g. model. (repeatable)."),
-    weights: bool = typer.Option(False, "--weights", help="Write only the model weights (a plain state dict), not a resumable checkpoint."),
+    out: Optional[Path] = typer.Option(
+        None, "--out", "-o", help="Where to write (default: SOURCE's name + .remapped.pt, beside it)."
+    ),
+    strip_prefix: Optional[List[str]] = typer.Option(
+        None, "--strip-prefix", help="Extra key prefix to remove, e.g. model. (repeatable)."
+    ),
+    weights: bool = typer.Option(
+        False, "--weights", help="Write only the model weights (a plain state dict), not a resumable checkpoint."
+    ),
     use_ema: bool = typer.Option(False, "--ema", help="Write the EMA weights (implies --weights)."),
-    trust: bool = typer.Option(False, "--trust", help="Allow files that need code to unpickle (only for files you trust)."),
+    trust: bool = typer.Option(
+        False, "--trust", help="Allow files that need code to unpickle (only for files you trust)."
+    ),
     force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
 ) -> None:
     """Write a device-agnostic copy: every tensor on the CPU, module./_orig_mod. prefixes removed.
@@ -148,8 +179,13 @@ def ckpt_remap(
     if target is not None and out is not None and target != out:
         raise ConfigError(f"two outputs given ({target} and --out {out}); give one")
     result = remap_checkpoint(
-        source, out or target, strip_prefix=tuple(strip_prefix or ()), weights_only_output=weights,
-        use_ema=use_ema, trust=trust, force=force,
+        source,
+        out or target,
+        strip_prefix=tuple(strip_prefix or ()),
+        weights_only_output=weights,
+        use_ema=use_ema,
+        trust=trust,
+        force=force,
     )
     devices = ", ".join(f"{d} ×{n}" for d, n in result.saved_devices.items()) or "none"
     what = "a resumable checkpoint" if result.kind == "checkpoint" else "a plain state dict"
@@ -158,19 +194,37 @@ def ckpt_remap(
 
 @ckpt_app.command("import-pcdiff", context_settings={"allow_interspersed_args": True})
 def ckpt_import_pcdiff(
-    source: Path = typer.Argument(..., help="Upstream PCDiff checkpoint ({epoch, model_state, optimizer_state}; DDP-saved too)."),
+    source: Path = typer.Argument(
+        ..., help="Upstream PCDiff checkpoint ({epoch, model_state, optimizer_state}; DDP-saved too)."
+    ),
     target: Path = typer.Argument(..., help="Where to write the pointforge checkpoint (.pt)."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides of the training config stored with it."),
-    preset: Optional[str] = typer.Option(None, "--preset", help="PVCNN2 preset the weights are for (paper, small, tiny); default: found from the weights."),
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="PCDiff training config to store with it (e.g. configs/pcdiff/paper.yaml)."),
+    overrides: Optional[List[str]] = typer.Argument(
+        None, help="key=value overrides of the training config stored with it."
+    ),
+    preset: Optional[str] = typer.Option(
+        None,
+        "--preset",
+        help="PVCNN2 preset the weights are for (paper, small, tiny); default: found from the weights.",
+    ),
+    config: Optional[Path] = typer.Option(
+        None, "--config", "-c", help="PCDiff training config to store with it (e.g. configs/pcdiff/paper.yaml)."
+    ),
     force: bool = typer.Option(False, "--force", help="Replace TARGET if it exists."),
-    trust: bool = typer.Option(False, "--trust", help="Allow files that need code to unpickle (only for files you trust)."),
+    trust: bool = typer.Option(
+        False, "--trust", help="Allow files that need code to unpickle (only for files you trust)."
+    ),
 ) -> None:
     """Convert an upstream PCDiff checkpoint into a pointforge pcdiff checkpoint (for --resume and load_pcdiff)."""
     from pointforge.tasks.completion import import_pcdiff_checkpoint
 
     result = import_pcdiff_checkpoint(
-        source, target, preset=preset, config=config, overrides=list(overrides or []), overwrite=force, trust=trust,
+        source,
+        target,
+        preset=preset,
+        config=config,
+        overrides=list(overrides or []),
+        overwrite=force,
+        trust=trust,
     )
     epoch = "unknown" if result.upstream_epoch is None else str(result.upstream_epoch)
     typer.echo(

@@ -15,7 +15,9 @@ import typer
 
 def upsample(
     input: Path = typer.Argument(..., help="Sparse point cloud: .npy, .ply, .las or .laz."),
-    ckpt: Path = typer.Option(..., "--ckpt", help="Checkpoint written by `pointforge train upsampler` (e.g. .../checkpoints/best.pt)."),
+    ckpt: Path = typer.Option(
+        ..., "--ckpt", help="Checkpoint written by `pointforge train upsampler` (e.g. .../checkpoints/best.pt)."
+    ),
     out: Path = typer.Option(..., "--out", "-o", help="Dense point cloud to write: .npy, .ply, .las or .laz."),
     device: str = typer.Option("auto", "--device", help="auto (a GPU if there is one), cpu, cuda or cuda:N."),
 ) -> None:

@@ -86,7 +86,9 @@ class PairBatch:
         return int(self.sparse.shape[0])
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "PairBatch":
-        move = lambda t: t.to(device, non_blocking=non_blocking)
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device, non_blocking=non_blocking)
+
         return PairBatch(
             sparse=move(self.sparse),
             sparse_batch=move(self.sparse_batch),
@@ -103,7 +105,9 @@ class PairBatch:
 
     def pin_memory(self) -> "PairBatch":
         # Called by DataLoader(pin_memory=True) in its pinning thread.
-        pin = lambda t: t.pin_memory()
+        def pin(t: torch.Tensor) -> torch.Tensor:
+            return t.pin_memory()
+
         return PairBatch(
             sparse=pin(self.sparse),
             sparse_batch=pin(self.sparse_batch),
@@ -195,7 +199,9 @@ class PointBudgetBatchSampler:
     ):
         sizes = np.asarray(sizes)
         if sizes.ndim != 1 or sizes.size == 0 or not np.issubdtype(sizes.dtype, np.integer):
-            raise DataError(f"sizes must be a non-empty vector of integer point counts, got shape {sizes.shape} {sizes.dtype}")
+            raise DataError(
+                f"sizes must be a non-empty vector of integer point counts, got shape {sizes.shape} {sizes.dtype}"
+            )
         if (sizes < 1).any():
             bad = int(np.flatnonzero(sizes < 1)[0])
             raise DataError(f"sample {bad} has {int(sizes[bad])} points; remove empty clouds from the dataset")
@@ -233,7 +239,9 @@ class PointBudgetBatchSampler:
     # -- the scheme, step by step (module docs)
 
     def _rng(self, epoch: int) -> np.random.Generator:
-        return np.random.default_rng(np.random.SeedSequence([self.seed & 0xFFFFFFFF, self.seed >> 32, epoch & 0xFFFFFFFF, 0xB0D6]))
+        return np.random.default_rng(
+            np.random.SeedSequence([self.seed & 0xFFFFFFFF, self.seed >> 32, epoch & 0xFFFFFFFF, 0xB0D6])
+        )
 
     def _pack(self, order: np.ndarray) -> list[list[int]]:
         closed: list[list[int]] = []

@@ -38,12 +38,20 @@ RAW_DIR = "raw"
 
 
 def _recipe(skulls: int, size: int, seed: int, n_points: int, split: str, layout: str) -> dict:
-    return {"skulls": int(skulls), "size": int(size), "seed": int(seed), "n_points": int(n_points),
-            "split": str(split), "layout": str(layout)}
+    return {
+        "skulls": int(skulls),
+        "size": int(size),
+        "seed": int(seed),
+        "n_points": int(n_points),
+        "split": str(split),
+        "layout": str(layout),
+    }
 
 
 @contextlib.contextmanager
-def _exclusive_lock(lock_path: Path, *, wait_message: str, log: Callable[[str], None], timeout_s: float) -> Iterator[None]:
+def _exclusive_lock(
+    lock_path: Path, *, wait_message: str, log: Callable[[str], None], timeout_s: float
+) -> Iterator[None]:
     """Hold an exclusive flock on ``lock_path``; say once if another process holds it."""
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "a+") as handle:
@@ -55,7 +63,9 @@ def _exclusive_lock(lock_path: Path, *, wait_message: str, log: Callable[[str], 
                 break
             except OSError as err:
                 if err.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise DataError(f"cannot lock {lock_path} ({err.strerror}); put the data folder on a filesystem with file locks") from None
+                    raise DataError(
+                        f"cannot lock {lock_path} ({err.strerror}); put the data folder on a filesystem with file locks"
+                    ) from None
             if not told:
                 log(wait_message)
                 told = True
@@ -105,7 +115,7 @@ def _relocate_sources(prepared: Path, built_raw: Path, final_raw: Path) -> None:
     for meta_path in (prepared / "surfaces").rglob("*.json"):
         meta = json.loads(meta_path.read_text())
         if str(meta.get("source", "")).startswith(old):
-            meta["source"] = new + meta["source"][len(old):]
+            meta["source"] = new + meta["source"][len(old) :]
             atomic_write_text(meta_path, json.dumps(meta, indent=1))
     info_path = prepared / "dataset.json"
     info = json.loads(info_path.read_text())
@@ -144,7 +154,9 @@ def ensure_synthetic_prepared(
         return root
     parent = root.parent
     lock = parent / f".{root.name}.lock"
-    with _exclusive_lock(lock, wait_message=f"waiting for another process preparing {root}", log=log, timeout_s=timeout_s):
+    with _exclusive_lock(
+        lock, wait_message=f"waiting for another process preparing {root}", log=log, timeout_s=timeout_s
+    ):
         if _holds_something(root):  # built while we waited
             _check_recipe(root, wanted)
             return root
@@ -153,7 +165,9 @@ def ensure_synthetic_prepared(
         build = Path(tempfile.mkdtemp(prefix=f".{root.name}.building-", dir=parent))
         try:
             started = time.perf_counter()
-            log(f"no data at {root}: synthesising {skulls} skull(s) of {size}^3 voxels (seed {seed}) and preparing them")
+            log(
+                f"no data at {root}: synthesising {skulls} skull(s) of {size}^3 voxels (seed {seed}) and preparing them"
+            )
             synthesize(build / RAW_DIR, skulls, size, seed, layout=layout)
             result = prepare_dataset(build / RAW_DIR, build, n_points=n_points, split=split, seed=seed, workers=1)
             if not result.ok:
@@ -164,6 +178,8 @@ def ensure_synthetic_prepared(
         except BaseException:
             shutil.rmtree(build, ignore_errors=True)
             raise
-        log(f"prepared {len(result.cases)} synthetic case(s) in {root} in {time.perf_counter() - started:.1f} s "
-            f"(split {result.split_counts})")
+        log(
+            f"prepared {len(result.cases)} synthetic case(s) in {root} in {time.perf_counter() - started:.1f} s "
+            f"(split {result.split_counts})"
+        )
     return root

@@ -96,10 +96,10 @@ def estimate_implant_center(
         missing = mapped[tree.query(mapped)[0] > gap_mm]
         found.append(missing)
         owner.append(np.full(len(missing), k))
-    missing, owner = np.concatenate(found), np.concatenate(owner)
+    missing, owners = np.concatenate(found), np.concatenate(owner)
     if not len(missing):
         # Nothing is missing from the view of any atlas skull: no better guess than the skull itself.
         return defective.mean(axis=0)
     near = cKDTree(missing).query_ball_point(missing, radius_mm)
-    votes = np.array([len(np.unique(owner[idx])) for idx in near])
+    votes = np.array([len(np.unique(owners[idx])) for idx in near])
     return missing[votes == votes.max()].mean(axis=0)

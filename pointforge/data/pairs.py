@@ -108,7 +108,9 @@ def read_manifest(path: str | os.PathLike) -> list[PairEntry]:
             raise DataError(f"{path}: not valid JSON ({err}); fix the manifest") from None
         rows = data.get("pairs") if isinstance(data, dict) else data
         if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-            raise DataError(f"{path}: JSON manifest must be a list of {{sparse, dense, id}} objects (or hold one under 'pairs')")
+            raise DataError(
+                f"{path}: JSON manifest must be a list of {{sparse, dense, id}} objects (or hold one under 'pairs')"
+            )
     elif path.suffix.lower() == ".csv":
         reader = csv.DictReader(io.StringIO(text))
         fields = [f.strip() for f in (reader.fieldnames or [])]
@@ -143,7 +145,10 @@ def write_manifest(path: str | os.PathLike, entries: Sequence[PairEntry]) -> Pat
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(["id", "sparse", "dense"])
     folder = path.parent.resolve()
-    relative = lambda p: os.path.relpath(Path(p).resolve(), folder) if Path(p).is_absolute() else str(p)
+
+    def relative(p: str | Path) -> str:
+        return os.path.relpath(Path(p).resolve(), folder) if Path(p).is_absolute() else str(p)
+
     for e in entries:
         writer.writerow([e.pair_id, relative(e.sparse), relative(e.dense)])
     payload = buffer.getvalue().encode()
@@ -185,7 +190,9 @@ def _nearest_neighbour_distances(xyz: np.ndarray, edge_index: np.ndarray) -> np.
     return nearest[np.isfinite(nearest)]
 
 
-def pair_normalization(sparse_xyz: np.ndarray, mode: str = "spacing", edge_index: Optional[np.ndarray] = None) -> PairNormalization:
+def pair_normalization(
+    sparse_xyz: np.ndarray, mode: str = "spacing", edge_index: Optional[np.ndarray] = None
+) -> PairNormalization:
     """Centre and scale from the sparse cloud (module docs).
 
     ``"spacing"`` uses ``edge_index`` (the cloud's symmetric kNN graph, which
@@ -269,7 +276,7 @@ class UpsamplingPairs(Dataset):
             raise ConfigError(f"unknown normalization {normalization!r}; choose one of {', '.join(NORMALIZATIONS)}")
         if graph_cache not in GRAPH_CACHES:
             raise ConfigError(f"unknown graph_cache {graph_cache!r}; choose one of {', '.join(GRAPH_CACHES)}")
-        self.entries = list(source) if isinstance(source, (list, tuple)) else read_manifest(source)
+        self.entries = list(source) if isinstance(source, (list, tuple)) else read_manifest(source)  # type: ignore[arg-type]  # otherwise a path
         if not self.entries:
             raise DataError("no pairs given; list at least one sparse/dense pair")
         self.k = k
@@ -381,7 +388,10 @@ class SyntheticScene:
 
 def _terrain(rng: np.random.Generator, side: float):
     amplitude = 1.0 + 0.04 * side
-    waves = [(rng.uniform(0.3, 1.5), rng.uniform(0.3, 1.5), rng.uniform(0, 2 * np.pi), rng.uniform(0.3, 1.0)) for _ in range(3)]
+    waves = [
+        (rng.uniform(0.3, 1.5), rng.uniform(0.3, 1.5), rng.uniform(0, 2 * np.pi), rng.uniform(0.3, 1.0))
+        for _ in range(3)
+    ]
 
     def height(x, y):
         z = np.zeros_like(x)
@@ -421,11 +431,15 @@ def _trees(rng: np.random.Generator, side: float, scene: SyntheticScene, buildin
     return tx, ty, crown_r, crown_z
 
 
-def _component_counts(rng, n_dense: int, side: float, buildings: list[tuple], crown_r: np.ndarray, height) -> np.ndarray:
+def _component_counts(
+    rng, n_dense: int, side: float, buildings: list[tuple], crown_r: np.ndarray, height
+) -> np.ndarray:
     """Points of ground, roofs, walls and crowns, in proportion to the surface a nadir scanner sees."""
     ground_area = side * side - sum(w * d for _, _, w, d, _ in buildings)
     roof_area = sum(w * d for _, _, w, d, _ in buildings)
-    wall_area = 0.15 * sum(2 * (w + d) * (top - float(height(np.array([x0]), np.array([y0]))[0])) for x0, y0, w, d, top in buildings)
+    wall_area = 0.15 * sum(
+        2 * (w + d) * (top - float(height(np.array([x0]), np.array([y0]))[0])) for x0, y0, w, d, top in buildings
+    )
     crown_area = float((np.pi * crown_r**2 * 1.5).sum())
     weights = np.array([ground_area, roof_area, max(wall_area, 0.0), crown_area])
     return rng.multinomial(n_dense, weights / weights.sum())
@@ -490,7 +504,9 @@ def _sparse_from_dense(rng, dense: np.ndarray, n_sparse: int, side: float, scene
     return sparse + rng.normal(scale=scene.noise, size=sparse.shape)
 
 
-def synthetic_pair(n_sparse: int, *, seed: int, scene: SyntheticScene = SyntheticScene()) -> tuple[np.ndarray, np.ndarray]:
+def synthetic_pair(
+    n_sparse: int, *, seed: int, scene: SyntheticScene = SyntheticScene()
+) -> tuple[np.ndarray, np.ndarray]:
     """``(sparse [n_sparse, 3], dense [round(n_sparse * ratio), 3])`` float64, seeded.
 
     The parts draw from one generator in a fixed order, so a seed gives the same pair every time.
@@ -548,7 +564,9 @@ def write_synthetic_pairs(
     root = Path(root)
     entries = []
     for i, n in enumerate(sizes):
-        sparse, dense = synthetic_pair(int(n), seed=np.random.SeedSequence([int(seed), i]).generate_state(1)[0], scene=scene)
+        sparse, dense = synthetic_pair(
+            int(n), seed=np.random.SeedSequence([int(seed), i]).generate_state(1)[0], scene=scene
+        )
         geometry = LasGeometry(scales=(0.001,) * 3, offsets=tuple(float(v) for v in np.floor(scene.origin)))
         pair_id = f"pair_{i:03d}"
         paths = []
@@ -557,4 +575,6 @@ def write_synthetic_pairs(
             write_points(target, xyz, dtype=np.float64, las=geometry if fmt in ("las", "laz") else None)
             paths.append(target)
         entries.append(PairEntry(pair_id=pair_id, sparse=paths[0], dense=paths[1]))
-    return write_manifest(root / "pairs.csv", [PairEntry(e.pair_id, e.sparse.resolve(), e.dense.resolve()) for e in entries])
+    return write_manifest(
+        root / "pairs.csv", [PairEntry(e.pair_id, e.sparse.resolve(), e.dense.resolve()) for e in entries]
+    )

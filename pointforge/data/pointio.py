@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional, cast
 
 import numpy as np
 
@@ -63,8 +63,8 @@ DEFAULT_LAS_SCALE = 0.001
 class LasGeometry:
     """What a LAS/LAZ file needs to store coordinates exactly: integers × scale + offset."""
 
-    scales: tuple[float, float, float]
-    offsets: tuple[float, float, float]
+    scales: tuple[float, ...]  # x, y, z
+    offsets: tuple[float, ...]  # x, y, z
     point_format: int = 1
     version: str = "1.2"
     # Coordinate-reference records ("LASF_Projection" VLRs/EVLRs), carried to outputs.
@@ -123,7 +123,10 @@ def _storage_dtype(dtype: np.dtype) -> np.dtype:
 
 def _is_format_error(err: Exception) -> bool:
     # laspy and its LAZ backend lazrs raise their own types for damaged files.
-    return isinstance(err, (OSError, ValueError, EOFError, KeyError)) or type(err).__module__.split(".")[0] in ("laspy", "lazrs")
+    return isinstance(err, (OSError, ValueError, EOFError, KeyError)) or type(err).__module__.split(".")[0] in (
+        "laspy",
+        "lazrs",
+    )
 
 
 def read_points(path: str | os.PathLike) -> PointCloud:
@@ -142,7 +145,9 @@ def read_points(path: str | os.PathLike) -> PointCloud:
     except Exception as err:
         if not _is_format_error(err):
             raise
-        raise DataError(f"{path}: cannot read point cloud ({err}); is the file complete and a valid {fmt.upper()}?") from None
+        raise DataError(
+            f"{path}: cannot read point cloud ({err}); is the file complete and a valid {fmt.upper()}?"
+        ) from None
     _finite_xyz(cloud.xyz, path)
     return cloud
 
@@ -259,7 +264,9 @@ def _read_ply(path: Path) -> PointCloud:
         header = _ply_header(fh, path)
         name, count, props = header.elements[header.vertex_position]
         if any(isinstance(t, tuple) for _, t in props):
-            raise DataError(f"{path}: PLY vertex element has list properties; only scalar vertex properties are supported")
+            raise DataError(
+                f"{path}: PLY vertex element has list properties; only scalar vertex properties are supported"
+            )
         types = {p: t for p, t in props}
         stored = _storage_dtype(types["x"]) if types["x"] == types["y"] == types["z"] else np.dtype(np.float64)
         if header.fmt == "ascii":
@@ -277,15 +284,15 @@ def _read_ply(path: Path) -> PointCloud:
             # Values become what a binary file of the declared types would hold.
             xyz = np.stack([table[:, column[a]].astype(types[a]).astype(np.float64) for a in "xyz"], axis=1)
         else:
-            endian = _PLY_FORMATS[header.fmt]
+            endian = cast(str, _PLY_FORMATS[header.fmt])  # only "ascii" maps to None
             for _, n, p in header.elements[: header.vertex_position]:
                 _skip_binary_element(fh, n, p, endian)
             record = np.dtype([(p, endian + t) for p, t in props])
             payload = fh.read(record.itemsize * count)
             if len(payload) != record.itemsize * count:
                 raise DataError(f"{path}: PLY file ends before its {count} vertices; the file is truncated")
-            table = np.frombuffer(payload, dtype=record)
-            xyz = np.stack([table[a].astype(np.float64) for a in "xyz"], axis=1)
+            vertices = np.frombuffer(payload, dtype=record)
+            xyz = np.stack([vertices[a].astype(np.float64) for a in "xyz"], axis=1)
     return PointCloud(xyz=np.ascontiguousarray(xyz), dtype=stored)
 
 
@@ -295,12 +302,17 @@ def _read_las(path: Path) -> PointCloud:
     las = laspy.read(path)
     header = las.header
     if len(las.points) != header.point_count:
-        raise DataError(f"{path}: holds {len(las.points)} of the {header.point_count} points its header announces; the file is truncated")
+        raise DataError(
+            f"{path}: holds {len(las.points)} of the {header.point_count} points its header announces; the file is truncated"
+        )
     scales = np.asarray(header.scales, dtype=np.float64)
     offsets = np.asarray(header.offsets, dtype=np.float64)
     ints = np.stack([np.asarray(las.X), np.asarray(las.Y), np.asarray(las.Z)], axis=1).astype(np.float64)
     xyz = ints * scales + offsets
-    projection = lambda records: tuple(v for v in (records or []) if getattr(v, "user_id", "") == "LASF_Projection")
+
+    def projection(records: Any) -> tuple:
+        return tuple(v for v in (records or []) if getattr(v, "user_id", "") == "LASF_Projection")
+
     geometry = LasGeometry(
         scales=tuple(float(s) for s in scales),
         offsets=tuple(float(o) for o in offsets),
@@ -364,7 +376,9 @@ def write_points(
     if fmt == "ply":
         return atomic_write(path, lambda tmp: _write_ply(tmp, np.asarray(xyz, dtype=out_dtype), ply_ascii))
     geometry = las or LasGeometry.around(np.asarray(xyz, dtype=np.float64))
-    return atomic_write(path, lambda tmp: _write_las(tmp, np.asarray(xyz, dtype=np.float64), geometry, fmt == "laz", path))
+    return atomic_write(
+        path, lambda tmp: _write_las(tmp, np.asarray(xyz, dtype=np.float64), geometry, fmt == "laz", path)
+    )
 
 
 def _write_ply(tmp: str, xyz: np.ndarray, ascii_: bool) -> None:
@@ -406,4 +420,3 @@ def _write_las(tmp: str, xyz: np.ndarray, geometry: LasGeometry, compress: bool,
     las = laspy.LasData(header)
     las.X, las.Y, las.Z = (ints[:, i].astype(np.int32) for i in range(3))
     las.write(tmp, do_compress=compress)
-

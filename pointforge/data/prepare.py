@@ -193,8 +193,9 @@ def _rel(kind_dir: str, raw: Path, root: Path) -> str:
     return str(Path("surfaces") / rel.parent / name)
 
 
-def plan_jobs(root: Path, cases: list[RawCase], layout: str, n_points: int, seed: int,
-              isotropic: float | None) -> list[VolumeJob]:
+def plan_jobs(
+    root: Path, cases: list[RawCase], layout: str, n_points: int, seed: int, isotropic: float | None
+) -> list[VolumeJob]:
     iso = isotropic if layout == "skullfix" else None
     if layout == "skullfix" and isotropic is None:
         iso = 0.0  # finest axis spacing
@@ -204,13 +205,16 @@ def plan_jobs(root: Path, cases: list[RawCase], layout: str, n_points: int, seed
             if src is None or src in seen:
                 continue
             # Each volume gets its own sampling seed derived from the run seed and its path.
-            vseed = int(np.random.SeedSequence([seed, zlib.crc32(str(src.relative_to(root)).encode())]).generate_state(1)[0])
+            vseed = int(
+                np.random.SeedSequence([seed, zlib.crc32(str(src.relative_to(root)).encode())]).generate_state(1)[0]
+            )
             seen[src] = VolumeJob(src, _rel(kind, src, root), kind, n_points, vseed, iso, kind == "complete")
     return list(seen.values())
 
 
-def _run_jobs(out: Path, jobs: list[VolumeJob], todo: list[VolumeJob], workers: int, result: PrepareResult,
-              progress) -> set[Path]:
+def _run_jobs(
+    out: Path, jobs: list[VolumeJob], todo: list[VolumeJob], workers: int, result: PrepareResult, progress
+) -> set[Path]:
     """Run ``todo`` (in a process pool when ``workers`` > 1), recording into ``result``; the sources that failed."""
     failed_sources: set[Path] = set()
     count = result.skipped
@@ -242,8 +246,9 @@ def _run_jobs(out: Path, jobs: list[VolumeJob], todo: list[VolumeJob], workers: 
     return failed_sources
 
 
-def _prepared_cases(cases: list[RawCase], jobs: list[VolumeJob], failed_sources: set[Path],
-                    assignment: dict) -> list[PreparedCase]:
+def _prepared_cases(
+    cases: list[RawCase], jobs: list[VolumeJob], failed_sources: set[Path], assignment: dict
+) -> list[PreparedCase]:
     """The manifest rows: each case with a usable defective skull, pointing at its prepared files."""
     by_source = {j.source: j for j in jobs}
 
@@ -260,11 +265,18 @@ def _prepared_cases(cases: list[RawCase], jobs: list[VolumeJob], failed_sources:
         mask_rel = ""
         if complete_job is not None and case.complete not in failed_sources:
             mask_rel = complete_job.rel.replace("surfaces/", "masks/", 1) + ".npz"
-        prepared.append(PreparedCase(
-            case_id=case.case_id, skull_id=case.skull_id, defect=case.defect,
-            split=assignment[case.skull_id], defective=rel_of(case.defective),
-            implant=rel_of(case.implant), complete=rel_of(case.complete), complete_mask=mask_rel,
-        ))
+        prepared.append(
+            PreparedCase(
+                case_id=case.case_id,
+                skull_id=case.skull_id,
+                defect=case.defect,
+                split=assignment[case.skull_id],
+                defective=rel_of(case.defective),
+                implant=rel_of(case.implant),
+                complete=rel_of(case.complete),
+                complete_mask=mask_rel,
+            )
+        )
     return prepared
 
 

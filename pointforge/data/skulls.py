@@ -105,8 +105,11 @@ def list_cases(root: str | os.PathLike, layout: str | None = None) -> tuple[str,
         for defect_dir in sorted(p for p in (root / "defective_skull").iterdir() if p.is_dir()):
             implants = _volumes_in(root / "implant" / defect_dir.name)
             for stem, path in _volumes_in(defect_dir).items():
-                cases.append(RawCase(f"{defect_dir.name}/{stem}", stem, defect_dir.name, path,
-                                     implants.get(stem), complete.get(stem)))
+                cases.append(
+                    RawCase(
+                        f"{defect_dir.name}/{stem}", stem, defect_dir.name, path, implants.get(stem), complete.get(stem)
+                    )
+                )
     else:
         implants = _volumes_in(root / "implant")
         for stem, path in _volumes_in(root / "defective_skull").items():
@@ -124,11 +127,15 @@ def parse_ratios(text: str | tuple[float, ...]) -> tuple[float, float, float]:
     try:
         values = [float(v) for v in (text.split(",") if isinstance(text, str) else text)]
     except ValueError:
-        raise ConfigError(f"split ratios {text!r} are not numbers; write them like 0.7,0.1,0.2 (train,val,test)") from None
+        raise ConfigError(
+            f"split ratios {text!r} are not numbers; write them like 0.7,0.1,0.2 (train,val,test)"
+        ) from None
     if len(values) == 2:
         values = [values[0], 0.0, values[1]]
     if len(values) != 3 or any(v < 0 or not math.isfinite(v) for v in values) or sum(values) <= 0:
-        raise ConfigError(f"split ratios {text!r} must be 2 or 3 non-negative numbers (train,[val,]test), e.g. 0.7,0.1,0.2")
+        raise ConfigError(
+            f"split ratios {text!r} must be 2 or 3 non-negative numbers (train,[val,]test), e.g. 0.7,0.1,0.2"
+        )
     total = sum(values)
     return tuple(v / total for v in values)  # type: ignore[return-value]
 
@@ -526,8 +533,10 @@ class VoxelizationDataset(_EpochSeeded):
         points = points @ transform[:, :3].T + transform[:, 3]
         points = np.clip(points, 0.0, _BELOW_ONE)
         inside = self.inside(case)
-        target = torch.from_numpy(inside) if self.target_format == "inside" else torch.from_numpy(
-            np.where(inside, np.float32(-0.5), np.float32(0.5))
+        target = (
+            torch.from_numpy(inside)
+            if self.target_format == "inside"
+            else torch.from_numpy(np.where(inside, np.float32(-0.5), np.float32(0.5)))
         )
         return {
             "points": torch.from_numpy(points.astype(np.float32)),
@@ -557,7 +566,9 @@ def transform_inside(inside: torch.Tensor, transform: torch.Tensor, *, chunk_byt
     if inside.dim() != 4 or inside.dtype != torch.bool or len({*inside.shape[1:]}) != 1:
         raise DataError(f"transform_inside expects bool grids [B, R, R, R], got {inside.dtype} {tuple(inside.shape)}")
     if transform.shape != (inside.shape[0], 3, 4):
-        raise DataError(f"transform_inside expects transforms [B, 3, 4] for {inside.shape[0]} grid(s), got {tuple(transform.shape)}")
+        raise DataError(
+            f"transform_inside expects transforms [B, 3, 4] for {inside.shape[0]} grid(s), got {tuple(transform.shape)}"
+        )
     b, res = inside.shape[0], inside.shape[1]
     out = inside.clone()
     identity = torch.eye(3, 4, dtype=transform.dtype, device=transform.device)

@@ -87,7 +87,8 @@ def _bounding_box(mask: np.ndarray, margin: int = 0) -> tuple[slice, slice, slic
     present = [np.flatnonzero(mask.any(axis=tuple(a for a in range(3) if a != axis))) for axis in range(3)]
     if any(p.size == 0 for p in present):
         return None
-    return tuple(slice(max(p[0] - margin, 0), min(p[-1] + 1 + margin, n)) for p, n in zip(present, mask.shape))
+    x, y, z = (slice(max(p[0] - margin, 0), min(p[-1] + 1 + margin, n)) for p, n in zip(present, mask.shape))
+    return x, y, z
 
 
 def make_well_composed(mask: np.ndarray, max_passes: int = 10) -> np.ndarray:
@@ -106,16 +107,20 @@ def make_well_composed(mask: np.ndarray, max_passes: int = 10) -> np.ndarray:
     for _ in range(max_passes):
         fill = np.zeros_like(x)
         for p, q in ((0, 1), (0, 2), (1, 2)):
+
             def at(dp, dq, p=p, q=q):
                 s = [slice(None)] * 3
                 s[p] = slice(dp, x.shape[p] - 1 + dp)
                 s[q] = slice(dq, x.shape[q] - 1 + dq)
                 return tuple(s)
+
             a, b, c, d = x[at(0, 0)], x[at(1, 1)], x[at(1, 0)], x[at(0, 1)]
             fill[at(1, 0)] |= a & b & ~c & ~d
             fill[at(0, 0)] |= c & d & ~a & ~b
+
         def corner(i, j, k):
             return (slice(i, x.shape[0] - 1 + i), slice(j, x.shape[1] - 1 + j), slice(k, x.shape[2] - 1 + k))
+
         count = np.zeros([n - 1 for n in x.shape], dtype=np.uint8)
         for i in (0, 1):
             for j in (0, 1):

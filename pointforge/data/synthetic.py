@@ -79,8 +79,7 @@ from typing import Callable
 import numpy as np
 from scipy import ndimage
 
-from pointforge.data.surface import _bounding_box
-from pointforge.data.surface import make_well_composed as _make_well_composed
+from pointforge.data.surface import _bounding_box, make_well_composed as _make_well_composed
 from pointforge.data.volumes import write_volume
 from pointforge.errors import ConfigError, DataError
 
@@ -300,7 +299,10 @@ def _outer_radius(p: _SkullParams, u: np.ndarray) -> np.ndarray:
 def _thickness(p: _SkullParams, u: np.ndarray) -> np.ndarray:
     temporal = _bump(u, (0.95, -0.05, -0.3), 0.45) + _bump(u, (-0.95, -0.05, -0.3), 0.45)
     t = np.float32(p.thickness_mm) * (
-        1.0 + p.thickness_noise(u) - 0.35 * temporal + 0.3 * _bump(u, (0.0, 0.95, -0.35), 0.35)
+        1.0
+        + p.thickness_noise(u)
+        - 0.35 * temporal
+        + 0.3 * _bump(u, (0.0, 0.95, -0.35), 0.35)
         + 0.2 * (_bump(u, (0.3, -0.95, 0.0), 0.2) + _bump(u, (-0.3, -0.95, 0.0), 0.2))
     )
     return np.maximum(t, np.float32(p.min_thickness_mm))
@@ -361,7 +363,9 @@ def _in_orbit(p: _SkullParams, u: np.ndarray) -> np.ndarray:
     # Below its centre the orbit runs straight down into the base opening: a notch,
     # never a ring of bone that would make the shell a torus.
     up = np.maximum(s2, np.float32(0.0))
-    return (depth > 0.5) & ((s1 / np.float32(p.orbit_half_width)) ** 2 + (up / np.float32(p.orbit_half_height)) ** 2 <= 1.0)
+    return (depth > 0.5) & (
+        (s1 / np.float32(p.orbit_half_width)) ** 2 + (up / np.float32(p.orbit_half_height)) ** 2 <= 1.0
+    )
 
 
 def _shell_terms(p: _SkullParams, pts: np.ndarray):
@@ -443,7 +447,7 @@ def _rasterize(params: _SkullParams, shape, spacing: np.ndarray, *, block: int =
     view = padded.reshape(nblocks[0], block, nblocks[1], block, nblocks[2], block).transpose(0, 2, 4, 1, 3, 5)
     per_chunk = max(1, _CHUNK_POINTS // len(offsets))
     for start in range(0, len(chosen), per_chunk):
-        blocks = chosen[start:start + per_chunk]
+        blocks = chosen[start : start + per_chunk]
         grid_mm = np.stack(
             [
                 (origin[a] + (blocks[:, a, None] * block + offsets[None, :, a]) * spacing[a]).astype(np.float32).ravel()
@@ -723,7 +727,9 @@ def synthesize(
             implant = make_defect(complete, defect_class, np.random.default_rng(defect_seed), spacing)
             defective = complete & ~implant
             sub = () if layout == "skullfix" else (defect_class,)
-            write_volume(out.joinpath("defective_skull", *sub, f"{case_id}.nrrd"), defective, spacing=spacing, origin=origin)
+            write_volume(
+                out.joinpath("defective_skull", *sub, f"{case_id}.nrrd"), defective, spacing=spacing, origin=origin
+            )
             write_volume(out.joinpath("implant", *sub, f"{case_id}.nrrd"), implant, spacing=spacing, origin=origin)
             defects[defect_class] = {"implant_voxels": int(implant.sum()), "defective_voxels": int(defective.sum())}
         cases.append(

@@ -221,7 +221,9 @@ def write_volume(
             direction=np.asarray(direction) if direction is not None else np.eye(3),
         )
     else:
-        overrides = {k: v for k, v in (("spacing", spacing), ("origin", origin), ("direction", direction)) if v is not None}
+        overrides = {
+            k: v for k, v in (("spacing", spacing), ("origin", origin), ("direction", direction)) if v is not None
+        }
         if overrides:
             volume = replace(volume, **overrides)
     data = volume.data
@@ -243,9 +245,23 @@ def _write_nrrd(tmp: str, data: np.ndarray, volume: Volume, compression_level: i
 
     kept = dict(volume.header.get("nrrd", {})) if volume.header.get("format") == "nrrd" else {}
     # Fields that describe the data itself are rewritten from the array; the rest is kept.
-    for key in ("type", "dimension", "sizes", "endian", "encoding", "data file", "datafile", "line skip",
-                "byte skip", "spacings", "space dimension", "space", "space directions", "space origin",
-                "kinds"):
+    for key in (
+        "type",
+        "dimension",
+        "sizes",
+        "endian",
+        "encoding",
+        "data file",
+        "datafile",
+        "line skip",
+        "byte skip",
+        "spacings",
+        "space dimension",
+        "space",
+        "space directions",
+        "space origin",
+        "kinds",
+    ):
         kept.pop(key, None)
     header = dict(kept)
     header["encoding"] = "gzip"
@@ -254,8 +270,13 @@ def _write_nrrd(tmp: str, data: np.ndarray, volume: Volume, compression_level: i
     direction = np.asarray(volume.direction, dtype=np.float64)
     header["space directions"] = (direction * np.asarray(volume.spacing, dtype=np.float64)[None, :]).T
     header["space origin"] = np.asarray(volume.origin, dtype=np.float64)
-    nrrd.write(tmp, np.ascontiguousarray(data) if data.flags.f_contiguous is False else data, header,
-               index_order="F", compression_level=compression_level)
+    nrrd.write(
+        tmp,
+        np.ascontiguousarray(data) if data.flags.f_contiguous is False else data,
+        header,
+        index_order="F",
+        compression_level=compression_level,
+    )
 
 
 def _write_nifti(tmp: str, data: np.ndarray, volume: Volume) -> None:

@@ -52,7 +52,7 @@ from scipy import ndimage
 from scipy.spatial import cKDTree
 
 from pointforge.data.registration import Registration, register
-from pointforge.data.skulls import PreparedDataset
+from pointforge.data.skulls import PreparedCase, PreparedDataset
 from pointforge.data.surface import surface_points
 from pointforge.data.volumes import Volume
 from pointforge.errors import DataError
@@ -137,7 +137,7 @@ class Atlas:
         grid's spacing, origin and direction.
         """
         data = root if isinstance(root, PreparedDataset) else PreparedDataset(root)
-        seen: dict[str, object] = {}
+        seen: dict[str, PreparedCase] = {}
         for case in data.split(split, require=("complete_mask",)):
             seen.setdefault(case.complete_mask, case)
         if not seen:
@@ -145,8 +145,14 @@ class Atlas:
         volumes, names = [], []
         for case in seen.values():
             meta = data.meta(case.complete)
-            volumes.append(Volume(data=data.complete_mask(case), spacing=tuple(meta["spacing"]),
-                                  origin=tuple(meta["origin"]), direction=np.asarray(meta["direction"])))
+            volumes.append(
+                Volume(
+                    data=data.complete_mask(case),
+                    spacing=tuple(meta["spacing"]),
+                    origin=tuple(meta["origin"]),
+                    direction=np.asarray(meta["direction"]),
+                )
+            )
             names.append(case.skull_id)
         return cls.from_volumes(volumes, names)
 
@@ -177,14 +183,24 @@ def _resample_into(skull: AtlasSkull, reg: Registration, target: Volume) -> np.n
     out = np.zeros(target.shape, dtype=np.float32)
     if np.any(hi <= lo):
         return out
-    out[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]] = ndimage.affine_transform(
-        skull.mask.astype(np.float32), m[:3, :3], offset=m[:3, :3] @ lo + m[:3, 3],
-        output_shape=tuple(int(n) for n in hi - lo), order=1, mode="constant", cval=0.0)
+    out[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]] = ndimage.affine_transform(
+        skull.mask.astype(np.float32),
+        m[:3, :3],
+        offset=m[:3, :3] @ lo + m[:3, 3],
+        output_shape=tuple(int(n) for n in hi - lo),
+        order=1,
+        mode="constant",
+        cval=0.0,
+    )
     return out
 
 
 def mean_skull(
-    defective: Volume, atlas: Atlas, *, rotation: bool = True, n_points: int = 3000,
+    defective: Volume,
+    atlas: Atlas,
+    *,
+    rotation: bool = True,
+    n_points: int = 3000,
 ) -> tuple[np.ndarray, list[Registration]]:
     """Per-voxel fraction of registered atlas skulls covering each voxel of ``defective``'s grid.
 
@@ -192,7 +208,9 @@ def mean_skull(
     :class:`Registration` per atlas skull.
     """
     if not isinstance(atlas, Atlas):
-        raise DataError(f"atlas must be an Atlas (Atlas.from_prepared or Atlas.from_volumes), got {type(atlas).__name__}")
+        raise DataError(
+            f"atlas must be an Atlas (Atlas.from_prepared or Atlas.from_volumes), got {type(atlas).__name__}"
+        )
     mask = _checked_mask(defective, "the defective skull")
     points = surface_points_mm(mask, defective.affine(), n_points)
     total = np.zeros(defective.shape, dtype=np.float32)

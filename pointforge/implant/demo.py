@@ -101,9 +101,22 @@ class DemoResult:
 
 def _train_command(task: str, config: Path, run_dir: Path, data_root: Path, minutes: float, device: str) -> list[str]:
     return [
-        sys.executable, "-m", "pointforge.cli", "train", task, "--config", str(config), "--resume", "auto",
-        f"run.dir={run_dir}", f"task.data_root={data_root}", f"train.max_minutes={minutes:.4f}",
-        "train.epochs=100000", "train.max_steps=null", f"run.device={device}", "log.progress=off",
+        sys.executable,
+        "-m",
+        "pointforge.cli",
+        "train",
+        task,
+        "--config",
+        str(config),
+        "--resume",
+        "auto",
+        f"run.dir={run_dir}",
+        f"task.data_root={data_root}",
+        f"train.max_minutes={minutes:.4f}",
+        "train.epochs=100000",
+        "train.max_steps=null",
+        f"run.device={device}",
+        "log.progress=off",
     ]
 
 
@@ -114,8 +127,9 @@ def _run_status(run_dir: Path) -> dict:
         return {}
 
 
-def _train_side_by_side(jobs: dict[str, list[str]], run_dirs: dict[str, Path], minutes: float, *,
-                        progress=None) -> dict[str, dict]:
+def _train_side_by_side(
+    jobs: dict[str, list[str]], run_dirs: dict[str, Path], minutes: float, *, progress=None
+) -> dict[str, dict]:
     """Start each job, wait for all, show progress; one clear error if any fails."""
     procs = {}
     logs = {}
@@ -128,8 +142,11 @@ def _train_side_by_side(jobs: dict[str, list[str]], run_dirs: dict[str, Path], m
     try:
         while any(p.poll() is None for p in procs.values()):
             if progress:
-                progress(min(time.monotonic() - t0, minutes * 60), minutes * 60,
-                         {n: _run_status(run_dirs[n]).get("global_step") for n in procs})
+                progress(
+                    min(time.monotonic() - t0, minutes * 60),
+                    minutes * 60,
+                    {n: _run_status(run_dirs[n]).get("global_step") for n in procs},
+                )
             time.sleep(1.0)
     except BaseException:
         for p in procs.values():
@@ -143,8 +160,10 @@ def _train_side_by_side(jobs: dict[str, list[str]], run_dirs: dict[str, Path], m
     if failed:
         name = next(iter(failed))
         tail = (run_dirs[name].parent / f"{name}.log").read_text().strip().splitlines()[-3:]
-        raise DataError(f"training {name} failed (exit {failed[name]}): {' | '.join(tail)}; "
-                        f"full log: {run_dirs[name].parent / f'{name}.log'}")
+        raise DataError(
+            f"training {name} failed (exit {failed[name]}): {' | '.join(tail)}; "
+            f"full log: {run_dirs[name].parent / f'{name}.log'}"
+        )
     return {n: _run_status(run_dirs[n]) for n in procs}
 
 
@@ -169,8 +188,15 @@ def _make_data(out: Path, s: DemoSettings, log: Callable[[str], None], progress)
     else:
         raw = Path(s.data)
         log(f"[1/6] preparing {raw} (split {s.split} by skull) → {prepared}")
-    prep = prepare_dataset(raw, prepared, n_points=s.points, seed=s.seed, split=s.split, workers=s.workers,
-                           progress=(lambda d, n, _name: progress("prepare", d, n, None)) if progress else None)
+    prep = prepare_dataset(
+        raw,
+        prepared,
+        n_points=s.points,
+        seed=s.seed,
+        split=s.split,
+        workers=s.workers,
+        progress=(lambda d, n, _name: progress("prepare", d, n, None)) if progress else None,
+    )
     if prep.failures:
         raise DataError(f"prepare failed on {raw}: " + "; ".join(prep.failures))
     return raw, prepared
@@ -184,27 +210,40 @@ def _train_phases(out: Path, s: DemoSettings, prepared: Path, log: Callable[[str
     done_fraction = 0.0
     for k, fraction in enumerate(s.phases):
         minutes = (fraction - done_fraction) * s.minutes
-        log(f"[2/6] training PCDiff and the voxelizer side by side: phase {k + 1}/{len(s.phases)}, "
-            f"{minutes:.2f} min (to {fraction * s.minutes:.2f} of {s.minutes:g} min)")
+        log(
+            f"[2/6] training PCDiff and the voxelizer side by side: phase {k + 1}/{len(s.phases)}, "
+            f"{minutes:.2f} min (to {fraction * s.minutes:.2f} of {s.minutes:g} min)"
+        )
         jobs = {n: _train_command(n, configs[n], run_dirs[n], prepared, minutes, s.device) for n in run_dirs}
         status = _train_side_by_side(
-            jobs, run_dirs, minutes,
-            progress=(lambda d, n, info: progress("train", d, n, info)) if progress else None)
+            jobs, run_dirs, minutes, progress=(lambda d, n, info: progress("train", d, n, info)) if progress else None
+        )
         snapshot = {"minutes": round(fraction * s.minutes, 3)}
         for name in run_dirs:
             src = Path(status[name].get("last_checkpoint") or run_dirs[name] / "checkpoints" / "latest.pt")
             dst = out / "checkpoints" / f"{name}-{fraction * s.minutes:.2f}min.pt"
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, dst)
-            snapshot[name] = {"checkpoint": str(dst), "step": status[name].get("global_step"),
-                              "metrics": status[name].get("metrics", {})}
+            snapshot[name] = {
+                "checkpoint": str(dst),
+                "step": status[name].get("global_step"),
+                "metrics": status[name].get("metrics", {}),
+            }
         kept.append(snapshot)
         done_fraction = fraction
     return kept
 
 
-def _generate_and_evaluate(out: Path, s: DemoSettings, kept: list[dict], raw: Path, prepared: Path,
-                           case_ids: list[str], log: Callable[[str], None], progress) -> list[dict]:
+def _generate_and_evaluate(
+    out: Path,
+    s: DemoSettings,
+    kept: list[dict],
+    raw: Path,
+    prepared: Path,
+    case_ids: list[str],
+    log: Callable[[str], None],
+    progress,
+) -> list[dict]:
     """Stage 3: implants for the held-out cases with each phase's checkpoints, each set evaluated."""
     options = GenerateOptions(ensemble=s.ensemble, sampler=s.sampler, steps=s.steps, seed=s.seed)
     curve = []
@@ -212,14 +251,30 @@ def _generate_and_evaluate(out: Path, s: DemoSettings, kept: list[dict], raw: Pa
         final = k == len(kept) - 1
         label = "final" if final else f"{snap['minutes']:.2f}min"
         pred_root = out / "implants" / label
-        log(f"[3/6] generating implants for {len(case_ids)} held-out cases with the models after {snap['minutes']:g} min → {pred_root}")
+        log(
+            f"[3/6] generating implants for {len(case_ids)} held-out cases with the models after {snap['minutes']:g} min → {pred_root}"
+        )
         models = load_models(snap["pcdiff"]["checkpoint"], snap["voxelizer"]["checkpoint"], device=s.device)
-        gen = generate_folder(prepared, pred_root, models, options, split="test", log=log,
-                              progress=(lambda d, n: progress("generate", d, n, None)) if progress else None)
+        gen = generate_folder(
+            prepared,
+            pred_root,
+            models,
+            options,
+            split="test",
+            log=log,
+            progress=(lambda d, n: progress("generate", d, n, None)) if progress else None,
+        )
         evaluation = evaluate_predictions(pred_root, raw, cases=case_ids)
         write_reports(evaluation, pred_root)
-        curve.append({"minutes": snap["minutes"], "steps": {n: snap[n]["step"] for n in ("pcdiff", "voxelizer")},
-                      "failed": gen.failed, "evaluation": evaluation, "root": pred_root})
+        curve.append(
+            {
+                "minutes": snap["minutes"],
+                "steps": {n: snap[n]["step"] for n in ("pcdiff", "voxelizer")},
+                "failed": gen.failed,
+                "evaluation": evaluation,
+                "root": pred_root,
+            }
+        )
     return curve
 
 
@@ -232,12 +287,24 @@ def _run_oracle(dataset: PreparedDataset, out: Path, snapshot: dict, s: DemoSett
     for case in cases:
         meta = dataset.meta(case.implant)
         points = np.asarray(dataset.points(case.implant), dtype=np.float64)
-        affine = np.asarray(meta["direction"], dtype=np.float64) * np.asarray(meta["spacing"], dtype=np.float64)[None, :]
+        affine = (
+            np.asarray(meta["direction"], dtype=np.float64) * np.asarray(meta["spacing"], dtype=np.float64)[None, :]
+        )
         points_mm = points @ affine.T + np.asarray(meta["origin"], dtype=np.float64)
-        chosen = np.stack([points_mm[rng.choice(len(points_mm), n_implant, replace=len(points_mm) < n_implant)]
-                           for _ in range(s.ensemble)])
-        generate_case(dataset.meta(case.defective)["source"], out / case.case_id, models, options, proposals_mm=chosen,
-                      title=f"{case.case_id}: oracle (true implant points)")
+        chosen = np.stack(
+            [
+                points_mm[rng.choice(len(points_mm), n_implant, replace=len(points_mm) < n_implant)]
+                for _ in range(s.ensemble)
+            ]
+        )
+        generate_case(
+            dataset.meta(case.defective)["source"],
+            out / case.case_id,
+            models,
+            options,
+            proposals_mm=chosen,
+            title=f"{case.case_id}: oracle (true implant points)",
+        )
 
 
 def placement_summary(dataset: PreparedDataset, root: Path, cases) -> dict[str, float]:
@@ -256,15 +323,32 @@ def placement_summary(dataset: PreparedDataset, root: Path, cases) -> dict[str, 
     return {name: float(np.mean(v)) for name, v in found.items()}
 
 
-def _summary(s: DemoSettings, case_ids: list[str], curve: list[dict], baseline_eval, base_stats: dict,
-             kept: list[dict], timings: dict[str, float], placements: list[dict], oracle_eval) -> dict:
+def _summary(
+    s: DemoSettings,
+    case_ids: list[str],
+    curve: list[dict],
+    baseline_eval,
+    base_stats: dict,
+    kept: list[dict],
+    timings: dict[str, float],
+    placements: list[dict],
+    oracle_eval,
+) -> dict:
     summary = {
         "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(s).items()},
         "cases": case_ids,
         "pipeline": curve[-1]["evaluation"].summary,
         "baseline": baseline_eval.summary,
-        "curve": [{"minutes": c["minutes"], "steps": c["steps"], "failed": c["failed"],
-                   "dsc_mean": _mean_dsc(c["evaluation"], case_ids), "placement": p} for c, p in zip(curve, placements)],
+        "curve": [
+            {
+                "minutes": c["minutes"],
+                "steps": c["steps"],
+                "failed": c["failed"],
+                "dsc_mean": _mean_dsc(c["evaluation"], case_ids),
+                "placement": p,
+            }
+            for c, p in zip(curve, placements)
+        ],
         "oracle": oracle_eval.summary,
         "oracle_dsc_mean": _mean_dsc(oracle_eval, case_ids),
         "baseline_dsc_mean": _mean_dsc(baseline_eval, case_ids),
@@ -278,14 +362,21 @@ def _summary(s: DemoSettings, case_ids: list[str], curve: list[dict], baseline_e
     return summary
 
 
-def run_demo(out: str | os.PathLike = "demo_out", settings: DemoSettings | None = None, *,
-             log: Callable[[str], None] = print, progress=None) -> DemoResult:
+def run_demo(
+    out: str | os.PathLike = "demo_out",
+    settings: DemoSettings | None = None,
+    *,
+    log: Callable[[str], None] = print,
+    progress=None,
+) -> DemoResult:
     """Run every stage into ``out``. ``progress(stage, done, total, info)`` reports long stages."""
     s = settings or DemoSettings()
     s.validate()
     for config in (PCDIFF_CONFIG, VOXELIZER_CONFIG):
         if not config.is_file():
-            raise UserError(f"{config}: the demo's training config is missing; reinstall pointforge from its repository")
+            raise UserError(
+                f"{config}: the demo's training config is missing; reinstall pointforge from its repository"
+            )
     out = Path(out)
     _check_out(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -307,14 +398,18 @@ def run_demo(out: str | os.PathLike = "demo_out", settings: DemoSettings | None 
     timings["generate_evaluate_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    log("[4/6] oracle: the true implant points through the same voxelizer and clean-up (what a perfect PCDiff would reach)")
+    log(
+        "[4/6] oracle: the true implant points through the same voxelizer and clean-up (what a perfect PCDiff would reach)"
+    )
     _run_oracle(dataset, out / "oracle", kept[-1], s, test_cases)
     oracle_eval = evaluate_predictions(out / "oracle", raw, cases=case_ids)
     write_reports(oracle_eval, out / "oracle")
     timings["oracle_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    log(f"[5/6] baseline: the defect filled with the mean of the {len({c.skull_id for c in dataset.split('train')})} registered training skulls")
+    log(
+        f"[5/6] baseline: the defect filled with the mean of the {len({c.skull_id for c in dataset.split('train')})} registered training skulls"
+    )
     base_root = out / "baseline"
     base_stats = _run_baseline(prepared, base_root)
     baseline_eval = evaluate_predictions(base_root, raw, cases=case_ids)
@@ -360,12 +455,19 @@ def _run_baseline(prepared: Path, out: Path) -> dict:
 def _reproduce_commands() -> list[tuple[str, str]]:
     return [
         ("prepare SkullBreak", "pointforge data prepare /data/SkullBreak --out data/skullbreak"),
-        ("train PCDiff on 8 GPUs", "pointforge train pcdiff --config configs/pcdiff/paper.yaml --nproc 8 "
-                                   "task.data_root=data/skullbreak"),
-        ("train the voxelizer on 8 GPUs", "pointforge train voxelizer --config configs/voxelizer/paper.yaml --nproc 8 "
-                                          "task.data_root=data/skullbreak"),
-        ("generate the test split's implants", "pointforge generate data/skullbreak --pcdiff runs/pcdiff/paper/checkpoints/best.pt "
-                                               "--voxelizer runs/voxelizer/paper/checkpoints/best.pt --out implants --ensemble 5"),
+        (
+            "train PCDiff on 8 GPUs",
+            "pointforge train pcdiff --config configs/pcdiff/paper.yaml --nproc 8 task.data_root=data/skullbreak",
+        ),
+        (
+            "train the voxelizer on 8 GPUs",
+            "pointforge train voxelizer --config configs/voxelizer/paper.yaml --nproc 8 task.data_root=data/skullbreak",
+        ),
+        (
+            "generate the test split's implants",
+            "pointforge generate data/skullbreak --pcdiff runs/pcdiff/paper/checkpoints/best.pt "
+            "--voxelizer runs/voxelizer/paper/checkpoints/best.pt --out implants --ensemble 5",
+        ),
         ("evaluate", "pointforge evaluate implants --truth /data/SkullBreak"),
     ]
 
@@ -407,57 +509,162 @@ def _metric_cell(stats: dict | None, metric: str) -> str:
 def _tables(summary: dict, curve: list[dict], baseline_eval) -> dict[str, tuple[list[str], list[list[str]]]]:
     pipe, base = summary["pipeline"], summary["baseline"]
     groups = [g for g in pipe if g != "all"] + ["all"]
-    by_class = (["defect class", "n", "PCDiff DSC", "baseline DSC", "PCDiff bDSC", "baseline bDSC",
-                 "PCDiff HD95 (mm)", "baseline HD95 (mm)"],
-                [[g, str(pipe[g]["dsc"]["n"]), _metric_cell(pipe[g], "dsc"), _metric_cell(base.get(g), "dsc"),
-                  _metric_cell(pipe[g], "bdsc"), _metric_cell(base.get(g), "bdsc"),
-                  _metric_cell(pipe[g], "hd95"), _metric_cell(base.get(g), "hd95")] for g in groups])
-    curve_rows = [[f"{c['minutes']:g}", str(c["steps"].get("pcdiff")), str(c["steps"].get("voxelizer")),
-                   _fmt(_mean_dsc(c["evaluation"], summary["cases"])),
-                   _fmt(p.get("centroid_error"), 1), _fmt(p.get("spread_ratio"), 2),
-                   _fmt(c["evaluation"].summary.get("all", {}).get("bdsc", {}).get("mean")),
-                   _fmt(c["evaluation"].summary.get("all", {}).get("hd95", {}).get("mean"), 2),
-                   str(len(c["failed"]))] for c, p in zip(curve, (k["placement"] for k in summary["curve"]))]
-    curve_table = (["training min", "PCDiff steps", "voxelizer steps", "mean DSC (failed = 0)", "centroid error (mm)",
-                    "spread ratio", "mean bDSC", "mean HD95 (mm)", "failed cases"], curve_rows)
+    by_class = (
+        [
+            "defect class",
+            "n",
+            "PCDiff DSC",
+            "baseline DSC",
+            "PCDiff bDSC",
+            "baseline bDSC",
+            "PCDiff HD95 (mm)",
+            "baseline HD95 (mm)",
+        ],
+        [
+            [
+                g,
+                str(pipe[g]["dsc"]["n"]),
+                _metric_cell(pipe[g], "dsc"),
+                _metric_cell(base.get(g), "dsc"),
+                _metric_cell(pipe[g], "bdsc"),
+                _metric_cell(base.get(g), "bdsc"),
+                _metric_cell(pipe[g], "hd95"),
+                _metric_cell(base.get(g), "hd95"),
+            ]
+            for g in groups
+        ],
+    )
+    curve_rows = [
+        [
+            f"{c['minutes']:g}",
+            str(c["steps"].get("pcdiff")),
+            str(c["steps"].get("voxelizer")),
+            _fmt(_mean_dsc(c["evaluation"], summary["cases"])),
+            _fmt(p.get("centroid_error"), 1),
+            _fmt(p.get("spread_ratio"), 2),
+            _fmt(c["evaluation"].summary.get("all", {}).get("bdsc", {}).get("mean")),
+            _fmt(c["evaluation"].summary.get("all", {}).get("hd95", {}).get("mean"), 2),
+            str(len(c["failed"])),
+        ]
+        for c, p in zip(curve, (k["placement"] for k in summary["curve"]))
+    ]
+    curve_table = (
+        [
+            "training min",
+            "PCDiff steps",
+            "voxelizer steps",
+            "mean DSC (failed = 0)",
+            "centroid error (mm)",
+            "spread ratio",
+            "mean bDSC",
+            "mean HD95 (mm)",
+            "failed cases",
+        ],
+        curve_rows,
+    )
     base_rows = {r["case_id"]: r for r in baseline_eval.rows}
     final = curve[-1]
     case_rows = []
     for row in final["evaluation"].rows:
         report = _case_report(final["root"] / row["case_id"])
         b = base_rows.get(row["case_id"], {})
-        case_rows.append([row["case_id"], _fmt(row.get("dsc")), _fmt(b.get("dsc")), _fmt(row.get("bdsc")),
-                          _fmt(row.get("hd95"), 2), _fmt((report.get("implant") or {}).get("volume_cm3"), 2),
-                          _fmt((report.get("agreement") or {}).get("mean_in_implant"), 2),
-                          "yes" if (report.get("mesh") or {}).get("watertight") else "no"])
+        case_rows.append(
+            [
+                row["case_id"],
+                _fmt(row.get("dsc")),
+                _fmt(b.get("dsc")),
+                _fmt(row.get("bdsc")),
+                _fmt(row.get("hd95"), 2),
+                _fmt((report.get("implant") or {}).get("volume_cm3"), 2),
+                _fmt((report.get("agreement") or {}).get("mean_in_implant"), 2),
+                "yes" if (report.get("mesh") or {}).get("watertight") else "no",
+            ]
+        )
     for case_id, message in final["failed"].items():
         case_rows.append([case_id, "failed: " + message, "", "", "", "", "", ""])
-    cases = (["case", "PCDiff DSC", "baseline DSC", "PCDiff bDSC", "PCDiff HD95 (mm)", "implant cm³",
-              "mean agreement", "STL watertight"], case_rows)
+    cases = (
+        [
+            "case",
+            "PCDiff DSC",
+            "baseline DSC",
+            "PCDiff bDSC",
+            "PCDiff HD95 (mm)",
+            "implant cm³",
+            "mean agreement",
+            "STL watertight",
+        ],
+        case_rows,
+    )
     stage_sums: dict[str, list[float]] = {}
     for row in final["evaluation"].rows:
         for k, v in (_case_report(final["root"] / row["case_id"]).get("timings_s") or {}).items():
             stage_sums.setdefault(k, []).append(v)
-    stages = (["generation stage", "mean s per case"],
-              [[k.removesuffix("_s"), f"{sum(v) / len(v):.2f}"] for k, v in stage_sums.items()])
-    demo_times = (["demo stage", "seconds"], [[k.removesuffix("_s"), f"{v:.1f}"] for k, v in summary["timings_s"].items()])
-    return {"by_class": by_class, "curve": curve_table, "cases": cases, "stages": stages, "demo_times": demo_times,
-            "limits": _limits_table(summary)}
+    stages = (
+        ["generation stage", "mean s per case"],
+        [[k.removesuffix("_s"), f"{sum(v) / len(v):.2f}"] for k, v in stage_sums.items()],
+    )
+    demo_times = (
+        ["demo stage", "seconds"],
+        [[k.removesuffix("_s"), f"{v:.1f}"] for k, v in summary["timings_s"].items()],
+    )
+    return {
+        "by_class": by_class,
+        "curve": curve_table,
+        "cases": cases,
+        "stages": stages,
+        "demo_times": demo_times,
+        "limits": _limits_table(summary),
+    }
 
 
 def _limits_table(summary: dict) -> tuple[list[str], list[list[str]]]:
     """PCDiff's points, the true points (oracle) and the baseline through the same scoring: which stage limits."""
     place = summary["curve"][-1]["placement"]
     pipe, base, oracle = summary["pipeline"], summary["baseline"], summary["oracle"]
-    return (["implant points from", "mean DSC", "mean bDSC", "mean HD95 (mm)", "centroid error (mm)", "spread ratio",
-             "generated → true (mm)", "true → generated (mm)"],
-            [["PCDiff (final models)", _fmt(summary["curve"][-1]["dsc_mean"]), _cell(pipe, "bdsc"), _cell(pipe, "hd95", 2),
-              _fmt(place.get("centroid_error"), 1), _fmt(place.get("spread_ratio"), 2),
-              _fmt(place.get("pred_to_true"), 1), _fmt(place.get("true_to_pred"), 1)],
-             ["the true implant (oracle)", _fmt(summary["oracle_dsc_mean"]), _cell(oracle, "bdsc"),
-              _cell(oracle, "hd95", 2), "0", "1", "0", "0"],
-             ["baseline (mean registered skull)", _fmt(summary["baseline_dsc_mean"]), _cell(base, "bdsc"),
-              _cell(base, "hd95", 2), "", "", "", ""]])
+    return (
+        [
+            "implant points from",
+            "mean DSC",
+            "mean bDSC",
+            "mean HD95 (mm)",
+            "centroid error (mm)",
+            "spread ratio",
+            "generated → true (mm)",
+            "true → generated (mm)",
+        ],
+        [
+            [
+                "PCDiff (final models)",
+                _fmt(summary["curve"][-1]["dsc_mean"]),
+                _cell(pipe, "bdsc"),
+                _cell(pipe, "hd95", 2),
+                _fmt(place.get("centroid_error"), 1),
+                _fmt(place.get("spread_ratio"), 2),
+                _fmt(place.get("pred_to_true"), 1),
+                _fmt(place.get("true_to_pred"), 1),
+            ],
+            [
+                "the true implant (oracle)",
+                _fmt(summary["oracle_dsc_mean"]),
+                _cell(oracle, "bdsc"),
+                _cell(oracle, "hd95", 2),
+                "0",
+                "1",
+                "0",
+                "0",
+            ],
+            [
+                "baseline (mean registered skull)",
+                _fmt(summary["baseline_dsc_mean"]),
+                _cell(base, "bdsc"),
+                _cell(base, "hd95", 2),
+                "",
+                "",
+                "",
+                "",
+            ],
+        ],
+    )
 
 
 def _cell(stats: dict, metric: str, digits: int = 3) -> str:
@@ -498,25 +705,39 @@ def _write_report(out: Path, summary: dict, curve: list[dict], baseline_eval, ba
             previews.append((f"{row['case_id']} (DSC {_fmt(row.get('dsc'))})", os.path.relpath(path, out)))
     s = summary["settings"]
     pipe, base = summary["curve"][-1]["dsc_mean"], summary["baseline_dsc_mean"]
-    verdict = (f"PCDiff + voxelizer reach a mean DSC of {_fmt(pipe)} on {len(summary['cases'])} held-out cases "
-               "(a case without an implant counts as 0) "
-               f"against {_fmt(base)} for the mean-registered-skull baseline: "
-               + ("the diffusion pipeline beats the baseline." if summary["beats_baseline"]
-                  else "the diffusion pipeline does NOT beat the baseline at this training budget."))
-    data = (f"Synthetic SkullBreak-style data: {s['skulls']} skulls at {s['size']}³ "
-            f"({230 / s['size']:.2f} mm voxels), 5 defect classes each" if s.get("data") is None
-            else f"Data: {s['data']}")
-    intro = (f"{data}, split {s['split']} by skull. "
-             f"Training: {s['minutes']:g} min of wall-clock time, PCDiff and the voxelizer side by side. "
-             f"Generation: ensemble of {s['ensemble']}, sampler {s['sampler']}"
-             + (f" {s['steps']} steps" if s["steps"] else "") + ". Every number below was computed in this run.")
+    verdict = (
+        f"PCDiff + voxelizer reach a mean DSC of {_fmt(pipe)} on {len(summary['cases'])} held-out cases "
+        "(a case without an implant counts as 0) "
+        f"against {_fmt(base)} for the mean-registered-skull baseline: "
+        + (
+            "the diffusion pipeline beats the baseline."
+            if summary["beats_baseline"]
+            else "the diffusion pipeline does NOT beat the baseline at this training budget."
+        )
+    )
+    data = (
+        f"Synthetic SkullBreak-style data: {s['skulls']} skulls at {s['size']}³ "
+        f"({230 / s['size']:.2f} mm voxels), 5 defect classes each"
+        if s.get("data") is None
+        else f"Data: {s['data']}"
+    )
+    intro = (
+        f"{data}, split {s['split']} by skull. "
+        f"Training: {s['minutes']:g} min of wall-clock time, PCDiff and the voxelizer side by side. "
+        f"Generation: ensemble of {s['ensemble']}, sampler {s['sampler']}"
+        + (f" {s['steps']} steps" if s["steps"] else "")
+        + ". Every number below was computed in this run."
+    )
     sections = [
         ("Result", None, verdict),
-        ("Which stage limits the result", "limits",
-         "The same voxelizer and clean-up fed PCDiff's points, then the true implant points (the oracle): "
-         "the gap between the first two rows is PCDiff's, between the oracle and 1 the voxelizer's and the clean-up's. "
-         "Placement: distance between the generated and true implant centroids, and the generated points' spread "
-         "(RMS radius) over the true one's."),
+        (
+            "Which stage limits the result",
+            "limits",
+            "The same voxelizer and clean-up fed PCDiff's points, then the true implant points (the oracle): "
+            "the gap between the first two rows is PCDiff's, between the oracle and 1 the voxelizer's and the clean-up's. "
+            "Placement: distance between the generated and true implant centroids, and the generated points' spread "
+            "(RMS radius) over the true one's.",
+        ),
         ("Per defect class (final models)", "by_class", None),
         ("Learning curve", "curve", "More training, same held-out cases (baseline: dashed)."),
         ("Per case (final models)", "cases", None),
@@ -541,12 +762,16 @@ def _write_report(out: Path, summary: dict, curve: list[dict], baseline_eval, ba
     md_path = out / "report.md"
     atomic_write_text(md_path, "\n".join(md) + "\n")
 
-    style = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
-             "table{border-collapse:collapse;margin:0.5em 0 1.5em}td,th{border:1px solid #ccc;padding:4px 8px;"
-             "text-align:right}th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}"
-             "img{max-width:100%}pre{background:#f6f6f6;padding:0.6em;overflow-x:auto}")
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>pointforge demo report</title>"
-             f"<style>{style}</style></head><body><h1>pointforge demo report</h1><p>{html.escape(intro)}</p>"]
+    style = (
+        "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
+        "table{border-collapse:collapse;margin:0.5em 0 1.5em}td,th{border:1px solid #ccc;padding:4px 8px;"
+        "text-align:right}th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}"
+        "img{max-width:100%}pre{background:#f6f6f6;padding:0.6em;overflow-x:auto}"
+    )
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>pointforge demo report</title>"
+        f"<style>{style}</style></head><body><h1>pointforge demo report</h1><p>{html.escape(intro)}</p>"
+    ]
     for title, key, text in sections:
         parts.append(f"<h2>{html.escape(title)}</h2>")
         if text:

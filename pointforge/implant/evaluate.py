@@ -23,6 +23,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -61,8 +62,14 @@ def _stats(values: list[float]) -> dict:
     finite = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)
     if finite.size == 0:
         return {"n": 0, "mean": math.nan, "median": math.nan, "std": math.nan, "min": math.nan, "max": math.nan}
-    return {"n": int(finite.size), "mean": float(finite.mean()), "median": float(np.median(finite)),
-            "std": float(finite.std()), "min": float(finite.min()), "max": float(finite.max())}
+    return {
+        "n": int(finite.size),
+        "mean": float(finite.mean()),
+        "median": float(np.median(finite)),
+        "std": float(finite.std()),
+        "min": float(finite.min()),
+        "max": float(finite.max()),
+    }
 
 
 def summarise(rows: list[dict]) -> dict:
@@ -74,8 +81,14 @@ def summarise(rows: list[dict]) -> dict:
     return {g: {m: _stats([r[m] for r in rs if r.get("error") is None]) for m in METRICS} for g, rs in groups.items()}
 
 
-def evaluate_predictions(pred_root: str | os.PathLike, truth_root: str | os.PathLike, *, margin_mm: float = 10.0,
-                         cases: list[str] | None = None, progress=None) -> Evaluation:
+def evaluate_predictions(
+    pred_root: str | os.PathLike,
+    truth_root: str | os.PathLike,
+    *,
+    margin_mm: float = 10.0,
+    cases: list[str] | None = None,
+    progress=None,
+) -> Evaluation:
     t0 = time.perf_counter()
     pred_root, truth_root = Path(pred_root), Path(truth_root)
     if not pred_root.is_dir():
@@ -90,9 +103,9 @@ def evaluate_predictions(pred_root: str | os.PathLike, truth_root: str | os.Path
         if pred_path is None:
             result.missing.append(case.case_id)
         else:
-            row = {"case_id": case.case_id, "defect": case.defect, "prediction": str(pred_path)}
+            row: dict[str, Any] = {"case_id": case.case_id, "defect": case.defect, "prediction": str(pred_path)}
             try:
-                truth = read_binary_volume(case.implant)
+                truth = read_binary_volume(case.implant)  # type: ignore[arg-type]  # raw_cases keeps cases with one
                 pred = read_binary_volume(pred_path, allow_empty=True)
                 defective = read_binary_volume(case.defective)
                 if pred.shape != truth.shape:
@@ -126,7 +139,11 @@ def write_reports(evaluation: Evaluation, out_dir: str | os.PathLike) -> dict[st
         writer.writerow(row)
     paths = {"csv": out_dir / "metrics.csv", "json": out_dir / "metrics.json"}
     atomic_write_text(paths["csv"], buf.getvalue())
-    payload = {"cases": evaluation.rows, "summary": evaluation.summary, "missing": evaluation.missing,
-               "seconds": round(evaluation.seconds, 2)}
+    payload = {
+        "cases": evaluation.rows,
+        "summary": evaluation.summary,
+        "missing": evaluation.missing,
+        "seconds": round(evaluation.seconds, 2),
+    }
     atomic_write_text(paths["json"], json.dumps(json_safe(payload), indent=1))
     return paths

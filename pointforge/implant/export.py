@@ -101,8 +101,11 @@ def render_preview(
         verts = (verts * factor) * np.asarray(spacing)
         if layer.values is not None:
             vals_small = layer.values[::factor, ::factor, ::factor]
-            centre = np.clip(np.round(verts[faces].mean(1) / np.asarray(spacing) / factor).astype(int), 0,
-                             np.asarray(vals_small.shape) - 1)
+            centre = np.clip(
+                np.round(verts[faces].mean(1) / np.asarray(spacing) / factor).astype(int),
+                0,
+                np.asarray(vals_small.shape) - 1,
+            )
             base = np.asarray(colormaps[layer.cmap](vals_small[tuple(centre.T)]))[:, :3]
         else:
             base = np.broadcast_to(np.asarray(layer.color, float), (len(faces), 3))
@@ -124,10 +127,15 @@ def render_preview(
         ax.view_init(elev=elev, azim=azim)
         ax.set_axis_off()
         ax.set_title(name, fontsize=10)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=l.color) for _, _, l in meshes if l.label]
+    handles = [plt.Rectangle((0, 0), 1, 1, color=layer.color) for _, _, layer in meshes if layer.label]
     if handles:
-        fig.legend(handles, [l.label for _, _, l in meshes if l.label], loc="lower center", ncol=len(handles),
-                   frameon=False)
+        fig.legend(
+            handles,
+            [layer.label for _, _, layer in meshes if layer.label],
+            loc="lower center",
+            ncol=len(handles),
+            frameon=False,
+        )
     if title:
         fig.suptitle(title)
     fig.tight_layout()

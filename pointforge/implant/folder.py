@@ -51,8 +51,10 @@ def cases_of(root: str | os.PathLike, split: str = "test") -> list[FolderCase]:
             out.append(FolderCase(case.case_id, case.defect, Path(source)))
         return out
     if split not in ("all", "test"):
-        raise ConfigError(f"{root} is a raw dataset, which has no {split} split; prepare it first "
-                          "(pointforge data prepare) or leave --split out to process every case")
+        raise ConfigError(
+            f"{root} is a raw dataset, which has no {split} split; prepare it first "
+            "(pointforge data prepare) or leave --split out to process every case"
+        )
     _, raw = list_cases(root)
     cases = [FolderCase(c.case_id, c.defect, Path(c.defective)) for c in raw if c.defective is not None]
     if not cases:
@@ -68,10 +70,16 @@ class FolderResult:
     seconds: float = 0.0
 
 
-def generate_folder(root: str | os.PathLike, out: str | os.PathLike, models: Models,
-                    options: GenerateOptions | None = None, *, split: str = "test",
-                    log: Callable[[str], None] | None = None,
-                    progress: Callable[[int, int], None] | None = None) -> FolderResult:
+def generate_folder(
+    root: str | os.PathLike,
+    out: str | os.PathLike,
+    models: Models,
+    options: GenerateOptions | None = None,
+    *,
+    split: str = "test",
+    log: Callable[[str], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> FolderResult:
     """Every case of ``root`` (see :func:`cases_of`) into ``out/<case_id>/``.
 
     Resumable: a case whose folder is complete is skipped. One failing case is
@@ -89,8 +97,14 @@ def generate_folder(root: str | os.PathLike, out: str | os.PathLike, models: Mod
             result.skipped.append(case.case_id)
         else:
             try:
-                generate_case(case.source, target, models, options, overwrite=target.exists(),
-                              title=f"{case.case_id} ({case.defect})")
+                generate_case(
+                    case.source,
+                    target,
+                    models,
+                    options,
+                    overwrite=target.exists(),
+                    title=f"{case.case_id} ({case.defect})",
+                )
                 result.done.append(case.case_id)
             except Exception as err:  # noqa: BLE001 - one case must never stop the others
                 message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

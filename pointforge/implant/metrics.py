@@ -98,7 +98,7 @@ def _check_spacing(spacing: Any) -> tuple[float, float, float]:
         raise DataError(f"spacing must be three voxel sizes in mm, got {spacing!r}") from None
     if len(values) != 3 or not all(math.isfinite(s) and s > 0 for s in values):
         raise DataError(f"spacing must be three positive voxel sizes in mm, got {spacing!r}")
-    return values  # type: ignore[return-value]
+    return values
 
 
 def _check_margin(margin_mm: Any) -> float:
@@ -177,13 +177,17 @@ def _border(mask: np.ndarray) -> np.ndarray:
 
 
 def _restricted_surface_distances(
-    pred: np.ndarray, truth: np.ndarray, spacing: tuple[float, float, float],
-    pred_box: Box, truth_box: Box,
+    pred: np.ndarray,
+    truth: np.ndarray,
+    spacing: tuple[float, float, float],
+    pred_box: Box,
+    truth_box: Box,
 ) -> tuple[np.ndarray, np.ndarray]:
     # Cropping to the masks' box changes no border decision: a mask voxel on a
     # face of the box has its outward neighbour outside the box, hence outside
     # the mask, so it is border with or without the crop.
     box = _union_box(pred_box, truth_box)
+    assert box is not None  # both boxes are given, so their union is one
     origin = np.array([s.start for s in box])
     scale = np.asarray(spacing)
     points = []
@@ -197,7 +201,9 @@ def _restricted_surface_distances(
 
 
 def _full_volume_surface_distances(
-    pred: np.ndarray, truth: np.ndarray, spacing: tuple[float, float, float],
+    pred: np.ndarray,
+    truth: np.ndarray,
+    spacing: tuple[float, float, float],
 ) -> tuple[np.ndarray, np.ndarray]:
     pred = pred != 0
     truth = truth != 0
@@ -209,7 +215,10 @@ def _full_volume_surface_distances(
 
 
 def _within_margin_restricted(
-    skull: np.ndarray, spacing: tuple[float, float, float], margin: float, union_box: Box,
+    skull: np.ndarray,
+    spacing: tuple[float, float, float],
+    margin: float,
+    union_box: Box,
 ) -> np.ndarray:
     """Which voxels of ``union_box`` lie within ``margin`` mm of some skull voxel."""
     # A skull voxel more than ceil(margin / s_i) voxels away along any axis i
@@ -329,8 +338,13 @@ def dice(pred: Any, truth: Any, *, restrict: bool = True) -> float:
 
 
 def boundary_dice(
-    pred: Any, truth: Any, defective_skull: Any, spacing: Sequence[float],
-    margin_mm: float = 10.0, *, restrict: bool = True,
+    pred: Any,
+    truth: Any,
+    defective_skull: Any,
+    spacing: Sequence[float],
+    margin_mm: float = 10.0,
+    *,
+    restrict: bool = True,
 ) -> float:
     """Dice of the two masks restricted to voxels within ``margin_mm`` of the defective skull.
 
@@ -342,7 +356,11 @@ def boundary_dice(
 
 
 def surface_distances(
-    pred: Any, truth: Any, spacing: Sequence[float], *, restrict: bool = True,
+    pred: Any,
+    truth: Any,
+    spacing: Sequence[float],
+    *,
+    restrict: bool = True,
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """Distances (mm) from each border voxel of ``pred`` to ``truth``'s border, and back.
 
@@ -369,8 +387,13 @@ def hausdorff(pred: Any, truth: Any, spacing: Sequence[float], *, restrict: bool
 
 
 def evaluate_case(
-    pred: Any, truth: Any, defective: Any, spacing: Sequence[float],
-    margin_mm: float = 10.0, *, restrict: bool = True,
+    pred: Any,
+    truth: Any,
+    defective: Any,
+    spacing: Sequence[float],
+    margin_mm: float = 10.0,
+    *,
+    restrict: bool = True,
 ) -> dict[str, Any]:
     """All four metrics of one case, never raising for a bad case.
 
@@ -379,8 +402,14 @@ def evaluate_case(
     and ``"error"`` (None, or the one-line reason why every metric is NaN,
     e.g. masks of different shapes).
     """
-    result: dict[str, Any] = {"dsc": math.nan, "bdsc": math.nan, "hd95": math.nan, "hd": math.nan,
-                              "notes": [], "error": None}
+    result: dict[str, Any] = {
+        "dsc": math.nan,
+        "bdsc": math.nan,
+        "hd95": math.nan,
+        "hd": math.nan,
+        "notes": [],
+        "error": None,
+    }
     try:
         margin = _check_margin(margin_mm)
         case = _Case(pred, truth, defective, spacing, restrict)

@@ -31,7 +31,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import numpy as np
 import torch
@@ -71,18 +71,32 @@ class Models:
     def describe(self) -> dict:
         cfg = self.pcdiff.config
         out = {
-            "pcdiff": {"checkpoint": self.pcdiff_path, "preset": cfg.model, "n_skull": cfg.n_skull,
-                       "n_implant": cfg.n_implant, "timesteps": cfg.diffusion.timesteps, "weights": self.pcdiff.weights},
-            "voxelizer": {"checkpoint": self.voxelizer_path, "preset": self.voxelizer_config.task.preset,
-                          "n_points": self.voxelizer_config.task.n_points},
+            "pcdiff": {
+                "checkpoint": self.pcdiff_path,
+                "preset": cfg.model,
+                "n_skull": cfg.n_skull,
+                "n_implant": cfg.n_implant,
+                "timesteps": cfg.diffusion.timesteps,
+                "weights": self.pcdiff.weights,
+            },
+            "voxelizer": {
+                "checkpoint": self.voxelizer_path,
+                "preset": self.voxelizer_config.task.preset,
+                "n_points": self.voxelizer_config.task.n_points,
+            },
         }
         if self.upsampler is not None:
             out["upsampler"] = {"checkpoint": self.upsampler_path, "ratio": self.upsampler.ratio}
         return out
 
 
-def load_models(pcdiff: str | os.PathLike, voxelizer: str | os.PathLike, *, device: str = "auto",
-                upsample: str | os.PathLike | None = None) -> Models:
+def load_models(
+    pcdiff: str | os.PathLike,
+    voxelizer: str | os.PathLike,
+    *,
+    device: str = "auto",
+    upsample: str | os.PathLike | None = None,
+) -> Models:
     """Load the PCDiff and voxelizer checkpoints (and optionally an upsampler) on ``device``.
 
     Each loader checks that its checkpoint was written by its own task, so a
@@ -98,9 +112,16 @@ def load_models(pcdiff: str | os.PathLike, voxelizer: str | os.PathLike, *, devi
     ups = None
     if upsample is not None:
         ups = load_upsampler(upsample, dev)
-    return Models(pcdiff=loaded, voxelizer=vox_model, voxelizer_config=vox_cfg, device=dev,
-                  pcdiff_path=str(pcdiff), voxelizer_path=str(voxelizer), upsampler=ups,
-                  upsampler_path=None if upsample is None else str(upsample))
+    return Models(
+        pcdiff=loaded,
+        voxelizer=vox_model,
+        voxelizer_config=vox_cfg,
+        device=dev,
+        pcdiff_path=str(pcdiff),
+        voxelizer_path=str(voxelizer),
+        upsampler=ups,
+        upsampler_path=None if upsample is None else str(upsample),
+    )
 
 
 @dataclass
@@ -157,8 +178,9 @@ def _isotropic(volume: Volume) -> tuple[Volume, np.ndarray | None]:
     return work, np.asarray(info["to_original_index_scale"], dtype=np.float64)
 
 
-def _to_input_grid(values: np.ndarray, scale: np.ndarray | None, shape: tuple[int, int, int], *,
-                   binary: bool) -> np.ndarray:
+def _to_input_grid(
+    values: np.ndarray, scale: np.ndarray | None, shape: tuple[int, int, int], *, binary: bool
+) -> np.ndarray:
     """Map a work-grid array back to the input grid: input index p reads work index p / scale."""
     if scale is None:
         return values
@@ -178,7 +200,7 @@ def _inside_volume(implants: np.ndarray, shape: tuple[int, int, int], notes: lis
     an error rather than an implant.
     """
     hi = np.asarray(shape, dtype=np.float64)
-    inside = ((implants >= -1.0) & (implants <= hi)).all(axis=2)  # [n, P]
+    inside = cast(np.ndarray, ((implants >= -1.0) & (implants <= hi)).all(axis=2))  # [n, P]
     if inside.all():
         return implants
     worst = float(inside.mean(axis=1).min())
@@ -201,22 +223,42 @@ def _sampler(models: Models, options: GenerateOptions):
     return make_sampler(options.sampler, options.steps, schedule=models.pcdiff.schedule)
 
 
-def _proposals(work: Volume, skull_pts: np.ndarray, models: Models, options: GenerateOptions,
-               generator: torch.Generator, progress, proposals_mm: np.ndarray | None) -> np.ndarray:
+def _proposals(
+    work: Volume,
+    skull_pts: np.ndarray,
+    models: Models,
+    options: GenerateOptions,
+    generator: torch.Generator,
+    progress,
+    proposals_mm: np.ndarray | None,
+) -> np.ndarray:
     """``[n, P, 3]`` implant points in ``work``'s voxel coordinates: PCDiff's, or the given ones (mm)."""
     if proposals_mm is not None:
         return work.physical_to_voxel(np.reshape(proposals_mm, (-1, 3))).reshape(np.shape(proposals_mm))
     model, _, cfg = models.pcdiff
-    implants = complete(skull_pts, model, _sampler(models, options), options.ensemble, config=cfg,
-                        subsample=options.subsample, generator=generator, spacing=work.spacing,
-                        progress=(lambda i, n: progress("sample", i, n)) if progress else None)
+    implants = complete(
+        skull_pts,
+        model,
+        _sampler(models, options),
+        options.ensemble,
+        config=cfg,
+        subsample=options.subsample,  # type: ignore[arg-type]  # checked in GenerateOptions
+        generator=generator,
+        spacing=work.spacing,
+        progress=(lambda i, n: progress("sample", i, n)) if progress else None,
+    )
     return np.asarray(implants, dtype=np.float64)
 
 
-def generate_implant(defective: Volume, models: Models, options: GenerateOptions | None = None, *,
-                     log: Callable[[str], None] | None = None,
-                     progress: Callable[[str, int, int], None] | None = None,
-                     proposals_mm: np.ndarray | None = None) -> Generated:
+def generate_implant(
+    defective: Volume,
+    models: Models,
+    options: GenerateOptions | None = None,
+    *,
+    log: Callable[[str], None] | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+    proposals_mm: np.ndarray | None = None,
+) -> Generated:
     """Run the pipeline on one defective skull (a bool :class:`Volume`, e.g. from read_binary_volume).
 
     ``proposals_mm`` (``[n, P, 3]`` physical coordinates) replaces PCDiff's
@@ -243,7 +285,9 @@ def generate_implant(defective: Volume, models: Models, options: GenerateOptions
     t = time.perf_counter()
     work, scale = _isotropic(defective)
     if scale is not None:
-        notes.append(f"resampled to isotropic {work.spacing[0]:g} mm voxels {work.shape} for the networks; outputs mapped back")
+        notes.append(
+            f"resampled to isotropic {work.spacing[0]:g} mm voxels {work.shape} for the networks; outputs mapped back"
+        )
     skull_pts = surface_points(work.data, int(options.surface_points), seed=int(options.seed))
     timings["surface_s"] = time.perf_counter() - t
     say(f"surface: {len(skull_pts)} points on the defective skull ({timings['surface_s']:.1f} s)")
@@ -252,8 +296,10 @@ def generate_implant(defective: Volume, models: Models, options: GenerateOptions
     steps = getattr(_sampler(models, options), "num_steps", None)
     implants = _proposals(work, skull_pts, models, options, generator, progress, proposals_mm)
     timings["sample_s"] = time.perf_counter() - t
-    say(f"sample: {options.ensemble} proposals × {cfg.n_implant} points, {options.sampler}"
-        f"{'' if steps is None else f' {steps} steps'} ({timings['sample_s']:.1f} s)")
+    say(
+        f"sample: {options.ensemble} proposals × {cfg.n_implant} points, {options.sampler}"
+        f"{'' if steps is None else f' {steps} steps'} ({timings['sample_s']:.1f} s)"
+    )
 
     implants = _inside_volume(implants, work.shape, notes)
 
@@ -268,7 +314,9 @@ def generate_implant(defective: Volume, models: Models, options: GenerateOptions
     for k, proposal in enumerate(dense):
         take = rng.choice(len(skull_pts), size=min(n_vox_skull, len(skull_pts)), replace=False)
         points = np.concatenate([skull_pts[take], proposal], axis=0)
-        vol = points_to_volume(models.voxelizer, points, work, resolution=options.voxel_resolution, device=models.device)
+        vol = points_to_volume(
+            models.voxelizer, points, work, resolution=options.voxel_resolution, device=models.device
+        )
         completed.append(vol.data)
         if progress:
             progress("voxelize", k + 1, len(dense))
@@ -277,8 +325,10 @@ def generate_implant(defective: Volume, models: Models, options: GenerateOptions
 
     t = time.perf_counter()
     implant, _ = implant_from_proposals(completed, work.data, dense.reshape(-1, 3), spacing=work.spacing)
-    own = [implant_from_proposals([c], work.data, p, dilate=0, spacing=work.spacing)[0] for c, p in zip(completed, dense)]
-    agreement = np.mean(own, axis=0, dtype=np.float32) if own else np.zeros(work.shape, np.float32)
+    own = [
+        implant_from_proposals([c], work.data, p, dilate=0, spacing=work.spacing)[0] for c, p in zip(completed, dense)
+    ]
+    agreement = cast(np.ndarray, np.mean(own, axis=0, dtype=np.float32)) if own else np.zeros(work.shape, np.float32)
     implant = _to_input_grid(implant, scale, defective.shape, binary=True)
     own = [_to_input_grid(m, scale, defective.shape, binary=True) for m in own]
     agreement = _to_input_grid(agreement, scale, defective.shape, binary=False)
@@ -291,5 +341,12 @@ def generate_implant(defective: Volume, models: Models, options: GenerateOptions
         )
     say(f"postprocess: implant of {int(implant.sum())} voxels ({timings['postprocess_s']:.1f} s)")
     points_in = implants if scale is None else implants * scale[None, None, :]
-    return Generated(defective=defective, implant=implant, proposals=own, agreement=agreement,
-                     implant_points=points_in.astype(np.float32), timings=timings, notes=notes)
+    return Generated(
+        defective=defective,
+        implant=implant,
+        proposals=own,
+        agreement=agreement,
+        implant_points=points_in.astype(np.float32),
+        timings=timings,
+        notes=notes,
+    )

@@ -119,9 +119,9 @@ def near_points(shape: tuple[int, ...], points_vox: np.ndarray, radius_factor: f
     out = np.zeros(shape, dtype=bool)
     if np.any(hi <= lo):
         return out
-    grids = np.ogrid[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]]
+    grids = np.ogrid[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]]
     d2 = sum((g - c) ** 2 for g, c in zip(grids, centre))
-    out[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]] = d2 <= radius**2
+    out[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]] = d2 <= radius**2
     return out
 
 

@@ -4,7 +4,7 @@ A plain re-export: the implant layer sits above inference, so importing from
 there is no upward import.
 """
 
-from pointforge.inference.voxelizer import (  # noqa: F401
+from pointforge.inference.voxelizer import (
     LoadedVoxelizer,
     field_to_mesh,
     load_voxelizer,
@@ -14,4 +14,12 @@ from pointforge.inference.voxelizer import (  # noqa: F401
     unit_points,
 )
 
-__all__ = ["LoadedVoxelizer", "load_voxelizer", "unit_points", "points_to_field", "points_to_volume", "field_to_mesh", "resample_inside"]
+__all__ = [
+    "LoadedVoxelizer",
+    "load_voxelizer",
+    "unit_points",
+    "points_to_field",
+    "points_to_volume",
+    "field_to_mesh",
+    "resample_inside",
+]

@@ -33,7 +33,7 @@ import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -53,7 +53,9 @@ REPORT = "report.json"
 
 
 def _suffix_of(path: Path) -> str:
-    return ".nii.gz" if str(path).lower().endswith(".nii.gz") else (".nii" if volume_format(path) == "nifti" else ".nrrd")
+    return (
+        ".nii.gz" if str(path).lower().endswith(".nii.gz") else (".nii" if volume_format(path) == "nifti" else ".nrrd")
+    )
 
 
 def _mesh_checks(mesh) -> dict:
@@ -78,9 +80,15 @@ def _versions() -> dict:
     import skimage
     import trimesh
 
-    return {"pointforge": __version__, "torch": torch.__version__, "numpy": np.__version__,
-            "scipy": scipy.__version__, "scikit-image": skimage.__version__, "trimesh": trimesh.__version__,
-            "python": platform.python_version()}
+    return {
+        "pointforge": __version__,
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "scipy": scipy.__version__,
+        "scikit-image": skimage.__version__,  # type: ignore[attr-defined]  # set by skimage's lazy loader
+        "trimesh": trimesh.__version__,
+        "python": platform.python_version(),
+    }
 
 
 def write_case(result: Generated, folder: Path, *, suffix: str, report: dict) -> dict:
@@ -89,10 +97,15 @@ def write_case(result: Generated, folder: Path, *, suffix: str, report: dict) ->
     t = time.perf_counter()
     ref = result.defective
     folder.mkdir(parents=True, exist_ok=True)
-    files = {"implant": f"implant{suffix}", "uncertainty": f"uncertainty{suffix}",
-             "completed_skull": f"completed_skull{suffix}", "mesh": "implant.stl", "preview": "preview.png",
-             "proposals": [f"proposals/implant_{k}{suffix}" for k in range(len(result.proposals))],
-             "points": "proposals/points.npy"}
+    files: dict[str, Any] = {
+        "implant": f"implant{suffix}",
+        "uncertainty": f"uncertainty{suffix}",
+        "completed_skull": f"completed_skull{suffix}",
+        "mesh": "implant.stl",
+        "preview": "preview.png",
+        "proposals": [f"proposals/implant_{k}{suffix}" for k in range(len(result.proposals))],
+        "points": "proposals/points.npy",
+    }
     write_volume(folder / files["implant"], ref.with_data(result.implant))
     for rel, mask in zip(files["proposals"], result.proposals):
         write_volume(folder / rel, ref.with_data(mask))
@@ -107,29 +120,49 @@ def write_case(result: Generated, folder: Path, *, suffix: str, report: dict) ->
     solid = make_well_composed(result.implant.copy())
     mesh = field_to_mesh(solid, ref)
     mesh.export(folder / files["mesh"], file_type="stl")
-    spacing = tuple(float(s) for s in ref.spacing)
-    render_preview(folder / files["preview"], [
-        Layer(ref.data, (0.89, 0.85, 0.76), 1.0, "defective skull"),
-        Layer(result.implant, (0.95, 0.45, 0.1), 1.0, "implant (colour: agreement of proposals, yellow = all)",
-              values=result.agreement, cmap="plasma"),
-    ], spacing=spacing, title=report.get("title", ""))
+    sx, sy, sz = (float(s) for s in ref.spacing)
+    spacing = (sx, sy, sz)
+    render_preview(
+        folder / files["preview"],
+        [
+            Layer(ref.data, (0.89, 0.85, 0.76), 1.0, "defective skull"),
+            Layer(
+                result.implant,
+                (0.95, 0.45, 0.1),
+                1.0,
+                "implant (colour: agreement of proposals, yellow = all)",
+                values=result.agreement,
+                cmap="plasma",
+            ),
+        ],
+        spacing=spacing,
+        title=report.get("title", ""),
+    )
     result.timings["write_s"] = time.perf_counter() - t
 
     inside = result.agreement[result.implant]
     voxel_mm3 = float(np.prod(spacing))
-    report.update({
-        "outputs": files,
-        "timings_s": {k: round(v, 3) for k, v in result.timings.items()},
-        "implant": {"voxels": int(result.implant.sum()),
-                    "volume_cm3": round(int(result.implant.sum()) * voxel_mm3 / 1000.0, 3),
-                    "shape": list(ref.shape), "spacing_mm": list(spacing), "origin_mm": [float(o) for o in ref.origin]},
-        "mesh": {**_mesh_checks(mesh), "voxels_filled_for_manifold": int(solid.sum() - result.implant.sum())},
-        "agreement": {"meaning": "fraction of proposals whose own implant contains the voxel",
-                      "mean_in_implant": round(float(inside.mean()), 4) if inside.size else None,
-                      "unanimous_fraction_in_implant": round(float((inside >= 1.0).mean()), 4) if inside.size else None},
-        "notes": result.notes,
-        "versions": _versions(),
-    })
+    report.update(
+        {
+            "outputs": files,
+            "timings_s": {k: round(v, 3) for k, v in result.timings.items()},
+            "implant": {
+                "voxels": int(result.implant.sum()),
+                "volume_cm3": round(int(result.implant.sum()) * voxel_mm3 / 1000.0, 3),
+                "shape": list(ref.shape),
+                "spacing_mm": list(spacing),
+                "origin_mm": [float(o) for o in ref.origin],
+            },
+            "mesh": {**_mesh_checks(mesh), "voxels_filled_for_manifold": int(solid.sum() - result.implant.sum())},
+            "agreement": {
+                "meaning": "fraction of proposals whose own implant contains the voxel",
+                "mean_in_implant": round(float(inside.mean()), 4) if inside.size else None,
+                "unanimous_fraction_in_implant": round(float((inside >= 1.0).mean()), 4) if inside.size else None,
+            },
+            "notes": result.notes,
+            "versions": _versions(),
+        }
+    )
     return report
 
 
@@ -147,11 +180,18 @@ def case_done(out: Path) -> bool:
     return (out / REPORT).is_file()
 
 
-def generate_case(input_path: str | os.PathLike, out: str | os.PathLike, models: Models,
-                  options: GenerateOptions | None = None, *, overwrite: bool = False,
-                  log: Callable[[str], None] | None = None,
-                  progress: Callable[[str, int, int], None] | None = None, title: str = "",
-                  proposals_mm: np.ndarray | None = None) -> dict:
+def generate_case(
+    input_path: str | os.PathLike,
+    out: str | os.PathLike,
+    models: Models,
+    options: GenerateOptions | None = None,
+    *,
+    overwrite: bool = False,
+    log: Callable[[str], None] | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+    title: str = "",
+    proposals_mm: np.ndarray | None = None,
+) -> dict:
     """Generate the implant for the defective skull at ``input_path`` into the folder ``out``.
 
     All outputs are written into a hidden sibling folder that is renamed to
@@ -170,11 +210,10 @@ def generate_case(input_path: str | os.PathLike, out: str | os.PathLike, models:
     load_s = time.perf_counter() - t0
     result = generate_implant(defective, models, options, log=log, progress=progress, proposals_mm=proposals_mm)
     result.timings = {"read_s": load_s, **result.timings}
-    report = {
+    report: dict[str, Any] = {
         "input": str(input_path),
         "title": title or f"{input_path.name}: generated implant",
-        "parameters": {**asdict(options), "sampler_steps": steps,
-                       "device": str(models.device)},
+        "parameters": {**asdict(options), "sampler_steps": steps, "device": str(models.device)},
         "seed": options.seed,
         "models": models.describe(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

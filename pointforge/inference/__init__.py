@@ -55,7 +55,9 @@ RESULT_TYPES: dict[str, type[LoadedModel]] = {
 }
 
 
-def load(checkpoint_path: str | os.PathLike, device: str | torch.device = "auto", *, weights: Weights = "auto") -> LoadedModel:
+def load(
+    checkpoint_path: str | os.PathLike, device: str | torch.device = "auto", *, weights: Weights = "auto"
+) -> LoadedModel:
     """The trained network in ``checkpoint_path``, whichever task wrote it, in eval mode on ``device``."""
     check_weights(weights)
     dev = resolve_device(device)

@@ -26,7 +26,15 @@ from pointforge.tasks import get_task
 from pointforge.tasks.configs import train_config_from_dict
 from pointforge.train.checkpoint import is_pointforge_checkpoint, load_checkpoint, load_model_state
 
-__all__ = ["Weights", "LoadedModel", "check_weights", "open_checkpoint", "choose_weights", "from_checkpoint", "load_trained"]
+__all__ = [
+    "Weights",
+    "LoadedModel",
+    "check_weights",
+    "open_checkpoint",
+    "choose_weights",
+    "from_checkpoint",
+    "load_trained",
+]
 
 Weights = Literal["auto", "ema", "model"]
 
@@ -73,7 +81,9 @@ class LoadedModel:
 
 def _not_ours_hint(path: Path, task: str | None) -> str:
     if task == "pcdiff":
-        return f"an upstream PCDiff checkpoint must first be converted with `pointforge ckpt import-pcdiff {path} OUT.pt`"
+        return (
+            f"an upstream PCDiff checkpoint must first be converted with `pointforge ckpt import-pcdiff {path} OUT.pt`"
+        )
     return f"give one written by `pointforge train {task or 'TASK'}`"
 
 
@@ -122,11 +132,22 @@ def from_checkpoint(
     load_model_state(model, ckpt[chosen])
     model.to(device).eval()
     step = (ckpt.get("progress") or {}).get("global_step")
-    return cls(model=model, config=cfg.task, run_config=cfg, weights=chosen, device=device,
-               source=str(path), task=cfg.run.task, step=step, **cls.extras(cfg))
+    return cls(
+        model=model,
+        config=cfg.task,
+        run_config=cfg,
+        weights=chosen,
+        device=device,
+        source=str(path),
+        task=cfg.run.task,
+        step=step,
+        **cls.extras(cfg),
+    )
 
 
-def load_trained(cls: type[L], path: str | os.PathLike, task: str | None, device: str | torch.device, weights: str) -> L:
+def load_trained(
+    cls: type[L], path: str | os.PathLike, task: str | None, device: str | torch.device, weights: str
+) -> L:
     """Check the arguments, read ``path`` (``task``'s checkpoint, any task's for None) and build ``cls``."""
     check_weights(weights)
     dev = resolve_device(device)

@@ -104,7 +104,9 @@ def _subsample_indices(points: np.ndarray, n: int, how: str, generator: torch.Ge
 def _framed_condition(points, model, config, n_skull, spacing, generator):
     atlas = getattr(model, "atlas_mm", None)
     if atlas is None or atlas.numel() == 0:
-        raise ConfigError("the config has task.frame but the model carries no atlas; load it with load_pcdiff from its checkpoint")
+        raise ConfigError(
+            "the config has task.frame but the model carries no atlas; load it with load_pcdiff from its checkpoint"
+        )
     spacing = np.broadcast_to(np.asarray(spacing, dtype=np.float64), (3,))
     center = atlas_center(atlas, points, spacing, config.frame)
     seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
@@ -157,7 +159,9 @@ def complete(
                 f"{config.diffusion.timesteps} steps; build it with make_sampler(..., schedule=<load_pcdiff's schedule>)"
             )
     if n_skull is None or n_implant is None:
-        raise ConfigError("complete() needs the model's point counts: pass config= (from load_pcdiff) or n_skull= and n_implant=")
+        raise ConfigError(
+            "complete() needs the model's point counts: pass config= (from load_pcdiff) or n_skull= and n_implant="
+        )
     for name, value in (("n", n), ("n_skull", n_skull), ("n_implant", n_implant)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ConfigError(f"{name} must be a positive integer, got {value!r}")

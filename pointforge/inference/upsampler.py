@@ -27,23 +27,33 @@ the new points have no intensity, classification or colour.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
+from typing import Union, cast
 
 import numpy as np
 import torch
 
+from pointforge.data.pairs import pair_normalization
 from pointforge.data.pointio import LasGeometry, PointCloud, point_format, read_points, write_points
 from pointforge.devices import resolve_device
 from pointforge.errors import DataError
 from pointforge.inference.loading import LoadedModel, Weights, load_trained
-from pointforge.data.pairs import pair_normalization
 from pointforge.nn.knn import knn_graph
 from pointforge.nn.upsampler import NodeShuffleUpsampler
 
-__all__ = ["LoadedUpsampler", "TrainedUpsampler", "UpsampleResult", "resolve_device", "load_upsampler", "upsample_cloud", "upsample_points", "upsample_file"]
+__all__ = [
+    "LoadedUpsampler",
+    "TrainedUpsampler",
+    "UpsampleResult",
+    "resolve_device",
+    "load_upsampler",
+    "upsample_cloud",
+    "upsample_points",
+    "upsample_file",
+]
 
 TASK_NAME = "upsampler"
 
@@ -58,7 +68,7 @@ class LoadedUpsampler(LoadedModel):
 
     @property
     def ratio(self) -> int:
-        return int(self.model.config.ratio)
+        return int(cast(NodeShuffleUpsampler, self.model).config.ratio)
 
 
 TrainedUpsampler = LoadedUpsampler  # the name this type had before the loaders became one
@@ -73,7 +83,9 @@ class UpsampleResult:
     seconds: float
 
 
-def load_upsampler(ckpt: Union[str, Path], device: str | torch.device = "auto", *, weights: Weights = "auto") -> LoadedUpsampler:
+def load_upsampler(
+    ckpt: Union[str, os.PathLike], device: str | torch.device = "auto", *, weights: Weights = "auto"
+) -> LoadedUpsampler:
     """The upsampler in a checkpoint written by ``pointforge train upsampler``, in eval mode on ``device``.
 
     CheckpointError for a missing or damaged file and for a checkpoint of another task.
@@ -124,12 +136,18 @@ def upsample_points(
     default the model's own, apply).
     """
     if isinstance(model, LoadedUpsampler):
-        net, normalization, where = model.model, model.normalization, model.device if device is None else resolve_device(device)
+        net, normalization, where = (
+            cast(NodeShuffleUpsampler, model.model),
+            model.normalization,
+            model.device if device is None else resolve_device(device),
+        )
     elif isinstance(model, NodeShuffleUpsampler):
         net = model
         where = resolve_device(device) if device is not None else next(net.parameters()).device
     else:
-        raise TypeError(f"upsample_points needs a LoadedUpsampler (from load_upsampler) or NodeShuffleUpsampler, got {type(model).__name__}")
+        raise TypeError(
+            f"upsample_points needs a LoadedUpsampler (from load_upsampler) or NodeShuffleUpsampler, got {type(model).__name__}"
+        )
     points = np.asarray(xyz)
     if points.ndim != 2 or points.shape[1] != 3 or len(points) == 0:
         raise DataError(f"points to upsample must be a non-empty [N, 3] array, got shape {points.shape}")
@@ -170,4 +188,6 @@ def upsample_file(
     if out_format in ("las", "laz"):
         las = cloud.las or LasGeometry.around(dense)
     write_points(dst, PointCloud(xyz=dense, dtype=cloud.dtype, las=las))
-    return UpsampleResult(input=src, output=dst, points_in=len(cloud), points_out=len(dense), seconds=time.perf_counter() - start)
+    return UpsampleResult(
+        input=src, output=dst, points_in=len(cloud), points_out=len(dense), seconds=time.perf_counter() - start
+    )

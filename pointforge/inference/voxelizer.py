@@ -42,7 +42,15 @@ from pointforge.errors import ConfigError, DataError
 from pointforge.inference.loading import LoadedModel, Weights, load_trained
 from pointforge.nn.dpsr import dpsr, normalize_resolution
 
-__all__ = ["LoadedVoxelizer", "load_voxelizer", "unit_points", "points_to_field", "points_to_volume", "field_to_mesh", "resample_inside"]
+__all__ = [
+    "LoadedVoxelizer",
+    "load_voxelizer",
+    "unit_points",
+    "points_to_field",
+    "points_to_volume",
+    "field_to_mesh",
+    "resample_inside",
+]
 
 _BELOW_ONE = float(np.nextafter(np.float32(1), np.float32(0)))
 # Points may sit up to half a voxel beyond the outermost voxel centres (marching
@@ -95,7 +103,7 @@ def _check_shape(volume_shape: Any) -> tuple[int, int, int]:
         raise DataError(f"volume shape must be three positive integers, got {volume_shape!r}") from None
     if len(shape) != 3 or min(shape) < 1:
         raise DataError(f"volume shape must be three positive integers, got {volume_shape!r}")
-    return shape  # type: ignore[return-value]
+    return shape
 
 
 def unit_points(points_vox: Any, volume_shape: Any) -> torch.Tensor:
@@ -150,7 +158,7 @@ def _solve(model: nn.Module, points_vox, volume_shape, *, resolution, device, si
     model.eval()
     try:
         with torch.no_grad():
-            moved, normals = model.oriented_points(points)
+            moved, normals = model.oriented_points(points)  # type: ignore[operator]  # a VoxelizerNet, checked above
             field = dpsr(moved, normals, res, sigma, memory_limit=limit)
     finally:
         model.train(was_training)
@@ -176,7 +184,9 @@ def points_to_field(
     raises :class:`ConfigError` before anything is allocated (default: the
     memory the device has available). ``device``: default the model's.
     """
-    return _solve(model, points_vox, volume_shape, resolution=resolution, device=device, sigma=sigma, memory_limit=memory_limit).cpu()
+    return _solve(
+        model, points_vox, volume_shape, resolution=resolution, device=device, sigma=sigma, memory_limit=memory_limit
+    ).cpu()
 
 
 # --------------------------------------------------------------------------- field → volume
@@ -240,8 +250,12 @@ def points_to_volume(
     temporaries (module docs).
     """
     if not isinstance(reference, Volume):
-        raise DataError(f"reference must be a Volume (pointforge.data.volumes.read_volume), got {type(reference).__name__}")
-    field = _solve(model, points_vox, reference.shape, resolution=resolution, device=device, sigma=sigma, memory_limit=memory_limit)
+        raise DataError(
+            f"reference must be a Volume (pointforge.data.volumes.read_volume), got {type(reference).__name__}"
+        )
+    field = _solve(
+        model, points_vox, reference.shape, resolution=resolution, device=device, sigma=sigma, memory_limit=memory_limit
+    )
     mask = resample_inside(field, reference.shape, chunk_voxels=chunk_voxels)
     del field
     return reference.with_data(mask)
@@ -273,7 +287,9 @@ def field_to_mesh(field_or_volume: Any, reference: Volume, *, step_size: int = 1
     voxel_scale = np.ones(3)
     if data.dtype == bool or isinstance(field_or_volume, Volume):
         if tuple(data.shape) != reference.shape:
-            raise DataError(f"the volume has shape {tuple(data.shape)} but the reference has {reference.shape}; they must match")
+            raise DataError(
+                f"the volume has shape {tuple(data.shape)} but the reference has {reference.shape}; they must match"
+            )
         solid = data.astype(bool, copy=False)
         if not solid.any():
             raise DataError("the volume is empty: nothing is inside, so there is no surface")

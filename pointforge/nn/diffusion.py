@@ -113,9 +113,7 @@ def make_betas(
     0.008, betas capped at 0.999) ignores ``beta_start``/``beta_end``.
     """
     if name not in SCHEDULE_NAMES:
-        raise ConfigError(
-            f"unknown noise schedule {name!r}; choose one of: {', '.join(SCHEDULE_NAMES)}"
-        )
+        raise ConfigError(f"unknown noise schedule {name!r}; choose one of: {', '.join(SCHEDULE_NAMES)}")
     beta_start = _check_real(beta_start, "beta_start")
     beta_end = _check_real(beta_end, "beta_end")
     num_timesteps = _check_int(num_timesteps, "num_timesteps", 2)
@@ -171,9 +169,7 @@ def _derived_tables(betas: Tensor, alphas: Tensor, ac: Tensor) -> dict[str, Tens
         "sqrt_recipm1_alphas_cumprod": torch.sqrt(1.0 / ac - 1.0),
         "posterior_variance": posterior_variance,
         # The posterior variance is 0 at t = 0; upstream clips its log at 1e-20.
-        "posterior_log_variance_clipped": torch.log(
-            torch.clamp_min(posterior_variance, 1e-20)
-        ),
+        "posterior_log_variance_clipped": torch.log(torch.clamp_min(posterior_variance, 1e-20)),
         "posterior_mean_coef1": betas * torch.sqrt(acp) / (1.0 - ac),
         "posterior_mean_coef2": (1.0 - acp) * torch.sqrt(alphas) / (1.0 - ac),
     }
@@ -215,15 +211,9 @@ class NoiseSchedule:
             betas = betas.detach().cpu().numpy()
         betas64 = np.asarray(betas, dtype=np.float64)
         if betas64.ndim != 1 or betas64.size < 2:
-            raise ConfigError(
-                f"betas must be a 1-D table of at least 2 steps, got shape {tuple(betas64.shape)}"
-            )
+            raise ConfigError(f"betas must be a 1-D table of at least 2 steps, got shape {tuple(betas64.shape)}")
         inner = betas64[:-1]
-        if (
-            not np.all(np.isfinite(betas64))
-            or not np.all((inner > 0) & (inner < 1))
-            or not 0 < betas64[-1] <= 1
-        ):
+        if not np.all(np.isfinite(betas64)) or not np.all((inner > 0) & (inner < 1)) or not 0 < betas64[-1] <= 1:
             raise ConfigError(
                 "every beta must be finite and strictly between 0 and 1 "
                 "(the last may be 1: a zero-terminal-SNR schedule)"
@@ -276,10 +266,7 @@ class NoiseSchedule:
         return cls(betas, name=name + ("+zsnr" if zero_terminal_snr else ""), prediction=prediction)
 
     def __repr__(self) -> str:
-        return (
-            f"NoiseSchedule(name={self.name!r}, num_timesteps={self.num_timesteps}, "
-            f"prediction={self.prediction!r})"
-        )
+        return f"NoiseSchedule(name={self.name!r}, num_timesteps={self.num_timesteps}, prediction={self.prediction!r})"
 
     def snr(self, t: Tensor, like: Tensor) -> Tensor:
         """Signal-to-noise ratio ᾱ/(1 - ᾱ) at steps ``t``, shaped to broadcast against ``like``."""
@@ -313,17 +300,14 @@ class NoiseSchedule:
             raise DataError(f"timesteps must be a scalar or shaped [{batch}], got {tuple(t.shape)}")
         if batch and (int(t.min()) < 0 or int(t.max()) >= self.num_timesteps):
             raise DataError(
-                f"timesteps must lie in [0, {self.num_timesteps - 1}], "
-                f"got values from {int(t.min())} to {int(t.max())}"
+                f"timesteps must lie in [0, {self.num_timesteps - 1}], got values from {int(t.min())} to {int(t.max())}"
             )
         return t
 
     def q_sample(self, x0: Tensor, t: Timesteps, noise: Tensor) -> Tensor:
         """Diffuse ``x0`` to step ``t``: ``sqrt(ac[t]) * x0 + sqrt(1 - ac[t]) * noise``."""
         if noise.shape != x0.shape:
-            raise DataError(
-                f"noise shape {tuple(noise.shape)} differs from the points' {tuple(x0.shape)}"
-            )
+            raise DataError(f"noise shape {tuple(noise.shape)} differs from the points' {tuple(x0.shape)}")
         t = self.timesteps_for(t, x0.shape[0], x0.device)
         return self._q_sample(x0, t, noise)
 
@@ -365,9 +349,7 @@ def _check_cloud(x: Tensor, what: str) -> None:
 def _check_n_generated(n_generated, num_points: Optional[int] = None) -> int:
     n_generated = _check_int(n_generated, "n_generated", 1)
     if num_points is not None and n_generated > num_points:
-        raise DataError(
-            f"n_generated={n_generated} exceeds the {num_points} points of the cloud"
-        )
+        raise DataError(f"n_generated={n_generated} exceeds the {num_points} points of the cloud")
     return n_generated
 
 
@@ -473,9 +455,7 @@ def diffusion_loss(
         raise ConfigError(f"unknown loss weighting {weighting!r}; choose one of: {', '.join(LOSS_WEIGHTINGS)}")
     if t is None:
         device = generator.device if generator is not None else x0.device
-        t = torch.randint(
-            0, schedule.num_timesteps, (batch,), generator=generator, device=device
-        ).to(x0.device)
+        t = torch.randint(0, schedule.num_timesteps, (batch,), generator=generator, device=device).to(x0.device)
     else:
         t = schedule.timesteps_for(t, batch, x0.device)
     n_cond = num_points - n_generated
@@ -484,8 +464,7 @@ def diffusion_loss(
         noise = _randn(clean_generated.shape, x0, generator)
     elif noise.shape != clean_generated.shape:
         raise DataError(
-            f"noise must be shaped like the generated points {tuple(clean_generated.shape)}, "
-            f"got {tuple(noise.shape)}"
+            f"noise must be shaped like the generated points {tuple(clean_generated.shape)}, got {tuple(noise.shape)}"
         )
     noisy = schedule._q_sample(clean_generated, t, noise)
     out = _model_output(model, torch.cat([x0[:, :, :n_cond], noisy], dim=2), t, n_generated)
@@ -631,14 +610,9 @@ class Sampler(ABC):
                 f"{sorted(set(t.cpu()[off_grid].tolist()))} are not among them"
             )
         if noise is not None and noise.shape != (x.shape[0], x.shape[1], n_generated):
-            raise DataError(
-                f"step noise must be [{x.shape[0]}, {x.shape[1]}, {n_generated}], "
-                f"got {tuple(noise.shape)}"
-            )
+            raise DataError(f"step noise must be [{x.shape[0]}, {x.shape[1]}, {n_generated}], got {tuple(noise.shape)}")
         with torch.no_grad():
-            out = self._step(
-                model, x.to(_work_dtype(x.dtype)), t, n_generated, noise, generator, previous
-            )
+            out = self._step(model, x.to(_work_dtype(x.dtype)), t, n_generated, noise, generator, previous)
         if out.x.dtype != x.dtype:
             n_cond = x.shape[2] - n_generated
             out.x = torch.cat([x[:, :, :n_cond], out.x[:, :, n_cond:].to(x.dtype)], dim=2)
@@ -671,10 +645,7 @@ class Sampler(ABC):
             start = _randn((batch, channels, n_generated), work, generator)
         else:
             if noise.shape != (batch, channels, n_generated):
-                raise DataError(
-                    f"initial noise must be [{batch}, {channels}, {n_generated}], "
-                    f"got {tuple(noise.shape)}"
-                )
+                raise DataError(f"initial noise must be [{batch}, {channels}, {n_generated}], got {tuple(noise.shape)}")
             start = noise.to(device=work.device, dtype=work.dtype)
         x = torch.cat([work, start], dim=2)
         previous = None
@@ -792,7 +763,7 @@ class DDIMSampler(Sampler):
         float64 work reads the exact float64 ᾱ instead.
         """
         kept = self.timesteps.flip(0)  # ascending
-        ac32 = self.schedule.alphas_cumprod
+        ac32 = self.schedule.alphas_cumprod  # type: ignore[attr-defined]  # set in __init__ from the float32 tables
         before = torch.cat([torch.ones(1), ac32[kept[:-1]]])
         respaced = NoiseSchedule(
             (1.0 - ac32[kept] / before).double(), name="ddim-respaced", prediction=self.schedule.prediction
@@ -804,7 +775,7 @@ class DDIMSampler(Sampler):
         }
         exact["sqrt_recip_alphas_cumprod"] = torch.sqrt(1.0 / exact["alphas_cumprod"])
         exact["sqrt_recipm1_alphas_cumprod"] = torch.sqrt(1.0 / exact["alphas_cumprod"] - 1.0)
-        tables = {}
+        tables: dict[torch.dtype, dict[str, Tensor]] = {}
         for precision, source in ((torch.float32, None), (torch.float64, exact)):
             tables[precision] = {}
             for name in (
@@ -820,10 +791,7 @@ class DDIMSampler(Sampler):
         return tables
 
     def __repr__(self) -> str:
-        return (
-            f"DDIMSampler(steps={self.num_steps}, eta={self.eta}, clamp={self.clamp}, "
-            f"spacing={self.spacing!r})"
-        )
+        return f"DDIMSampler(steps={self.num_steps}, eta={self.eta}, clamp={self.clamp}, spacing={self.spacing!r})"
 
     def coefficient(self, name: str, t: Tensor, like: Tensor) -> Tensor:
         """Re-spaced table ``name`` at kept steps ``t``, shaped ``[B, 1, 1]``.
@@ -859,9 +827,7 @@ class DDIMSampler(Sampler):
                 * torch.sqrt(1.0 - alpha_bar / alpha_bar_prev)
             )
             # Rounding can push 1 - ab_prev - sigma^2 a hair below 0 at eta = 1.
-            x_prev = x_prev + torch.sqrt(
-                torch.clamp_min(1.0 - alpha_bar_prev - sigma**2, 0.0)
-            ) * eps_used
+            x_prev = x_prev + torch.sqrt(torch.clamp_min(1.0 - alpha_bar_prev - sigma**2, 0.0)) * eps_used
             nonzero = (t != 0).to(x.dtype).reshape(-1, 1, 1)
             x_prev = x_prev + nonzero * sigma * self._noise(noise, x_gen, generator)
         else:
@@ -914,9 +880,7 @@ class DPMSolverPP2MSampler(Sampler):
         safe_next = nxt.clamp_min(0)
         lam_s = self._lambda[t_cpu]
         lam_t = torch.where(final, torch.full_like(lam_s, math.inf), self._lambda[safe_next])
-        sigma_ratio = torch.where(
-            final, torch.zeros_like(lam_s), self._sigma[safe_next] / self._sigma[t_cpu]
-        )
+        sigma_ratio = torch.where(final, torch.zeros_like(lam_s), self._sigma[safe_next] / self._sigma[t_cpu])
         alpha_t = torch.where(final, torch.ones_like(lam_s), self._alpha[safe_next])
         h = lam_t - lam_s
         data_coef = -alpha_t * torch.expm1(-h)
@@ -959,23 +923,18 @@ def make_sampler(
         ("spacing", spacing, None, ("ddim", "dpm++2m")),
     ):
         if name not in owners and value != default:
-            raise ConfigError(
-                f"{option} applies to the {' and '.join(owners)} sampler only; remove it for {name}"
-            )
+            raise ConfigError(f"{option} applies to the {' and '.join(owners)} sampler only; remove it for {name}")
     if name == "ddpm":
         sampler = DDPMSampler(schedule)
         if steps is not None and steps != sampler.num_steps:
             raise ConfigError(
-                f"ddpm runs all {sampler.num_steps} steps, got steps={steps}; "
-                "use ddim or dpm++2m for fewer"
+                f"ddpm runs all {sampler.num_steps} steps, got steps={steps}; use ddim or dpm++2m for fewer"
             )
         return sampler
     if steps is None:
         steps = _DEFAULT_STEPS[name]
     if name == "ddim":
-        return DDIMSampler(
-            steps, eta, clamp=clamp, spacing=spacing or "uniform", schedule=schedule
-        )
+        return DDIMSampler(steps, eta, clamp=clamp, spacing=spacing or "uniform", schedule=schedule)
     return DPMSolverPP2MSampler(steps, spacing=spacing or "quadratic", schedule=schedule)
 
 

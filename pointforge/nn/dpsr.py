@@ -35,6 +35,7 @@ import numbers
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -88,14 +89,16 @@ def normalize_resolution(res: int | Sequence[int]) -> tuple[int, int, int]:
     """Return ``res`` as a 3-tuple of ints, each at least 2."""
     if isinstance(res, bool):
         raise ConfigError(f"DPSR resolution must be an int or three ints, got {res!r}")
+    dims: tuple[Any, ...]
     if isinstance(res, numbers.Integral):
         dims = (res, res, res)
     else:
+        seq = cast(Sequence[int], res)  # numbers.Integral covers the ints, which mypy cannot see
         try:
-            dims = tuple(int(r) for r in res)
+            dims = tuple(int(r) for r in seq)
         except TypeError:
             raise ConfigError(f"DPSR resolution must be an int or three ints, got {res!r}") from None
-        if len(dims) != 3 or any(d != r for d, r in zip(dims, res)):
+        if len(dims) != 3 or any(d != r for d, r in zip(dims, seq)):
             raise ConfigError(f"DPSR resolution must be an int or three ints, got {res!r}")
     if any(d < 2 for d in dims):
         raise ConfigError(f"DPSR resolution must be at least 2 along every axis, got {dims}")
@@ -168,7 +171,12 @@ class _Corners:
             wx, wy, wz = w[:, :, None, None, 0], w[:, None, :, None, 1], w[:, None, None, :, 2]
             sx, sy, sz = slope[None, :, None, None, 0], slope[None, None, :, None, 1], slope[None, None, None, :, 2]
             self._with_derivatives = torch.stack(
-                (self.weight, (sx * wy * wz).reshape(-1, 8), (wx * sy * wz).reshape(-1, 8), (wx * wy * sz).reshape(-1, 8)),
+                (
+                    self.weight,
+                    (sx * wy * wz).reshape(-1, 8),
+                    (wx * sy * wz).reshape(-1, 8),
+                    (wx * wy * sz).reshape(-1, 8),
+                ),
                 2,
             )
         return self._with_derivatives
@@ -189,9 +197,7 @@ def _corners(points: Tensor, res: tuple[int, int, int]) -> _Corners:
     i1 = torch.where(i1 == size.long(), 0, i1)
     stride = torch.tensor((res[1] * res[2], res[2], 1), device=points.device)
     offsets = torch.stack((i0 * stride, i1 * stride), 1)  # (n, 2, 3)
-    index = (
-        offsets[:, :, None, None, 0] + offsets[:, None, :, None, 1] + offsets[:, None, None, :, 2]
-    ).reshape(-1, 8)
+    index = (offsets[:, :, None, None, 0] + offsets[:, None, :, None, 1] + offsets[:, None, None, :, 2]).reshape(-1, 8)
     w = torch.stack((w_lower, w_upper), 1)  # (n, 2, 3)
     weight = (w[:, :, None, None, 0] * w[:, None, :, None, 1] * w[:, None, None, :, 2]).reshape(-1, 8)
     return _Corners(index=index, weight=weight, axis_weights=w, cell=cell)
@@ -210,7 +216,7 @@ class _PointCorners:
     def __init__(self, points: Tensor, res: tuple[int, int, int], chunk: int):
         self.points, self.res = points, res
         self.slices = list(_chunks(points.shape[0], chunk))
-        self._kept = [] if points.shape[0] <= _KEEP_CORNERS_UP_TO else None
+        self._kept: list[Any] | None = [] if points.shape[0] <= _KEEP_CORNERS_UP_TO else None
 
     def __iter__(self) -> Iterator[tuple[slice, _Corners]]:
         if self._kept is not None and len(self._kept) == len(self.slices):
@@ -393,6 +399,7 @@ def _raw_solve(corners: _PointCorners, normals: Tensor, spectrum: _Spectrum, bac
             spec.add_(part)
         del part
     del grid
+    assert spec is not None  # the loop ran for three axes
     spectrum.apply_filter_(spec)
     # A fresh grid: torch's irfftn(out=...) would compute into a temporary and copy.
     return _irfftn_consuming(spec, res, backend)

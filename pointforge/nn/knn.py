@@ -52,7 +52,7 @@ class KNNResult(NamedTuple):
     """``dist2[i, j]``/``index[i, j]``: the j-th neighbour of query i (padded with inf / -1)."""
 
     dist2: Tensor
-    index: Tensor
+    index: Tensor  # type: ignore[assignment]  # shadows tuple.index; the field name is public API
 
 
 def _check_points(x: Tensor, what: str) -> None:
@@ -83,7 +83,11 @@ def batch_ptr(batch: Tensor, num_clouds: Optional[int] = None) -> Tensor:
     batch = batch.detach().cpu()
     if num_clouds is None:
         num_clouds = int(batch[-1]) + 1 if batch.numel() else 0
-    counts = torch.bincount(batch, minlength=num_clouds)[:num_clouds] if batch.numel() else torch.zeros(num_clouds, dtype=torch.long)
+    counts = (
+        torch.bincount(batch, minlength=num_clouds)[:num_clouds]
+        if batch.numel()
+        else torch.zeros(num_clouds, dtype=torch.long)
+    )
     ptr = torch.zeros(num_clouds + 1, dtype=torch.long)
     torch.cumsum(counts, 0, out=ptr[1:])
     return ptr
@@ -222,8 +226,8 @@ def knn(
         query_d = query.detach()
         for b in range(num_clouds):
             r0, r1, q0, q1 = ptr_r[b], ptr_r[b + 1], ptr_q[b], ptr_q[b + 1]
-            local = _torch_cloud(ref_d[r0:r1], query_d[q0:q1], k, exclude_self, max_pairs)
-            index[q0:q1] = torch.where(local >= 0, local + r0, local)
+            local_t = _torch_cloud(ref_d[r0:r1], query_d[q0:q1], k, exclude_self, max_pairs)
+            index[q0:q1] = torch.where(local_t >= 0, local_t + r0, local_t)
     dist2 = _exact_dist2(ref.detach().to(query.device), query.detach(), index)
     return _canonical(dist2, index)
 

@@ -61,7 +61,9 @@ def _differences(found: Mapping[str, Tensor], expected: Mapping[str, tuple[int, 
     if missing:
         problems.append(f"missing {len(missing)} key{'s' if len(missing) > 1 else ''} such as {_shown(missing)}")
     if unexpected:
-        problems.append(f"unexpected {len(unexpected)} key{'s' if len(unexpected) > 1 else ''} such as {_shown(unexpected)}")
+        problems.append(
+            f"unexpected {len(unexpected)} key{'s' if len(unexpected) > 1 else ''} such as {_shown(unexpected)}"
+        )
     if shapes:
         k = shapes[0]
         more = f" (and {len(shapes) - 1} more shape differences)" if len(shapes) > 1 else ""
@@ -75,7 +77,9 @@ def _unwrap(checkpoint: Any) -> tuple[Mapping[str, Any], int | None]:
     if "model_state" in checkpoint:
         state = checkpoint["model_state"]
         if not isinstance(state, Mapping):
-            raise CheckpointError(f"not a PCDiff checkpoint: 'model_state' is a {type(state).__name__}, expected a state dict")
+            raise CheckpointError(
+                f"not a PCDiff checkpoint: 'model_state' is a {type(state).__name__}, expected a state dict"
+            )
         epoch = checkpoint.get("epoch")
         if isinstance(epoch, Tensor) and epoch.numel() == 1:
             epoch = epoch.item()
@@ -102,9 +106,13 @@ def _strip_prefix(state: Mapping[str, Any]) -> tuple[dict[str, Tensor], str]:
         )
     for k, v in stripped.items():
         if not isinstance(v, Tensor):
-            raise CheckpointError(f"PCDiff checkpoint entry {prefix + k!r} is a {type(v).__name__}, not a tensor; the file is not a model state dict")
+            raise CheckpointError(
+                f"PCDiff checkpoint entry {prefix + k!r} is a {type(v).__name__}, not a tensor; the file is not a model state dict"
+            )
         if not v.is_floating_point():
-            raise CheckpointError(f"PCDiff checkpoint entry {prefix + k!r} has dtype {v.dtype}; PVCNN2 weights are floating point")
+            raise CheckpointError(
+                f"PCDiff checkpoint entry {prefix + k!r} has dtype {v.dtype}; PVCNN2 weights are floating point"
+            )
     return stripped, prefix
 
 
@@ -128,11 +136,18 @@ def _inferred_variants(state: Mapping[str, Tensor]) -> list[tuple[str, PVCNN2Con
         except ConfigError:  # the substituted scalars make an invalid config: not a candidate
             continue
         if variant != preset:
-            variants.append((f"{name} (with {', '.join(f'{k}={v}' for k, v in scalars.items() if getattr(preset, k) != v)})", variant))
+            variants.append(
+                (
+                    f"{name} (with {', '.join(f'{k}={v}' for k, v in scalars.items() if getattr(preset, k) != v)})",
+                    variant,
+                )
+            )
     return variants
 
 
-def import_upstream_state_dict(checkpoint_or_state_dict: Mapping[str, Any], config: PVCNN2Config | str | Mapping | None = None) -> ImportedPCDiff:
+def import_upstream_state_dict(
+    checkpoint_or_state_dict: Mapping[str, Any], config: PVCNN2Config | str | Mapping | None = None
+) -> ImportedPCDiff:
     """Validate an upstream PCDiff checkpoint (or bare state dict) and convert it to ours.
 
     ``config``: a preset name, a :class:`PVCNN2Config` or its dict; when None the

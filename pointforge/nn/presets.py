@@ -30,11 +30,12 @@ def preset(kind: str, table: Mapping[str, Union[C, Callable[[], C]]], name: str,
         hint = f"did you mean '{close[0]}'? " if close else ""
         raise ConfigError(f"unknown {kind} preset {name!r}; {hint}choose one of {', '.join(table)}")
     entry = table[name]
-    config = entry() if callable(entry) and not dataclasses.is_dataclass(entry) else entry
+    # Any: the table holds C or a builder of C, which mypy cannot tell apart by is_dataclass.
+    config: Any = entry() if callable(entry) and not dataclasses.is_dataclass(entry) else entry
     if not overrides:
-        return config  # type: ignore[return-value]
-    known = {f.name for f in dataclasses.fields(config)}  # type: ignore[arg-type]
+        return config
+    known = {f.name for f in dataclasses.fields(config)}
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise ConfigError(f"unknown {kind} config field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    return dataclasses.replace(config, **overrides)  # type: ignore[type-var]
+    return dataclasses.replace(config, **overrides)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence, cast
 
 import torch
 import torch.nn.functional as F
@@ -167,12 +167,11 @@ class PVCNN2Config:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "PVCNN2Config":
         try:
+
             def conv(d: Mapping | None) -> ConvStage | None:
                 return None if d is None else ConvStage(**d)
 
-            sa = tuple(
-                SALevel(**{**d, "conv": conv(d.get("conv")), "mlp": tuple(d["mlp"])}) for d in data["sa_levels"]
-            )
+            sa = tuple(SALevel(**{**d, "conv": conv(d.get("conv")), "mlp": tuple(d["mlp"])}) for d in data["sa_levels"])
             fp = tuple(FPLevel(mlp=tuple(d["mlp"]), conv=conv(d.get("conv"))) for d in data["fp_levels"])
             rest = {k: v for k, v in data.items() if k not in ("sa_levels", "fp_levels")}
             return cls(sa_levels=sa, fp_levels=fp, **rest)
@@ -187,32 +186,50 @@ class PVCNN2Config:
                 raise ConfigError(f"PVCNN2 config: {message}")
 
         need(len(self.sa_levels) >= 1, "needs at least one SA level")
-        need(len(self.fp_levels) == len(self.sa_levels), f"needs as many FP levels as SA levels, got {len(self.fp_levels)} and {len(self.sa_levels)}")
+        need(
+            len(self.fp_levels) == len(self.sa_levels),
+            f"needs as many FP levels as SA levels, got {len(self.fp_levels)} and {len(self.sa_levels)}",
+        )
         need(self.sa_levels[0].conv is not None, "the first SA level needs a conv stage (upstream's layout)")
         need(self.embed_dim >= 2, f"embed_dim must be at least 2, got {self.embed_dim}")
         need(0.0 <= self.dropout < 1.0, f"dropout must be in [0, 1), got {self.dropout}")
-        need(self.extra_feature_channels >= 0 and self.num_classes >= 1, "extra_feature_channels must be >= 0 and num_classes >= 1")
+        need(
+            self.extra_feature_channels >= 0 and self.num_classes >= 1,
+            "extra_feature_channels must be >= 0 and num_classes >= 1",
+        )
 
         def groups_ok(c: int, where: str) -> None:
-            need(c >= _GROUPS and c % _GROUPS == 0, f"{where} has {c} channels; GroupNorm(8) needs a positive multiple of 8")
+            need(
+                c >= _GROUPS and c % _GROUPS == 0,
+                f"{where} has {c} channels; GroupNorm(8) needs a positive multiple of 8",
+            )
 
         for i, level in enumerate(self.sa_levels):
-            need(level.num_centers >= 1 and level.num_neighbors >= 1 and level.radius > 0, f"SA level {i} needs num_centers, num_neighbors >= 1 and radius > 0")
+            need(
+                level.num_centers >= 1 and level.num_neighbors >= 1 and level.radius > 0,
+                f"SA level {i} needs num_centers, num_neighbors >= 1 and radius > 0",
+            )
             need(len(level.mlp) >= 1, f"SA level {i} needs at least one MLP layer")
             for c in level.mlp:
                 groups_ok(c, f"SA level {i} MLP")
             if level.conv is not None:
                 groups_ok(level.conv.out_channels, f"SA level {i} conv")
                 need(level.conv.num_blocks >= 1, f"SA level {i} conv needs at least one block")
-                need(i == 0 or level.conv.num_blocks == 1, f"SA level {i} conv: upstream builds one block in SA levels after the first; use num_blocks=1")
-            need(not level.voxel_attention or (level.conv is not None and level.conv.voxel_resolution is not None), f"SA level {i}: voxel_attention needs a PVConv stage")
-        for i, level in enumerate(self.fp_levels):
-            need(len(level.mlp) >= 1, f"FP level {i} needs at least one MLP layer")
-            for c in level.mlp:
+                need(
+                    i == 0 or level.conv.num_blocks == 1,
+                    f"SA level {i} conv: upstream builds one block in SA levels after the first; use num_blocks=1",
+                )
+            need(
+                not level.voxel_attention or (level.conv is not None and level.conv.voxel_resolution is not None),
+                f"SA level {i}: voxel_attention needs a PVConv stage",
+            )
+        for i, fp_level in enumerate(self.fp_levels):
+            need(len(fp_level.mlp) >= 1, f"FP level {i} needs at least one MLP layer")
+            for c in fp_level.mlp:
                 groups_ok(c, f"FP level {i} MLP")
-            if level.conv is not None:
-                groups_ok(level.conv.out_channels, f"FP level {i} conv")
-                need(level.conv.num_blocks >= 1, f"FP level {i} conv needs at least one block")
+            if fp_level.conv is not None:
+                groups_ok(fp_level.conv.out_channels, f"FP level {i} conv")
+                need(fp_level.conv.num_blocks >= 1, f"FP level {i} conv needs at least one block")
         if self.global_attention:
             groups_ok(_sa_out_channels(self.sa_levels[-1]), "the global attention (last SA level output)")
 
@@ -325,7 +342,7 @@ def resolve_config(config: PVCNN2Config | str | Mapping) -> PVCNN2Config:
 # =========================================================================== building blocks
 
 
-def _pointwise(conv: nn.Module, x: Tensor) -> Tensor:
+def _pointwise(conv: Any, x: Tensor) -> Tensor:  # a Conv1d or Conv2d with a bias
     """A 1x1 Conv1d/Conv2d as one batched matrix product (faster than the conv on CPU)."""
     b, c = x.shape[:2]
     w = conv.weight.view(conv.out_channels, c)
@@ -349,7 +366,7 @@ class SharedMLP(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         mods = list(self.layers)
         for i in range(0, len(mods), 3):
-            conv, norm = mods[i], mods[i + 1]
+            conv, norm = mods[i], cast(nn.GroupNorm, mods[i + 1])
             x = _pointwise(conv, x)
             x = F.group_norm(x, norm.num_groups, norm.weight, norm.bias, norm.eps)
             x = F.silu(x)
@@ -417,7 +434,12 @@ class _VoxelMap:
 
 
 def _use_mkldnn(x: Tensor) -> bool:
-    return x.device.type == "cpu" and x.dtype == torch.float32 and torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
+    return (
+        x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and torch.backends.mkldnn.is_available()
+        and bool(torch.backends.mkldnn.enabled)
+    )
 
 
 def _conv3d(conv: nn.Conv3d, x: Tensor) -> Tensor:
@@ -435,7 +457,9 @@ def _conv3d(conv: nn.Conv3d, x: Tensor) -> Tensor:
         if CHANNELS_LAST_CONV3D:
             x = x.contiguous(memory_format=torch.channels_last_3d)
         pad = list(conv.padding)
-        return torch.ops.aten.mkldnn_convolution(x, conv.weight, conv.bias, pad, list(conv.stride), list(conv.dilation), conv.groups)
+        return torch.ops.aten.mkldnn_convolution(
+            x, conv.weight, conv.bias, pad, list(conv.stride), list(conv.dilation), conv.groups
+        )
     return conv(x)
 
 
@@ -589,9 +613,10 @@ class SetAbstraction(nn.Module):
             def normed(x: Tensor, norm: nn.GroupNorm) -> Tensor:
                 return _weighted_group_norm(x, copies, segments, norm)
 
-        mods = list(self.mlps[0].layers)
+        mods = list(cast(SharedMLP, self.mlps[0]).layers)
         for i in range(0, len(mods), 3):
-            conv, norm = mods[i], mods[i + 1]
+            conv, norm = cast(nn.Conv1d, mods[i]), cast(nn.GroupNorm, mods[i + 1])
+            assert conv.bias is not None  # SharedMLP's convs have one
             x = torch.addmm(conv.bias.view(-1, 1), conv.weight.view(conv.out_channels, -1), x)
             x = F.silu(normed(x, norm))
 
@@ -616,7 +641,9 @@ class FeaturePropagation(nn.Module):
         self.mlp = SharedMLP(in_channels, mlp)
         self.out_channels = mlp[-1]
 
-    def forward(self, points_coords: Tensor, centers_coords: Tensor, centers_features: Tensor, points_features: Tensor) -> Tensor:
+    def forward(
+        self, points_coords: Tensor, centers_coords: Tensor, centers_features: Tensor, points_features: Tensor
+    ) -> tuple[Tensor, Tensor]:
         indices, weights = pvops.three_nearest_neighbors(points_coords, centers_coords)
         interpolated = pvops.interpolate_from_neighbors(centers_features, indices, weights)
         return interpolated, self.mlp(torch.cat([interpolated, points_features], 1))
@@ -628,7 +655,9 @@ def _conv_stage(stage: ConvStage, in_channels: int, attention_first: bool, dropo
         if stage.voxel_resolution is None:
             blocks.append(SharedMLP(in_channels, [stage.out_channels]))
         else:
-            blocks.append(PVConv(in_channels, stage.out_channels, stage.voxel_resolution, attention_first and p == 0, dropout))
+            blocks.append(
+                PVConv(in_channels, stage.out_channels, stage.voxel_resolution, attention_first and p == 0, dropout)
+            )
         in_channels = stage.out_channels
     return blocks
 
@@ -700,16 +729,18 @@ class PVCNN2(nn.Module):
         # not fed back), as upstream does.
         sa_in_channels[0] = cfg.extra_feature_channels
         fp_layers = []
-        for fp_index, level in enumerate(cfg.fp_levels):
-            blocks = [FeaturePropagation(in_channels + e + sa_in_channels[-1 - fp_index], level.mlp)]
-            in_channels = level.mlp[-1]
-            if level.conv is not None:
-                blocks += _conv_stage(level.conv, in_channels, False, cfg.dropout)
-                in_channels = level.conv.out_channels
+        for fp_index, fp_level in enumerate(cfg.fp_levels):
+            blocks = [FeaturePropagation(in_channels + e + sa_in_channels[-1 - fp_index], fp_level.mlp)]
+            in_channels = fp_level.mlp[-1]
+            if fp_level.conv is not None:
+                blocks += _conv_stage(fp_level.conv, in_channels, False, cfg.dropout)
+                in_channels = fp_level.conv.out_channels
             fp_layers.append(blocks[0] if len(blocks) == 1 else nn.Sequential(*blocks))
         self.fp_layers = nn.ModuleList(fp_layers)
 
-        self.classifier = nn.Sequential(SharedMLP(in_channels, [128]), nn.Dropout(0.5), nn.Conv1d(128, cfg.num_classes, 1))
+        self.classifier = nn.Sequential(
+            SharedMLP(in_channels, [128]), nn.Dropout(0.5), nn.Conv1d(128, cfg.num_classes, 1)
+        )
         self.embedf = nn.Sequential(nn.Linear(e, e), nn.LeakyReLU(0.1, inplace=True), nn.Linear(e, e))
 
     def forward(self, x: Tensor, t: Tensor) -> Tensor:
@@ -718,7 +749,9 @@ class PVCNN2(nn.Module):
         if x.dim() != 3 or x.shape[1] != channels:
             raise DataError(f"PVCNN2 expects x of shape [B, {channels}, N] (xyz first), got {tuple(x.shape)}")
         if x.shape[2] < cfg.min_points:
-            raise DataError(f"PVCNN2 needs at least {cfg.min_points} points for this config, got {x.shape[2]}; use a smaller preset or more points")
+            raise DataError(
+                f"PVCNN2 needs at least {cfg.min_points} points for this config, got {x.shape[2]}; use a smaller preset or more points"
+            )
         if t.dim() != 1 or t.shape[0] != x.shape[0]:
             raise DataError(f"PVCNN2 expects t of shape [{x.shape[0]}] (one step per sample), got {tuple(t.shape)}")
 
@@ -744,7 +777,9 @@ class PVCNN2(nn.Module):
         for fp_index, level in enumerate(self.fp_layers):
             points_coords = coords_list[-1 - fp_index]
             blocks = list(level) if isinstance(level, nn.Sequential) else [level]
-            interpolated, features = blocks[0](points_coords, coords, torch.cat([features, temb_points], 1), skip_features[-1 - fp_index])
+            interpolated, features = blocks[0](
+                points_coords, coords, torch.cat([features, temb_points], 1), skip_features[-1 - fp_index]
+            )
             # Upstream interpolates the embedding separately with the same neighbours and
             # weights: those are the embedding channels of the joint interpolation.
             temb_points = interpolated[:, -cfg.embed_dim :]

@@ -205,7 +205,9 @@ def furthest_point_sample_indices(coords: Tensor, num_samples: int, backend: str
     num_samples = int(num_samples)
     b, _, n = coords.shape
     if num_samples < 1 or n < 1:
-        raise DataError(f"furthest_point_sample: need at least one point and one sample, got {n} points, {num_samples} samples")
+        raise DataError(
+            f"furthest_point_sample: need at least one point and one sample, got {n} points, {num_samples} samples"
+        )
     pts = coords.detach()
     order = _fps_scan_order(n, pts.device)
     if order is not None:
@@ -213,7 +215,9 @@ def furthest_point_sample_indices(coords: Tensor, num_samples: int, backend: str
     pts = pts.contiguous()
     numpy_ok = pts.device.type == "cpu" and pts.dtype in _NUMPY_DTYPES
     if backend == "numpy" and not numpy_ok:
-        raise DataError(f"furthest_point_sample: the numpy backend needs a CPU float16/32/64 tensor, got {pts.dtype} on {pts.device}")
+        raise DataError(
+            f"furthest_point_sample: the numpy backend needs a CPU float16/32/64 tensor, got {pts.dtype} on {pts.device}"
+        )
     if backend == "numpy" or (backend == "auto" and numpy_ok):
         picked = _fps_numpy(pts, num_samples)
     else:
@@ -288,7 +292,9 @@ class _CellGrid:
     def candidate_count(self) -> int:
         return int(self.counts.sum())
 
-    def candidate_blocks(self, queries: Tensor | None = None, budget: int = _PAIR_BUDGET) -> Iterator[tuple[Tensor, Tensor]]:
+    def candidate_blocks(
+        self, queries: Tensor | None = None, budget: int = _PAIR_BUDGET
+    ) -> Iterator[tuple[Tensor, Tensor]]:
         """Yield ``(chunk, refs)``: flat query ids (b*M + m) of a chunk of queries and their
         candidates ``refs [len(chunk), W]`` as flat reference ids (b*N + n), padded with -1."""
         if queries is None:
@@ -323,7 +329,9 @@ def _flat_components(coords: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return flat[0], flat[1], flat[2]
 
 
-def _block_sqdist(qxyz: tuple[Tensor, Tensor, Tensor], rxyz: tuple[Tensor, Tensor, Tensor], chunk: Tensor, refs: Tensor) -> Tensor:
+def _block_sqdist(
+    qxyz: tuple[Tensor, Tensor, Tensor], rxyz: tuple[Tensor, Tensor, Tensor], chunk: Tensor, refs: Tensor
+) -> Tensor:
     """Squared distances ``[Q, W]`` from the chunk's queries to their candidates (pads: inf)."""
     valid = refs >= 0
     r = refs.clamp(min=0)
@@ -367,8 +375,12 @@ def _ball_query_dense(centers: Tensor, points: Tensor, r2: float, u: int) -> Ten
     for lo in range(0, m, step):
         hi = min(m, lo + step)
         d2 = _sqdist(
-            c[:, 0, lo:hi, None], c[:, 1, lo:hi, None], c[:, 2, lo:hi, None],
-            p[:, 0, None, :], p[:, 1, None, :], p[:, 2, None, :],
+            c[:, 0, lo:hi, None],
+            c[:, 1, lo:hi, None],
+            c[:, 2, lo:hi, None],
+            p[:, 0, None, :],
+            p[:, 1, None, :],
+            p[:, 2, None, :],
         )
         out[:, lo:hi] = _first_hits(d2.view(-1, n), ids, r2, u, n).view(b, hi - lo, u)
     return _pad_balls(out, n)
@@ -541,7 +553,9 @@ def _three_nn_cell(points: Tensor, centers: Tensor) -> float:
     return max(cell, span * 1e-4, 1e-12)
 
 
-def three_nearest_neighbors(points_coords: Tensor, centers_coords: Tensor, method: str = "auto") -> tuple[Tensor, Tensor]:
+def three_nearest_neighbors(
+    points_coords: Tensor, centers_coords: Tensor, method: str = "auto"
+) -> tuple[Tensor, Tensor]:
     """For each point, its three nearest centres: ``(indices [B, 3, N], weights [B, 3, N])``.
 
     Nearest by squared distance, ties to the lower index; with fewer than three centres the
@@ -585,7 +599,9 @@ def three_nn_interpolate(points_coords: Tensor, centers_coords: Tensor, centers_
 # --------------------------------------------------------------------------- voxel ops
 
 
-def voxel_coordinates(coords: Tensor, resolution: int, normalize: bool = True, eps: float = 0.0) -> tuple[Tensor, Tensor]:
+def voxel_coordinates(
+    coords: Tensor, resolution: int, normalize: bool = True, eps: float = 0.0
+) -> tuple[Tensor, Tensor]:
     """Upstream's ``Voxelization`` coordinate mapping.
 
     Returns ``(norm_coords, vox_coords)``: the coordinates centred on their mean, scaled so
@@ -639,7 +655,13 @@ def voxelize_mean(features: Tensor, flat_index: Tensor, counts: Tensor, resoluti
 
 def avg_voxelize(features: Tensor, vox_coords: Tensor, resolution: int) -> Tensor:
     """Mean of the point features in each voxel -> ``[B, C, r, r, r]`` (empty voxels 0)."""
-    if features.dim() != 3 or vox_coords.dim() != 3 or vox_coords.shape[1] != 3 or vox_coords.shape[0] != features.shape[0] or vox_coords.shape[2] != features.shape[2]:
+    if (
+        features.dim() != 3
+        or vox_coords.dim() != 3
+        or vox_coords.shape[1] != 3
+        or vox_coords.shape[0] != features.shape[0]
+        or vox_coords.shape[2] != features.shape[2]
+    ):
         raise DataError(
             f"avg_voxelize: expected features [B, C, N] and vox_coords [B, 3, N], got {tuple(features.shape)} and {tuple(vox_coords.shape)}"
         )
@@ -695,7 +717,13 @@ def sum_bags(rows: Tensor, bag_index: Tensor, bag_weight: Tensor, batch: int) ->
     gradients reach ``rows`` only (the weights are constants, as in upstream's kernels).
     """
     weight = bag_weight.to(rows.dtype)
-    if SCATTER_BAG_BACKWARD and rows.device.type == "cpu" and torch.is_grad_enabled() and rows.requires_grad and not weight.requires_grad:
+    if (
+        SCATTER_BAG_BACKWARD
+        and rows.device.type == "cpu"
+        and torch.is_grad_enabled()
+        and rows.requires_grad
+        and not weight.requires_grad
+    ):
         out = _SumBags.apply(rows, bag_index, weight)
     else:
         out = F.embedding_bag(bag_index, rows, per_sample_weights=weight, mode="sum")
@@ -747,5 +775,7 @@ def trilinear_devoxelize(voxel_features: Tensor, coords: Tensor, resolution: int
     (voxel units, as returned by :func:`voxel_coordinates`) -> ``[B, C, N]``."""
     r = int(resolution)
     if voxel_features.dim() != 5 or tuple(voxel_features.shape[2:]) != (r, r, r):
-        raise DataError(f"trilinear_devoxelize: expected voxel features [B, C, {r}, {r}, {r}], got {tuple(voxel_features.shape)}")
+        raise DataError(
+            f"trilinear_devoxelize: expected voxel features [B, C, {r}, {r}, {r}], got {tuple(voxel_features.shape)}"
+        )
     return devoxelize_weighted(voxel_features, *trilinear_corners(coords, r))

@@ -109,7 +109,11 @@ def child_graph(edge_index: Tensor, num_points: int, ratio: int) -> Tensor:
     copies = torch.arange(ratio, device=edge_index.device)
     inherited_src = (src.unsqueeze(1) * ratio + copies).reshape(-1)
     inherited_dst = (dst.unsqueeze(1) * ratio + copies).reshape(-1)
-    pairs = torch.cartesian_prod(copies, copies) if ratio > 1 else torch.zeros(0, 2, dtype=torch.long, device=edge_index.device)
+    pairs = (
+        torch.cartesian_prod(copies, copies)
+        if ratio > 1
+        else torch.zeros(0, 2, dtype=torch.long, device=edge_index.device)
+    )
     pairs = pairs[pairs[:, 0] != pairs[:, 1]]
     parents = torch.arange(num_points, device=edge_index.device).unsqueeze(1) * ratio
     sibling_src = (parents + pairs[:, 0]).reshape(-1)
@@ -154,7 +158,7 @@ class NodeShuffleUpsampler(nn.Module):
         self.refine = TransformerConv(c, c // h if cfg.concat else c, edge_dim=c, **attention)
         self.decode = nn.Sequential(nn.LayerNorm(c), _mlp([c, c, 3]))
         # Start from "every child sits on its parent" so early training only has to learn offsets.
-        for head in (self.coarse, self.decode[-1][-1]):
+        for head in (self.coarse, self.decode[-1][-1]):  # type: ignore[index]  # decode[-1] is an _mlp Sequential
             nn.init.normal_(head.weight, std=1e-3)
             nn.init.zeros_(head.bias)
 
@@ -172,7 +176,9 @@ class NodeShuffleUpsampler(nn.Module):
         src, dst = edge_index
 
         # Translation-invariant input: offset from the neighbours' centroid, mean neighbour distance.
-        degree = torch.zeros(n, dtype=pos.dtype, device=pos.device).index_add_(0, dst, torch.ones_like(dst, dtype=pos.dtype))
+        degree = torch.zeros(n, dtype=pos.dtype, device=pos.device).index_add_(
+            0, dst, torch.ones_like(dst, dtype=pos.dtype)
+        )
         rel = pos[src] - pos[dst]
         mean_rel = torch.zeros_like(pos).index_add_(0, dst, rel) / degree.clamp(min=1).unsqueeze(1)
         mean_dist = torch.zeros(n, dtype=pos.dtype, device=pos.device).index_add_(0, dst, rel.norm(dim=1))
@@ -213,5 +219,9 @@ def __getattr__(name: str):
     import importlib
     import warnings
 
-    warnings.warn("pointforge.nn.upsampler.upsample_cloud moved to pointforge.inference.upsampler.upsample_cloud", DeprecationWarning, stacklevel=2)
+    warnings.warn(
+        "pointforge.nn.upsampler.upsample_cloud moved to pointforge.inference.upsampler.upsample_cloud",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     return importlib.import_module("pointforge.inference.upsampler").upsample_cloud

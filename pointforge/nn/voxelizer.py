@@ -101,8 +101,16 @@ class VoxelizerConfig:
         except ConfigError as err:
             raise ConfigError(f"voxelizer config dpsr_res: {err}") from None
         positive = (
-            "grid_resolution", "hidden_dim", "c_dim", "encoder_blocks", "unet_levels", "unet_f_maps",
-            "unet_num_groups", "decoder_hidden", "decoder_blocks", "num_offset",
+            "grid_resolution",
+            "hidden_dim",
+            "c_dim",
+            "encoder_blocks",
+            "unet_levels",
+            "unet_f_maps",
+            "unet_num_groups",
+            "decoder_hidden",
+            "decoder_blocks",
+            "num_offset",
         )
         for name in positive:
             value = getattr(self, name)
@@ -114,7 +122,9 @@ class VoxelizerConfig:
                 raise ConfigError(f"voxelizer config {name} must be a finite number, got {value!r}")
         limit = self.dpsr_memory_limit
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit <= 0):
-            raise ConfigError(f"voxelizer config dpsr_memory_limit must be a positive number of bytes or None, got {limit!r}")
+            raise ConfigError(
+                f"voxelizer config dpsr_memory_limit must be a positive number of bytes or None, got {limit!r}"
+            )
         if self.pooling not in ("max", "mean"):
             raise ConfigError(f"voxelizer config pooling must be 'max' or 'mean', got {self.pooling!r}")
         if self.grid_resolution < 2 ** (self.unet_levels - 1):
@@ -145,13 +155,27 @@ class VoxelizerConfig:
 PRESETS: dict[str, VoxelizerConfig] = {
     # CI and unit tests: seconds on a CPU. 32^3 DPSR, 8^3 features, 2-level U-Net.
     "tiny": VoxelizerConfig(
-        dpsr_res=32, grid_resolution=8, hidden_dim=16, c_dim=16, encoder_blocks=2,
-        unet_levels=2, unet_f_maps=8, decoder_hidden=16, decoder_blocks=2,
+        dpsr_res=32,
+        grid_resolution=8,
+        hidden_dim=16,
+        c_dim=16,
+        encoder_blocks=2,
+        unet_levels=2,
+        unet_f_maps=8,
+        decoder_hidden=16,
+        decoder_blocks=2,
     ),
     # CPU training in minutes: 64^3 DPSR, 16^3 features, 3-level U-Net with 16 maps.
     "small": VoxelizerConfig(
-        dpsr_res=64, grid_resolution=16, hidden_dim=32, c_dim=32, encoder_blocks=3,
-        unet_levels=3, unet_f_maps=16, decoder_hidden=32, decoder_blocks=3,
+        dpsr_res=64,
+        grid_resolution=16,
+        hidden_dim=32,
+        c_dim=32,
+        encoder_blocks=3,
+        unet_levels=3,
+        unet_f_maps=16,
+        decoder_hidden=32,
+        decoder_blocks=3,
     ),
     # PCDiff's voxelization network (Friedrich et al., MICCAI 2023): 512^3 DPSR with sigma 2,
     # 32^3 features, 3-level U-Net with 32 maps, 7 offsets of scale 0.001.

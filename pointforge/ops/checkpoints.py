@@ -61,9 +61,12 @@ def config_summary(config: Mapping[str, Any] | None) -> str | None:
     get = lambda section, key: (config.get(section) or {}).get(key)  # noqa: E731
     parts = [
         f"task {get('run', 'task')}",
-        f"{get('train', 'epochs')} epoch(s)" + (f", max {get('train', 'max_steps')} steps" if get("train", "max_steps") else ""),
-        f"global batch {get('data', 'global_batch')}" + (f" (micro {get('data', 'micro_batch')})" if get("data", "micro_batch") else ""),
-        f"{get('optim', 'name')} lr {get('optim', 'lr')}" + (f" ({get('optim', 'lr_scaling')} scaling)" if get("optim", "lr_scaling") not in (None, "none") else ""),
+        f"{get('train', 'epochs')} epoch(s)"
+        + (f", max {get('train', 'max_steps')} steps" if get("train", "max_steps") else ""),
+        f"global batch {get('data', 'global_batch')}"
+        + (f" (micro {get('data', 'micro_batch')})" if get("data", "micro_batch") else ""),
+        f"{get('optim', 'name')} lr {get('optim', 'lr')}"
+        + (f" ({get('optim', 'lr_scaling')} scaling)" if get("optim", "lr_scaling") not in (None, "none") else ""),
         f"{get('sched', 'name')} schedule",
         f"amp {get('perf', 'amp')}",
         f"run dir {get('run', 'dir')}",
@@ -75,7 +78,9 @@ def inspect_checkpoint(path: str | os.PathLike, *, trust: bool = False) -> dict[
     """Everything ``ckpt inspect`` shows. A truncated or corrupt file gives ``complete: False`` and the reason."""
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist; check the path (pointforge ckpt inspect RUN_DIR lists a run's checkpoints)")
+        raise CheckpointError(
+            f"checkpoint {path} does not exist; check the path (pointforge ckpt inspect RUN_DIR lists a run's checkpoints)"
+        )
     info: dict[str, Any] = {"file": str(path), "size_bytes": path.stat().st_size}
     try:
         ckpt, saved_on = _load_recording_devices(path, trust=trust)
@@ -94,8 +99,10 @@ def inspect_checkpoint(path: str | os.PathLike, *, trust: bool = False) -> dict[
         pointforge_version=summary.get("pointforge_version"),
         torch_version=summary.get("torch_version"),
         resumable=(
-            "yes" if ours and not missing
-            else f"no: missing {', '.join(missing)}" if ours
+            "yes"
+            if ours and not missing
+            else f"no: missing {', '.join(missing)}"
+            if ours
             else "no: not a pointforge training checkpoint (weights only; usable as initial weights)"
         ),
         parameters=summary.get("parameters"),
@@ -171,7 +178,9 @@ def remap_checkpoint(
     source = Path(source)
     target = Path(target) if target is not None else default_remap_path(source)
     if target.resolve() == source.resolve():
-        raise CheckpointError(f"--out {target} is the checkpoint itself; remap never overwrites the original, choose another name")
+        raise CheckpointError(
+            f"--out {target} is the checkpoint itself; remap never overwrites the original, choose another name"
+        )
     if target.exists() and not force:
         raise CheckpointError(f"{target} already exists; choose another --out or add --force to replace it")
     ckpt, saved_on = _load_recording_devices(source, trust=trust)

@@ -83,13 +83,21 @@ def check_torch(needs_cuda: bool) -> list[Check]:
     try:
         import torch
     except Exception as err:  # a broken install
-        return [Check("torch", FAILURE, f"cannot import torch ({err})", "install torch: make test, or pip install torch")]
+        return [
+            Check("torch", FAILURE, f"cannot import torch ({err})", "install torch: make test, or pip install torch")
+        ]
     checks = []
     cuda_build = torch.version.cuda
     if cuda_build is None:
         status = FAILURE if needs_cuda else OK
-        checks.append(Check("torch", status, f"{torch.__version__} (CPU-only build: no CUDA)",
-                            'install a CUDA build of torch, e.g. make test TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cu124"'))
+        checks.append(
+            Check(
+                "torch",
+                status,
+                f"{torch.__version__} (CPU-only build: no CUDA)",
+                'install a CUDA build of torch, e.g. make test TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cu124"',
+            )
+        )
         return checks
     checks.append(Check("torch", OK, f"{torch.__version__} (built for CUDA {cuda_build})"))
     try:
@@ -99,30 +107,56 @@ def check_torch(needs_cuda: bool) -> list[Check]:
     else:
         why = "torch.cuda.is_available() is False"
     if available:
-        checks.append(Check("CUDA", OK, f"runtime {cuda_build}, driver OK, {torch.cuda.device_count()} device(s) visible to this process"))
+        checks.append(
+            Check(
+                "CUDA",
+                OK,
+                f"runtime {cuda_build}, driver OK, {torch.cuda.device_count()} device(s) visible to this process",
+            )
+        )
     else:
-        checks.append(Check("CUDA", FAILURE if needs_cuda else WARNING, f"CUDA not usable: {why}",
-                            "check the NVIDIA driver (nvidia-smi) and that the driver supports CUDA " + str(cuda_build)))
+        checks.append(
+            Check(
+                "CUDA",
+                FAILURE if needs_cuda else WARNING,
+                f"CUDA not usable: {why}",
+                "check the NVIDIA driver (nvidia-smi) and that the driver supports CUDA " + str(cuda_build),
+            )
+        )
     try:
         cudnn = torch.backends.cudnn.version()
     except Exception:
         cudnn = None
-    checks.append(Check("cuDNN", OK if cudnn else WARNING, str(cudnn) if cudnn else "not available",
-                        "install a torch build that bundles cuDNN (the standard CUDA wheels do)"))
+    checks.append(
+        Check(
+            "cuDNN",
+            OK if cudnn else WARNING,
+            str(cudnn) if cudnn else "not available",
+            "install a torch build that bundles cuDNN (the standard CUDA wheels do)",
+        )
+    )
     try:
         nccl = torch.cuda.nccl.version()
         nccl_text = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
         checks.append(Check("NCCL", OK, nccl_text))
     except Exception as err:
-        checks.append(Check("NCCL", FAILURE if needs_cuda else WARNING, f"not available ({err})",
-                            "multi-GPU training needs NCCL: use the standard Linux CUDA wheels of torch"))
+        checks.append(
+            Check(
+                "NCCL",
+                FAILURE if needs_cuda else WARNING,
+                f"not available ({err})",
+                "multi-GPU training needs NCCL: use the standard Linux CUDA wheels of torch",
+            )
+        )
     return checks
 
 
 # --------------------------------------------------------------------------- GPUs
 
 
-def check_gpus(inventory: GpuInventory, *, physical_needed: list[int] | None, visible_needed: int | None) -> list[Check]:
+def check_gpus(
+    inventory: GpuInventory, *, physical_needed: list[int] | None, visible_needed: int | None
+) -> list[Check]:
     """GPUs on the machine versus what a plan (physical numbers) or a job in this shell (visible count) needs."""
     checks = []
     detail = inventory.describe()
@@ -132,18 +166,33 @@ def check_gpus(inventory: GpuInventory, *, physical_needed: list[int] | None, vi
     if physical_needed:
         missing = [g for g in physical_needed if g >= inventory.count]
         if missing:
-            checks.append(Check("GPUs", FAILURE, f"{detail}; the plan uses GPU {format_gpu_list(physical_needed)}",
-                                f"GPU {format_gpu_list(missing)} does not exist: number GPUs 0-{max(inventory.count - 1, 0)} as nvidia-smi does"))
+            checks.append(
+                Check(
+                    "GPUs",
+                    FAILURE,
+                    f"{detail}; the plan uses GPU {format_gpu_list(physical_needed)}",
+                    f"GPU {format_gpu_list(missing)} does not exist: number GPUs 0-{max(inventory.count - 1, 0)} as nvidia-smi does",
+                )
+            )
         else:
             checks.append(Check("GPUs", OK, f"{detail}; the plan uses GPU {format_gpu_list(physical_needed)}"))
     elif visible_needed:
         visible = _visible_count(inventory)
         if visible < visible_needed:
-            checks.append(Check("GPUs", FAILURE, f"{detail}; {visible} visible to this shell, the run needs {visible_needed}",
-                                f"use --nproc {visible} or fewer, or make more GPUs visible (CUDA_VISIBLE_DEVICES)" if visible else
-                                "run on a machine with GPUs, or use run.device=cpu"))
+            checks.append(
+                Check(
+                    "GPUs",
+                    FAILURE,
+                    f"{detail}; {visible} visible to this shell, the run needs {visible_needed}",
+                    f"use --nproc {visible} or fewer, or make more GPUs visible (CUDA_VISIBLE_DEVICES)"
+                    if visible
+                    else "run on a machine with GPUs, or use run.device=cpu",
+                )
+            )
         else:
-            checks.append(Check("GPUs", OK, f"{detail}; {visible} visible to this shell, the run needs {visible_needed}"))
+            checks.append(
+                Check("GPUs", OK, f"{detail}; {visible} visible to this shell, the run needs {visible_needed}")
+            )
     else:
         checks.append(Check("GPUs", OK, detail + ("" if inventory.count else "; training runs on the CPU")))
     return checks
@@ -174,25 +223,40 @@ def check_visible_devices(inventory: GpuInventory, *, for_plan: bool, gpus_neede
     tokens = [t.strip() for t in mask.split(",")]
     if mask.strip() == "":
         status = FAILURE if gpus_needed else WARNING
-        return Check(name, status, "set but empty: every GPU is hidden from this shell", "unset CUDA_VISIBLE_DEVICES, or list the GPUs to use")
+        return Check(
+            name,
+            status,
+            "set but empty: every GPU is hidden from this shell",
+            "unset CUDA_VISIBLE_DEVICES, or list the GPUs to use",
+        )
     problems = []
     seen = set()
     for token in tokens:
         if token.isdigit():
             n = int(token)
             if inventory.count and n >= inventory.count:
-                problems.append(f"GPU {n} does not exist (this machine has 0-{inventory.count - 1}): CUDA reports 'invalid device ordinal'")
+                problems.append(
+                    f"GPU {n} does not exist (this machine has 0-{inventory.count - 1}): CUDA reports 'invalid device ordinal'"
+                )
             if n in seen:
                 problems.append(f"GPU {n} is listed twice")
             seen.add(n)
         elif not token.upper().startswith(("GPU-", "MIG-")):
             problems.append(f"{token!r} is neither a GPU number nor a GPU-/MIG- UUID")
     if problems:
-        return Check(name, FAILURE, f"{mask!r}: " + "; ".join(problems),
-                     "unset it (an inherited value from another job is the usual cause) or list existing GPUs, e.g. CUDA_VISIBLE_DEVICES=0,1")
+        return Check(
+            name,
+            FAILURE,
+            f"{mask!r}: " + "; ".join(problems),
+            "unset it (an inherited value from another job is the usual cause) or list existing GPUs, e.g. CUDA_VISIBLE_DEVICES=0,1",
+        )
     if len(seen) > 1 and os.environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID" and not inventory.fake:
-        return Check(name, WARNING, f"{mask!r} without CUDA_DEVICE_ORDER=PCI_BUS_ID: CUDA may number GPUs differently from nvidia-smi",
-                     "export CUDA_DEVICE_ORDER=PCI_BUS_ID (pointforge launch sets it for its jobs)")
+        return Check(
+            name,
+            WARNING,
+            f"{mask!r} without CUDA_DEVICE_ORDER=PCI_BUS_ID: CUDA may number GPUs differently from nvidia-smi",
+            "export CUDA_DEVICE_ORDER=PCI_BUS_ID (pointforge launch sets it for its jobs)",
+        )
     return Check(name, OK, f"{mask!r}: {len(tokens)} GPU(s) visible, as cuda:0 … cuda:{len(tokens) - 1}")
 
 
@@ -205,7 +269,11 @@ def dataset_root_from_config(task_cfg: Any) -> str | None:
         return None
     for fld in dataclasses.fields(task_cfg):
         value = getattr(task_cfg, fld.name)
-        if isinstance(value, str) and value and ("root" in fld.name or fld.name in ("data", "data_dir", "dataset", "prepared")):
+        if (
+            isinstance(value, str)
+            and value
+            and ("root" in fld.name or fld.name in ("data", "data_dir", "dataset", "prepared"))
+        ):
             return value
     return None
 
@@ -219,8 +287,12 @@ def check_dataset(root: str | os.PathLike) -> Check:
     root = Path(root)
     name = "dataset"
     if not root.exists():
-        return Check(name, FAILURE, f"{root} does not exist",
-                     "give the dataset folder with --data (or the config's data root); make one with pointforge data synth / data prepare")
+        return Check(
+            name,
+            FAILURE,
+            f"{root} does not exist",
+            "give the dataset folder with --data (or the config's data root); make one with pointforge data synth / data prepare",
+        )
     if not root.is_dir():
         return Check(name, FAILURE, f"{root} is a file, not a dataset folder", "give the folder that holds the dataset")
     try:
@@ -235,23 +307,40 @@ def check_dataset(root: str | os.PathLike) -> Check:
                     if rel:
                         points = prepared.points(rel)
                         if points.ndim != 2 or points.shape[1] != 3:
-                            return Check(name, FAILURE, f"{prepared.path(rel)} holds an array of shape {points.shape}, not N×3 points",
-                                         "delete it and re-run pointforge data prepare")
+                            return Check(
+                                name,
+                                FAILURE,
+                                f"{prepared.path(rel)} holds an array of shape {points.shape}, not N×3 points",
+                                "delete it and re-run pointforge data prepare",
+                            )
                         np.asarray(points[:16])  # touch the data, not only the header
             counts = ", ".join(f"{k} {v}" for k, v in splits.items())
-            return Check(name, OK, f"{root}: prepared dataset, {len(prepared.cases)} cases ({counts}); {len(sample)} sampled cases readable")
+            return Check(
+                name,
+                OK,
+                f"{root}: prepared dataset, {len(prepared.cases)} cases ({counts}); {len(sample)} sampled cases readable",
+            )
         layout, cases = list_cases(root)
         from pointforge.data.volumes import read_volume
 
         sample = _spread(cases, SAMPLE_FILES)
         for case in sample:
             read_volume(case.defective)
-        return Check(name, WARNING, f"{root}: raw {layout} dataset, {len(cases)} cases; {len(sample)} sampled volumes readable; not prepared yet",
-                     f"training reads prepared point clouds: pointforge data prepare {root} --out PREPARED, then point the config at PREPARED")
+        return Check(
+            name,
+            WARNING,
+            f"{root}: raw {layout} dataset, {len(cases)} cases; {len(sample)} sampled volumes readable; not prepared yet",
+            f"training reads prepared point clouds: pointforge data prepare {root} --out PREPARED, then point the config at PREPARED",
+        )
     except UserError as err:
         return Check(name, FAILURE, str(err), "fix the file named, or re-run pointforge data prepare")
     except (OSError, ValueError) as err:
-        return Check(name, FAILURE, f"{root}: unreadable ({type(err).__name__}: {err})", "check the files' permissions and that they are complete")
+        return Check(
+            name,
+            FAILURE,
+            f"{root}: unreadable ({type(err).__name__}: {err})",
+            "check the files' permissions and that they are complete",
+        )
 
 
 def _spread(items: Sequence[Any], n: int) -> list[Any]:
@@ -297,22 +386,33 @@ def estimate_checkpoint_bytes(task: Any, cfg: Any) -> int | None:
     return int(weights + moments * params + ema + 2**20)
 
 
-def check_disk(run_dir: str | os.PathLike, checkpoint_bytes: int | None, keep_last: int, *, space: tuple[int, int] | None = None) -> Check:
+def check_disk(
+    run_dir: str | os.PathLike, checkpoint_bytes: int | None, keep_last: int, *, space: tuple[int, int] | None = None
+) -> Check:
     name = "disk"
     space = space if space is not None else fs_space(run_dir)
     if space is None:
-        return Check(name, WARNING, f"cannot tell the free space for {run_dir}", "check that the run dir's filesystem is mounted")
+        return Check(
+            name, WARNING, f"cannot tell the free space for {run_dir}", "check that the run dir's filesystem is mounted"
+        )
     _total, free = space
     if checkpoint_bytes is None:
         return Check(name, OK, f"{_size(free)} free for {run_dir} (checkpoint size unknown)")
     # latest + best + keep_last periodic copies, and one temporary file while a new one is written
     files = 2 + max(keep_last, 0) + 1
     need = files * checkpoint_bytes
-    detail = f"{_size(free)} free for {run_dir}; checkpoints need about {_size(need)} ({files} × {_size(checkpoint_bytes)})"
+    detail = (
+        f"{_size(free)} free for {run_dir}; checkpoints need about {_size(need)} ({files} × {_size(checkpoint_bytes)})"
+    )
     if free < need:
         return Check(name, FAILURE, detail, "free disk space, lower ckpt.keep_last, or put run.dir on a larger disk")
     if free < 2 * need:
-        return Check(name, WARNING, detail + " (less than twice that is free)", "free disk space or lower ckpt.keep_last before a long run")
+        return Check(
+            name,
+            WARNING,
+            detail + " (less than twice that is free)",
+            "free disk space or lower ckpt.keep_last before a long run",
+        )
     return Check(name, OK, detail)
 
 
@@ -341,7 +441,9 @@ def _nbytes(obj: Any) -> int:
     return 0
 
 
-def check_shm(num_workers: int, nproc: int, prefetch_factor: int, batch_bytes: int | None, *, shm: tuple[int, int] | None) -> Check:
+def check_shm(
+    num_workers: int, nproc: int, prefetch_factor: int, batch_bytes: int | None, *, shm: tuple[int, int] | None
+) -> Check:
     """/dev/shm against what DataLoader workers keep there: batches in flight, per worker, per process."""
     name = "/dev/shm"
     if num_workers == 0:
@@ -352,11 +454,17 @@ def check_shm(num_workers: int, nproc: int, prefetch_factor: int, batch_bytes: i
     per_batch = batch_bytes if batch_bytes is not None else FALLBACK_BATCH_BYTES
     # Twice the batches in flight: the copy being handed over and the next one being filled.
     need = 2 * nproc * num_workers * prefetch_factor * per_batch
-    how = f"{nproc} process(es) × {num_workers} worker(s) × {prefetch_factor} batches × {_size(per_batch)}" + ("" if batch_bytes is not None else " (assumed)")
+    how = f"{nproc} process(es) × {num_workers} worker(s) × {prefetch_factor} batches × {_size(per_batch)}" + (
+        "" if batch_bytes is not None else " (assumed)"
+    )
     detail = f"{_size(total)} ({_size(free)} free); DataLoader workers need about {_size(need)} ({how}, ×2)"
     if free < need:
-        return Check(name, FAILURE, detail,
-                     "lower data.num_workers (0 works anywhere), or enlarge /dev/shm (docker run --shm-size=16g, or mount -o remount,size=16G /dev/shm)")
+        return Check(
+            name,
+            FAILURE,
+            detail,
+            "lower data.num_workers (0 works anywhere), or enlarge /dev/shm (docker run --shm-size=16g, or mount -o remount,size=16G /dev/shm)",
+        )
     return Check(name, OK, detail)
 
 
@@ -369,8 +477,9 @@ def check_port(port: int, *, asked: bool) -> Check:
         return Check(name, OK, "free for a rendezvous" + ("" if asked else " (torchrun's default)"))
     owner = port_owner(port)
     by = f" by pid {owner}" if owner else ""
-    fix = ("choose another port (--rdzv-endpoint HOST:PORT / --master-port), or stop what holds it"
-           + ("; pointforge launch picks a free port per job by itself" if not asked else ""))
+    fix = "choose another port (--rdzv-endpoint HOST:PORT / --master-port), or stop what holds it" + (
+        "; pointforge launch picks a free port per job by itself" if not asked else ""
+    )
     return Check(name, FAILURE if asked else WARNING, f"in use{by}", fix)
 
 
@@ -379,7 +488,12 @@ def check_tmux(asked: bool) -> Check | None:
     if exe is None:
         if not asked:
             return None
-        return Check("tmux", FAILURE, "not installed", "install tmux (apt-get install tmux), or run pointforge launch without --tmux (jobs run detached)")
+        return Check(
+            "tmux",
+            FAILURE,
+            "not installed",
+            "install tmux (apt-get install tmux), or run pointforge launch without --tmux (jobs run detached)",
+        )
     try:
         version = subprocess.run([exe, "-V"], capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
@@ -402,24 +516,44 @@ def check_run_dir(run_dir: str | os.PathLike, *, resume: str | None) -> list[Che
         where = "exists" if probe == run_dir else f"will be created under {probe}"
         checks.append(Check("run dir", OK, f"{run_dir} is writable ({where})"))
     except OSError as err:
-        checks.append(Check("run dir", FAILURE, f"cannot write in {probe} ({err.strerror or err})",
-                            "choose a run.dir you can write to, or fix the folder's permissions"))
+        checks.append(
+            Check(
+                "run dir",
+                FAILURE,
+                f"cannot write in {probe} ({err.strerror or err})",
+                "choose a run.dir you can write to, or fix the folder's permissions",
+            )
+        )
         return checks
     state = run_state(run_dir, with_disk=False)
     if is_live(state):
-        checks.append(Check("run dir", FAILURE, f"{run_dir} is in use by a live job ({state.status}, pid {state.job_pid or state.pid})",
-                            f"stop it first (pointforge launch --stop {state.name}) or choose another run.dir"))
+        checks.append(
+            Check(
+                "run dir",
+                FAILURE,
+                f"{run_dir} is in use by a live job ({state.status}, pid {state.job_pid or state.pid})",
+                f"stop it first (pointforge launch --stop {state.name}) or choose another run.dir",
+            )
+        )
     existing = resume_candidates(run_dir)
     if existing and resume is None:
-        checks.append(Check("run dir", WARNING, f"{run_dir} already holds checkpoints ({existing[0].name}, ...): a new run is refused there",
-                            "add --resume auto to continue it, or choose a new run.dir"))
+        checks.append(
+            Check(
+                "run dir",
+                WARNING,
+                f"{run_dir} already holds checkpoints ({existing[0].name}, ...): a new run is refused there",
+                "add --resume auto to continue it, or choose a new run.dir",
+            )
+        )
     return checks
 
 
 # --------------------------------------------------------------------------- resume checkpoint
 
 
-def check_resume(resume: str, *, run_dir: str | os.PathLike | None, task: Any = None, cfg: Any = None, nproc: int | None = None) -> list[Check]:
+def check_resume(
+    resume: str, *, run_dir: str | os.PathLike | None, task: Any = None, cfg: Any = None, nproc: int | None = None
+) -> list[Check]:
     """The checkpoint a run would resume from: readable, ours, same task, weights that fit the config's model."""
     import torch
 
@@ -429,7 +563,14 @@ def check_resume(resume: str, *, run_dir: str | os.PathLike | None, task: Any = 
     name = "resume"
     if resume == "auto":
         if run_dir is None:
-            return [Check(name, WARNING, "--resume auto without a config or run dir: nothing to look in", "give --config (its run.dir) or a checkpoint path")]
+            return [
+                Check(
+                    name,
+                    WARNING,
+                    "--resume auto without a config or run dir: nothing to look in",
+                    "give --config (its run.dir) or a checkpoint path",
+                )
+            ]
         candidates = ckpt_io.resume_candidates(run_dir)
         if not candidates:
             return [Check(name, OK, f"--resume auto: {run_dir} holds no checkpoint yet; the run starts from scratch")]
@@ -441,17 +582,42 @@ def check_resume(resume: str, *, run_dir: str | os.PathLike | None, task: Any = 
     except UserError as err:
         return [Check(name, FAILURE, str(err), "check the path, or use --resume auto")]
     if not info["complete"]:
-        return [Check(name, FAILURE, info["problem"], "resume from an earlier checkpoint (pointforge ckpt inspect RUN_DIR lists them); --resume auto skips damaged ones")]
+        return [
+            Check(
+                name,
+                FAILURE,
+                info["problem"],
+                "resume from an earlier checkpoint (pointforge ckpt inspect RUN_DIR lists them); --resume auto skips damaged ones",
+            )
+        ]
     if info["resumable"] != "yes":
-        return [Check(name, FAILURE, f"{path}: {info['resumable']}",
-                      "a run resumes only from a pointforge training checkpoint; to start from these weights, load them into a new run")]
-    checks = [Check(name, OK, f"{path}: task {info['task']}, epoch {info['epoch']}, step {info['global_step']}, "
-                              f"written by {info['world_size']} process(es), saved on {', '.join(info['saved_devices'])}")]
+        return [
+            Check(
+                name,
+                FAILURE,
+                f"{path}: {info['resumable']}",
+                "a run resumes only from a pointforge training checkpoint; to start from these weights, load them into a new run",
+            )
+        ]
+    checks = [
+        Check(
+            name,
+            OK,
+            f"{path}: task {info['task']}, epoch {info['epoch']}, step {info['global_step']}, "
+            f"written by {info['world_size']} process(es), saved on {', '.join(info['saved_devices'])}",
+        )
+    ]
     if cfg is None or task is None:
         return checks
     if info["task"] != task.name:
-        checks.append(Check(name, FAILURE, f"{path} was written by task {info['task']}, the config is for {task.name}",
-                            "resume with the matching task and config"))
+        checks.append(
+            Check(
+                name,
+                FAILURE,
+                f"{path} was written by task {info['task']}, the config is for {task.name}",
+                "resume with the matching task and config",
+            )
+        )
         return checks
     ckpt = ckpt_io.load_checkpoint(path)
     weights = ckpt_io.strip_prefixes(ckpt_io.model_weights(ckpt))
@@ -460,7 +626,14 @@ def check_resume(resume: str, *, run_dir: str | os.PathLike | None, task: Any = 
         with torch.device("meta"):
             expected = {k: tuple(v.shape) for k, v in task.build_model(cfg.task).state_dict().items()}
     except Exception as err:
-        checks.append(Check(name, WARNING, f"could not build the config's model to compare ({type(err).__name__}: {err})", "check the task config"))
+        checks.append(
+            Check(
+                name,
+                WARNING,
+                f"could not build the config's model to compare ({type(err).__name__}: {err})",
+                "check the task config",
+            )
+        )
         return checks
     missing = [k for k in expected if k not in weights]
     unexpected = [k for k in weights if k not in expected]
@@ -474,14 +647,26 @@ def check_resume(resume: str, *, run_dir: str | os.PathLike | None, task: Any = 
         if shapes:
             k = shapes[0]
             parts.append(f"{len(shapes)} of another shape (e.g. {k}: {tuple(weights[k].shape)} vs {expected[k]})")
-        checks.append(Check(name, FAILURE, "the checkpoint's weights do not fit the config's model: " + "; ".join(parts),
-                            "use the config the checkpoint was trained with (pointforge ckpt inspect shows it)"))
+        checks.append(
+            Check(
+                name,
+                FAILURE,
+                "the checkpoint's weights do not fit the config's model: " + "; ".join(parts),
+                "use the config the checkpoint was trained with (pointforge ckpt inspect shows it)",
+            )
+        )
         return checks
     checks.append(Check(name, OK, f"weights fit the config's model ({len(expected)} tensors)"))
     if nproc and info.get("world_size") and info["world_size"] != nproc:
-        checks.append(Check(name, WARNING, f"written by {info['world_size']} process(es), resuming on {nproc}: weights, optimizer and schedule "
-                                           "continue exactly, random streams are re-seeded",
-                            f"for a bit-exact continuation resume on {info['world_size']} process(es)"))
+        checks.append(
+            Check(
+                name,
+                WARNING,
+                f"written by {info['world_size']} process(es), resuming on {nproc}: weights, optimizer and schedule "
+                "continue exactly, random streams are re-seeded",
+                f"for a bit-exact continuation resume on {info['world_size']} process(es)",
+            )
+        )
     return checks
 
 
@@ -501,8 +686,17 @@ def _guard(name: str, fn: Callable[[], Any]) -> list[Check]:
     return result if isinstance(result, list) else [result]
 
 
-def _config_checks(label: str, task: Any, cfg: Any, *, nproc: int, data: str | None, resume: str | None,
-                   shm_space: tuple[int, int] | None, disk_space: tuple[int, int] | None) -> list[Check]:
+def _config_checks(
+    label: str,
+    task: Any,
+    cfg: Any,
+    *,
+    nproc: int,
+    data: str | None,
+    resume: str | None,
+    shm_space: tuple[int, int] | None,
+    disk_space: tuple[int, int] | None,
+) -> list[Check]:
     checks: list[Check] = []
     prefix = f"{label}: " if label else ""
 
@@ -535,7 +729,9 @@ def _config_checks(label: str, task: Any, cfg: Any, *, nproc: int, data: str | N
     checks += named(_guard("/dev/shm", lambda: check_shm(workers, nproc, cfg.data.prefetch_factor, batch, shm=shm)))
     checks += named(_guard("run dir", lambda: check_run_dir(cfg.run.dir, resume=resume)))
     if resume:
-        checks += named(_guard("resume", lambda: check_resume(resume, run_dir=cfg.run.dir, task=task, cfg=cfg, nproc=nproc)))
+        checks += named(
+            _guard("resume", lambda: check_resume(resume, run_dir=cfg.run.dir, task=task, cfg=cfg, nproc=nproc))
+        )
     return checks
 
 
@@ -568,7 +764,12 @@ def run_doctor(
     add([check_python()])
     add(_guard("torch", lambda: check_torch(needs_cuda)))
     add(_guard("GPUs", lambda: check_gpus(inventory, physical_needed=physical_needed, visible_needed=visible_needed)))
-    add(_guard("CUDA_VISIBLE_DEVICES", lambda: check_visible_devices(inventory, for_plan=launch_plan is not None, gpus_needed=needs_cuda)))
+    add(
+        _guard(
+            "CUDA_VISIBLE_DEVICES",
+            lambda: check_visible_devices(inventory, for_plan=launch_plan is not None, gpus_needed=needs_cuda),
+        )
+    )
     if config_check is not None:
         add([config_check])
 
@@ -576,8 +777,18 @@ def run_doctor(
     if launch_plan is not None:
         add(_plan_checks(plan, launch_plan, data=data_root, shm_space=shm_space, disk_space=disk_space))
     elif cfg is not None:
-        add(_config_checks("", task_obj, cfg, nproc=nproc or 1, data=data_root, resume=resume,
-                           shm_space=shm_space, disk_space=disk_space))
+        add(
+            _config_checks(
+                "",
+                task_obj,
+                cfg,
+                nproc=nproc or 1,
+                data=data_root,
+                resume=resume,
+                shm_space=shm_space,
+                disk_space=disk_space,
+            )
+        )
     else:
         if data is not None:
             add(_guard("dataset", lambda: check_dataset(data)))
@@ -612,8 +823,9 @@ def _load_launch_plan(plan: str | os.PathLike | None) -> tuple[Any, Check | None
         return None, Check("plan", FAILURE, str(err), "fix the plan file")
 
 
-def _load_config(config: str | os.PathLike | None, task: str | None, overrides: Sequence[str],
-                 run_dir: str | os.PathLike | None) -> tuple[Any, Any, Check | None]:
+def _load_config(
+    config: str | os.PathLike | None, task: str | None, overrides: Sequence[str], run_dir: str | os.PathLike | None
+) -> tuple[Any, Any, Check | None]:
     """(task, config, the config check) for ``--config``/``--task``; all None when neither is given."""
     if config is None and task is None:
         return None, None, None
@@ -631,7 +843,9 @@ def _load_config(config: str | os.PathLike | None, task: str | None, overrides: 
     return task_obj, cfg, Check("config", OK, f"{config or 'defaults'} loads for task {task_obj.name}")
 
 
-def _gpus_needed(inventory: GpuInventory, launch_plan: Any, cfg: Any, nproc: int | None) -> tuple[list[int] | None, int | None, bool]:
+def _gpus_needed(
+    inventory: GpuInventory, launch_plan: Any, cfg: Any, nproc: int | None
+) -> tuple[list[int] | None, int | None, bool]:
     """(physical GPUs a plan names, GPUs a single run must see, whether CUDA is needed at all)."""
     physical_needed = sorted({g for j in launch_plan.jobs for g in j.gpus}) if launch_plan else None
     visible_needed = None
@@ -646,17 +860,27 @@ def _gpus_needed(inventory: GpuInventory, launch_plan: Any, cfg: Any, nproc: int
     return physical_needed, visible_needed, needs_cuda
 
 
-def _plan_checks(plan: Any, launch_plan: Any, *, data: str | None, shm_space: tuple[int, int] | None,
-                 disk_space: tuple[int, int] | None) -> list[Check]:
+def _plan_checks(
+    plan: Any,
+    launch_plan: Any,
+    *,
+    data: str | None,
+    shm_space: tuple[int, int] | None,
+    disk_space: tuple[int, int] | None,
+) -> list[Check]:
     """The plan's own problems (or its summary), then every job's config checks."""
     from pointforge.config import load_train_config
     from pointforge.tasks import get_task
 
     if launch_plan.problems:
-        checks = [Check("plan", FAILURE, str(p), "fix the plan (pointforge launch PLAN --dry-run shows it)") for p in launch_plan.problems]
+        checks = [
+            Check("plan", FAILURE, str(p), "fix the plan (pointforge launch PLAN --dry-run shows it)")
+            for p in launch_plan.problems
+        ]
     else:
         jobs = ", ".join(
-            f"{j.name} on {('GPU ' + format_gpu_list(j.gpus)) if j.gpus else 'the CPU'}" + (f" (port {j.port})" if j.spec.port else "")
+            f"{j.name} on {('GPU ' + format_gpu_list(j.gpus)) if j.gpus else 'the CPU'}"
+            + (f" (port {j.port})" if j.spec.port else "")
             for j in launch_plan.jobs
         )
         checks = [Check("plan", OK, f"{plan}: {len(launch_plan.jobs)} job(s): {jobs}; GPUs, ports and run dirs free")]
@@ -666,8 +890,16 @@ def _plan_checks(plan: Any, launch_plan: Any, *, data: str | None, shm_space: tu
             job_cfg = load_train_config(job_task.name, job.config_path, [*job.overrides, f"run.dir={job.run_dir}"])
         except UserError:
             continue  # already reported as a plan problem
-        checks += _config_checks(f"job {job.name}", job_task, job_cfg, nproc=job.nproc, data=data,
-                                 resume=job.resume, shm_space=shm_space, disk_space=disk_space)
+        checks += _config_checks(
+            f"job {job.name}",
+            job_task,
+            job_cfg,
+            nproc=job.nproc,
+            data=data,
+            resume=job.resume,
+            shm_space=shm_space,
+            disk_space=disk_space,
+        )
     return checks
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pointforge.errors import ConfigError
+
 # Process liveness lives with the torchrun module (whose workers it checks); re-exported for ops.
 from pointforge.train.launch import pid_alive, pid_alive_since, process_start_time  # noqa: F401
 
@@ -89,7 +90,9 @@ def fake_gpu_count(environ: dict[str, str] | None = None) -> int | None:
     except ValueError:
         count = -1
     if count < 0:
-        raise ConfigError(f"{FAKE_GPUS_ENV}={raw!r} is not a GPU count; set it to a whole number such as 8, or unset it")
+        raise ConfigError(
+            f"{FAKE_GPUS_ENV}={raw!r} is not a GPU count; set it to a whole number such as 8, or unset it"
+        )
     return count
 
 
@@ -105,7 +108,7 @@ def _num(text: str) -> float | None:
 
 def _from_nvml() -> list[GpuInfo] | None:
     try:
-        import pynvml  # type: ignore[import-not-found]  # optional: nvidia-ml-py
+        import pynvml  # optional: nvidia-ml-py
     except ImportError:
         return None
     try:
@@ -171,10 +174,17 @@ def parse_smi_gpus(text: str) -> list[GpuInfo]:
             index = int(row[0])
         except ValueError:
             continue
-        gpus.append(GpuInfo(
-            index=index, name=row[1].strip(), uuid=row[2].strip() or None, utilization_pct=_num(row[3]),
-            memory_used_mb=_num(row[4]), memory_total_mb=_num(row[5]), temperature_c=_num(row[6]),
-        ))
+        gpus.append(
+            GpuInfo(
+                index=index,
+                name=row[1].strip(),
+                uuid=row[2].strip() or None,
+                utilization_pct=_num(row[3]),
+                memory_used_mb=_num(row[4]),
+                memory_total_mb=_num(row[5]),
+                temperature_c=_num(row[6]),
+            )
+        )
     return gpus
 
 
@@ -191,10 +201,12 @@ def parse_smi_apps(text: str, gpus: list[GpuInfo]) -> None:
 
 
 def _from_smi() -> list[GpuInfo] | None:
-    text = _run_smi([
-        "--query-gpu=index,name,uuid,utilization.gpu,memory.used,memory.total,temperature.gpu",
-        "--format=csv,noheader,nounits",
-    ])
+    text = _run_smi(
+        [
+            "--query-gpu=index,name,uuid,utilization.gpu,memory.used,memory.total,temperature.gpu",
+            "--format=csv,noheader,nounits",
+        ]
+    )
     if text is None:
         return None
     gpus = parse_smi_gpus(text)
@@ -235,7 +247,9 @@ def gpu_inventory(*, details: bool = True) -> GpuInventory:
             import torch
 
             if torch.cuda.is_available():
-                return GpuInventory(torch.cuda.device_count(), "torch", note="no GPU information (NVML not available, no nvidia-smi)")
+                return GpuInventory(
+                    torch.cuda.device_count(), "torch", note="no GPU information (NVML not available, no nvidia-smi)"
+                )
         except Exception:
             pass
     return GpuInventory(0, "none", note="no GPU information (NVML not available, no nvidia-smi)")
@@ -252,7 +266,7 @@ def parse_gpu_list(value: object, where: str) -> list[int]:
     elif isinstance(value, str):
         items = [p.strip() for p in value.split(",") if p.strip()]
     else:
-        raise ConfigError(f"{where}: gpus must be a list such as [0, 1] or a range such as \"0-6\", not {value!r}")
+        raise ConfigError(f'{where}: gpus must be a list such as [0, 1] or a range such as "0-6", not {value!r}')
     found: list[int] = []
     for item in items:
         text = str(item).strip()
@@ -267,7 +281,9 @@ def parse_gpu_list(value: object, where: str) -> list[int]:
             else:
                 numbers = [int(text)]
         except ValueError:
-            raise ConfigError(f"{where}: {text!r} is not a GPU number or range; write gpus like [0, 1], \"0-6\" or \"0-3,6\"") from None
+            raise ConfigError(
+                f'{where}: {text!r} is not a GPU number or range; write gpus like [0, 1], "0-6" or "0-3,6"'
+            ) from None
         for n in numbers:
             if n < 0:
                 raise ConfigError(f"{where}: GPU numbers start at 0, got {n}")

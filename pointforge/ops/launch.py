@@ -83,14 +83,39 @@ DEFAULT_RUNS_DIR = "runs"
 DEFAULT_SESSION = "pointforge"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _PLAN_KEYS = ("runs_dir", "env", "jobs", "session")
-_JOB_KEYS = ("name", "task", "config", "gpus", "cpu", "nproc", "overrides", "run_dir", "env", "port", "resume", "max_restarts")
+_JOB_KEYS = (
+    "name",
+    "task",
+    "config",
+    "gpus",
+    "cpu",
+    "nproc",
+    "overrides",
+    "run_dir",
+    "env",
+    "port",
+    "resume",
+    "max_restarts",
+)
 
 # Variables a job must never inherit: from this shell, from a tmux server
 # started long ago, or from another job. Each job gets its own values.
 _STRIPPED = (
-    "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-    "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", FAKE_GPUS_ENV,
+    "CUDA_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    FAKE_GPUS_ENV,
 )
 _STRIPPED_PREFIXES = ("TORCHELASTIC_", "TORCH_ELASTIC_", "PET_")
 
@@ -174,10 +199,14 @@ def job_from_mapping(data: Mapping[str, Any], where: str) -> JobSpec:
     name = str(data["name"])
     where = f"job {name}"
     if not _NAME.match(name):
-        raise ConfigError(f"{where}: the name may use letters, digits, '.', '_' and '-' (it names a folder and a tmux window)")
+        raise ConfigError(
+            f"{where}: the name may use letters, digits, '.', '_' and '-' (it names a folder and a tmux window)"
+        )
     has_gpus, has_cpu = data.get("gpus") is not None, data.get("cpu") is not None
     if has_gpus == has_cpu:
-        raise ConfigError(f"{where}: give either gpus (e.g. \"0-6\") or cpu (a number of CPU processes), not {'both' if has_gpus else 'neither'}")
+        raise ConfigError(
+            f'{where}: give either gpus (e.g. "0-6") or cpu (a number of CPU processes), not {"both" if has_gpus else "neither"}'
+        )
     overrides = data.get("overrides") or []
     if isinstance(overrides, str):
         overrides = overrides.split()
@@ -222,7 +251,9 @@ def parse_job_flag(text: str) -> JobSpec:
     """``NAME:TASK:GPUS[:CONFIG]``, GPUS like ``0-6``, ``7``, ``0,2`` or ``cpu``/``cpu4`` (CPU processes)."""
     parts = text.split(":", 3)
     if len(parts) < 3 or not all(parts[:3]):
-        raise ConfigError(f"--job {text!r}: write NAME:TASK:GPUS[:CONFIG], e.g. --job pcdiff:pcdiff:0-6:configs/pcdiff/paper.yaml")
+        raise ConfigError(
+            f"--job {text!r}: write NAME:TASK:GPUS[:CONFIG], e.g. --job pcdiff:pcdiff:0-6:configs/pcdiff/paper.yaml"
+        )
     name, task, gpus = parts[:3]
     data: dict[str, Any] = {"name": name, "task": task}
     match = re.fullmatch(r"cpu(\d*)", gpus.strip().lower())
@@ -274,12 +305,27 @@ class JobPlan:
 
     def record(self, *, mode: str, session: str | None, plan: Path | None, faked: bool) -> dict[str, Any]:
         return {
-            "name": self.name, "task": self.spec.task, "config": self.spec.config, "run_dir": str(self.run_dir),
-            "gpus": self.gpus, "visible_devices": self.visible_devices, "device": self.device, "nproc": self.nproc,
-            "port": self.port, "resume": self.resume, "max_restarts": self.spec.max_restarts,
-            "command": self.command, "env_set": self.env_set, "env_unset": self.env_unset,
-            "mode": mode, "tmux_session": session, "plan": str(plan) if plan else None, "faked_gpus": faked,
-            "host": this_host(), "launched_at": time.time(), "launcher_pid": os.getpid(),
+            "name": self.name,
+            "task": self.spec.task,
+            "config": self.spec.config,
+            "run_dir": str(self.run_dir),
+            "gpus": self.gpus,
+            "visible_devices": self.visible_devices,
+            "device": self.device,
+            "nproc": self.nproc,
+            "port": self.port,
+            "resume": self.resume,
+            "max_restarts": self.spec.max_restarts,
+            "command": self.command,
+            "env_set": self.env_set,
+            "env_unset": self.env_unset,
+            "mode": mode,
+            "tmux_session": session,
+            "plan": str(plan) if plan else None,
+            "faked_gpus": faked,
+            "host": this_host(),
+            "launched_at": time.time(),
+            "launcher_pid": os.getpid(),
         }
 
 
@@ -304,7 +350,10 @@ class LaunchPlan:
             raise self.problems[0]
         kinds = {type(p) for p in self.problems}
         cls = kinds.pop() if len(kinds) == 1 else ConfigError
-        raise cls(f"plan refused, nothing started ({len(self.problems)} problems): " + "; ".join(str(p) for p in self.problems))
+        raise cls(
+            f"plan refused, nothing started ({len(self.problems)} problems): "
+            + "; ".join(str(p) for p in self.problems)
+        )
 
     def text(self) -> str:
         return "\n".join(self.lines())
@@ -317,7 +366,9 @@ class LaunchPlan:
             "  as cuda:0 … cuda:k-1 (CUDA_VISIBLE_DEVICES per job, CUDA_DEVICE_ORDER=PCI_BUS_ID).",
         ]
         if self.faked:
-            lines.append(f"  {FAKE_GPUS_ENV} is set: the GPUs are faked and every job runs its processes on the CPU (run.device=cpu, gloo).")
+            lines.append(
+                f"  {FAKE_GPUS_ENV} is set: the GPUs are faked and every job runs its processes on the CPU (run.device=cpu, gloo)."
+            )
         shell_mask = os.environ.get("CUDA_VISIBLE_DEVICES")
         if shell_mask is not None:
             lines.append(f"  this shell's CUDA_VISIBLE_DEVICES={shell_mask!r} is not passed on: each job gets its own.")
@@ -336,7 +387,9 @@ class LaunchPlan:
             lines.append(f"  processes    {job.nproc} ({kind}, {backend if job.nproc > 1 else job.device})")
             lines.append(f"  rendezvous   localhost:{job.port} (free now)")
             lines.append(f"  resume       {job.resume or 'no (new run)'}")
-            lines.append(f"  logs         {job.run_dir / CONSOLE_LOG} (all output), {job.run_dir / 'train.log'} (rank 0)")
+            lines.append(
+                f"  logs         {job.run_dir / CONSOLE_LOG} (all output), {job.run_dir / 'train.log'} (rank 0)"
+            )
             for note in job.notes:
                 lines.append(f"  note         {note}")
             env = " ".join(f"{k}={shlex.quote(v)}" for k, v in job.env_set.items())
@@ -397,12 +450,18 @@ def build_plan(
     through the checks in :func:`_plan_job`, one function per thing checked.
     """
     ctx = _Planning(
-        spec, extra_overrides, resume, Path(cwd or os.getcwd()).resolve(), dict(os.environ if environ is None else environ),
+        spec,
+        extra_overrides,
+        resume,
+        Path(cwd or os.getcwd()).resolve(),
+        dict(os.environ if environ is None else environ),
         inventory or gpu_inventory(details=False),
     )
     jobs = [job for job in (_plan_job(spec_job, ctx) for spec_job in spec.jobs) if job is not None]
     if shutil.which("bash") is None:
-        ctx.problems.append(ConfigError("bash is not installed; pointforge launch runs each job through a small bash script"))
+        ctx.problems.append(
+            ConfigError("bash is not installed; pointforge launch runs each job through a small bash script")
+        )
     return LaunchPlan(jobs, ctx.inventory, spec.session, ctx.cwd, spec.source, ctx.problems)
 
 
@@ -417,7 +476,9 @@ def _plan_job(job: JobSpec, ctx: _Planning) -> JobPlan | None:
     resume = _check_resume(job, ctx, run_dir, notes)
     port = _check_port(job, ctx)
     worker = worker_args(job.task, config=config_path, overrides=[*overrides, f"run.dir={run_dir}"], resume=resume)
-    command = torchrun_command(worker, nproc=nproc, max_restarts=job.max_restarts, endpoint=f"localhost:{port}", run_id=job.name)
+    command = torchrun_command(
+        worker, nproc=nproc, max_restarts=job.max_restarts, endpoint=f"localhost:{port}", run_id=job.name
+    )
     env_set = {
         "CUDA_VISIBLE_DEVICES": visible,
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
@@ -427,7 +488,9 @@ def _plan_job(job: JobSpec, ctx: _Planning) -> JobPlan | None:
         **job.env,
     }
     env_unset = sorted(k for k in ctx.base if _stripped(k) and k not in env_set)
-    return JobPlan(job, run_dir, nproc, device, visible, port, command, env_set, env_unset, resume, config_path, overrides, notes)
+    return JobPlan(
+        job, run_dir, nproc, device, visible, port, command, env_set, env_unset, resume, config_path, overrides, notes
+    )
 
 
 def _check_name(job: JobSpec, ctx: _Planning) -> bool:
@@ -453,15 +516,19 @@ def _check_gpus(job: JobSpec, ctx: _Planning, notes: list[str]) -> tuple[int, st
         ctx.problems.append(DeviceError(f"{where} asks for GPU {format_gpu_list(missing)} but this machine has {have}"))
     for g in job.gpus:
         if g in ctx.gpu_owner:
-            ctx.problems.append(ConfigError(f"jobs {ctx.gpu_owner[g]} and {job.name} both use GPU {g}; give each job its own GPUs"))
+            ctx.problems.append(
+                ConfigError(f"jobs {ctx.gpu_owner[g]} and {job.name} both use GPU {g}; give each job its own GPUs")
+            )
         else:
             ctx.gpu_owner[g] = job.name
     nproc = job.nproc or len(job.gpus)
     if nproc > len(job.gpus):
-        ctx.problems.append(DeviceError(
-            f"{where}: nproc {nproc} needs {nproc} GPUs but the job has {len(job.gpus)} ({format_gpu_list(job.gpus)}); "
-            "each process takes one GPU: lower nproc or add GPUs"
-        ))
+        ctx.problems.append(
+            DeviceError(
+                f"{where}: nproc {nproc} needs {nproc} GPUs but the job has {len(job.gpus)} ({format_gpu_list(job.gpus)}); "
+                "each process takes one GPU: lower nproc or add GPUs"
+            )
+        )
     elif nproc < len(job.gpus):
         notes.append(f"nproc {nproc} < {len(job.gpus)} GPUs: GPU(s) {format_gpu_list(job.gpus[nproc:])} stay idle")
     return nproc, "cpu" if inventory.fake else "cuda", ",".join(str(g) for g in job.gpus)
@@ -471,23 +538,35 @@ def _check_run_dir(job: JobSpec, ctx: _Planning) -> Path:
     """Absolute, not shared with another job, not in use by a live job."""
     where = f"job {job.name}"
     if any(_override_key(o) == "run.dir" for o in [*job.overrides, *ctx.extra_overrides]):
-        ctx.problems.append(ConfigError(f"{where}: set the run directory with run_dir in the plan (or --runs-dir), not a run.dir override"))
+        ctx.problems.append(
+            ConfigError(
+                f"{where}: set the run directory with run_dir in the plan (or --runs-dir), not a run.dir override"
+            )
+        )
     run_dir = _abs(job.run_dir, ctx.cwd) if job.run_dir else _abs(ctx.spec.runs_dir, ctx.cwd) / job.name
     run_dir = Path(os.path.normpath(run_dir))
     if run_dir in ctx.dir_owner:
-        ctx.problems.append(ConfigError(f"jobs {ctx.dir_owner[run_dir]} and {job.name} both write to {run_dir}; give each job its own run_dir"))
+        ctx.problems.append(
+            ConfigError(
+                f"jobs {ctx.dir_owner[run_dir]} and {job.name} both write to {run_dir}; give each job its own run_dir"
+            )
+        )
     ctx.dir_owner.setdefault(run_dir, job.name)
     state = run_state(run_dir, with_disk=False)
     if is_live(state):
         pid = state.job_pid or state.pid
-        ctx.problems.append(ConfigError(
-            f"{where}: run dir {run_dir} is in use by a live job ({state.status}, pid {pid}); "
-            f"stop it first (pointforge launch --stop {state.name}) or choose another run_dir"
-        ))
+        ctx.problems.append(
+            ConfigError(
+                f"{where}: run dir {run_dir} is in use by a live job ({state.status}, pid {pid}); "
+                f"stop it first (pointforge launch --stop {state.name}) or choose another run_dir"
+            )
+        )
     return run_dir
 
 
-def _check_config(job: JobSpec, ctx: _Planning, run_dir: Path, nproc: int, device: str, notes: list[str]) -> tuple[list[str], Path | None]:
+def _check_config(
+    job: JobSpec, ctx: _Planning, run_dir: Path, nproc: int, device: str, notes: list[str]
+) -> tuple[list[str], Path | None]:
     """The config loads, fits the job's devices and splits its batch over ``nproc``; returns (overrides, config path)."""
     where = f"job {job.name}"
     overrides = [*job.overrides, *ctx.extra_overrides]
@@ -504,12 +583,18 @@ def _check_config(job: JobSpec, ctx: _Planning, run_dir: Path, nproc: int, devic
         return overrides, config_path
     wanted = cfg.run.device.strip().lower()
     if device == "cpu" and any(k.split("=", 1)[1].strip().lower() not in ("cpu", "auto") for k in device_keys):
-        ctx.problems.append(ConfigError(f"{where} runs on the CPU ({'faked GPUs' if job.gpus else 'cpu job'}) but overrides {device_keys[-1]}; drop that override"))
+        ctx.problems.append(
+            ConfigError(
+                f"{where} runs on the CPU ({'faked GPUs' if job.gpus else 'cpu job'}) but overrides {device_keys[-1]}; drop that override"
+            )
+        )
     elif device == "cuda" and wanted not in ("auto", "cuda"):
-        ctx.problems.append(DeviceError(
-            f"{where}: run.device={cfg.run.device} pins a device, but the job's GPUs are cuda:0 … cuda:{len(job.gpus) - 1} "
-            "(each process takes cuda:LOCAL_RANK); use run.device=auto and choose GPUs with gpus:"
-        ))
+        ctx.problems.append(
+            DeviceError(
+                f"{where}: run.device={cfg.run.device} pins a device, but the job's GPUs are cuda:0 … cuda:{len(job.gpus) - 1} "
+                "(each process takes cuda:LOCAL_RANK); use run.device=auto and choose GPUs with gpus:"
+            )
+        )
     try:
         plan_batches(cfg.data.global_batch, nproc, cfg.data.micro_batch)
     except UserError as err:
@@ -525,16 +610,20 @@ def _check_resume(job: JobSpec, ctx: _Planning, run_dir: Path, notes: list[str])
         resume = None
     existing = ckpt_io.resume_candidates(run_dir)
     if resume is None and existing:
-        ctx.problems.append(CheckpointError(
-            f"{where}: run dir {run_dir} already holds checkpoints ({existing[0].name}, ...); "
-            "add --resume auto (or resume: auto in the plan) to continue it, or choose a new run_dir"
-        ))
+        ctx.problems.append(
+            CheckpointError(
+                f"{where}: run dir {run_dir} already holds checkpoints ({existing[0].name}, ...); "
+                "add --resume auto (or resume: auto in the plan) to continue it, or choose a new run_dir"
+            )
+        )
     elif resume == "auto":
         notes.append(f"continues from {existing[0]}" if existing else "no checkpoint yet: starts from scratch")
     elif resume is not None:
         ck = _abs(resume, ctx.cwd)
         if not ck.is_file():
-            ctx.problems.append(CheckpointError(f"{where}: resume checkpoint {ck} does not exist; check the path or use --resume auto"))
+            ctx.problems.append(
+                CheckpointError(f"{where}: resume checkpoint {ck} does not exist; check the path or use --resume auto")
+            )
         resume = str(ck)
     return resume
 
@@ -545,11 +634,17 @@ def _check_port(job: JobSpec, ctx: _Planning) -> int:
     if job.port is not None:
         port = job.port
         if port in ctx.ports_taken:
-            ctx.problems.append(ConfigError(f"{where}: port {port} is given to two jobs; give each job its own port, or leave port out"))
+            ctx.problems.append(
+                ConfigError(f"{where}: port {port} is given to two jobs; give each job its own port, or leave port out")
+            )
         elif not port_free(port):
             owner = port_owner(port)
             by = f" (by pid {owner})" if owner else ""
-            ctx.problems.append(ConfigError(f"{where}: rendezvous port {port} is in use{by}; choose another port, or leave port out and a free one is picked"))
+            ctx.problems.append(
+                ConfigError(
+                    f"{where}: rendezvous port {port} is in use{by}; choose another port, or leave port out and a free one is picked"
+                )
+            )
     else:
         port = pick_free_port(ctx.ports_taken | {j.port for j in ctx.spec.jobs if j.port})
     ctx.ports_taken.add(port)
@@ -568,7 +663,9 @@ def job_script(job: JobPlan, cwd: Path) -> str:
         "# (add --resume auto to the command once the run dir holds checkpoints).",
         f"cd {q(str(cwd))} || exit 1",
         "unset " + " ".join(_STRIPPED),
-        "for name in $(compgen -e); do case $name in " + "|".join(f"{p}*" for p in _STRIPPED_PREFIXES) + ') unset "$name";; esac; done',
+        "for name in $(compgen -e); do case $name in "
+        + "|".join(f"{p}*" for p in _STRIPPED_PREFIXES)
+        + ') unset "$name";; esac; done',
     ]
     lines += [f"export {k}={q(v)}" for k, v in job.env_set.items()]
     run_dir = q(str(job.run_dir))
@@ -611,9 +708,13 @@ def start_plan(plan: LaunchPlan, *, tmux: bool = False, monitor_every: float = 1
     base = dict(os.environ)
     if tmux:
         if shutil.which("tmux") is None:
-            raise ConfigError("--tmux: tmux is not installed; install it (e.g. apt-get install tmux) or leave out --tmux to run the jobs detached")
+            raise ConfigError(
+                "--tmux: tmux is not installed; install it (e.g. apt-get install tmux) or leave out --tmux to run the jobs detached"
+            )
         if tmux_session_exists(plan.session, base):
-            raise ConfigError(f"--tmux: a tmux session named {plan.session} already exists; close it (tmux kill-session -t {plan.session}) or pass --session NAME")
+            raise ConfigError(
+                f"--tmux: a tmux session named {plan.session} already exists; close it (tmux kill-session -t {plan.session}) or pass --session NAME"
+            )
     started: list[Started] = []
     try:
         for index, job in enumerate(plan.jobs):
@@ -624,20 +725,46 @@ def start_plan(plan: LaunchPlan, *, tmux: bool = False, monitor_every: float = 1
             with_pid = job.run_dir / LAUNCH_PID
             with_pid.unlink(missing_ok=True)
             mode = "tmux" if tmux else "detached"
-            atomic_write_json(job.run_dir / LAUNCH_JSON, job.record(mode=mode, session=plan.session if tmux else None, plan=plan.source, faked=plan.faked))
+            atomic_write_json(
+                job.run_dir / LAUNCH_JSON,
+                job.record(mode=mode, session=plan.session if tmux else None, plan=plan.source, faked=plan.faked),
+            )
             if tmux:
                 window = ["-n", job.name, "-c", str(plan.cwd), f"bash {shlex.quote(str(script))}"]
-                first = ["new-session", "-d", "-s", plan.session] if index == 0 else ["new-window", "-d", "-t", f"={plan.session}:"]
+                first = (
+                    ["new-session", "-d", "-s", plan.session]
+                    if index == 0
+                    else ["new-window", "-d", "-t", f"={plan.session}:"]
+                )
                 # In one tmux command, so the window cannot end before it is told to stay open.
-                result = _tmux([*first, *window, ";", "set-window-option", "-t", f"={plan.session}:{job.name}", "remain-on-exit", "on"], base)
+                result = _tmux(
+                    [
+                        *first,
+                        *window,
+                        ";",
+                        "set-window-option",
+                        "-t",
+                        f"={plan.session}:{job.name}",
+                        "remain-on-exit",
+                        "on",
+                    ],
+                    base,
+                )
                 if result.returncode != 0:
-                    raise ConfigError(f"tmux could not start job {job.name}: {result.stderr.strip() or result.stdout.strip()}")
+                    raise ConfigError(
+                        f"tmux could not start job {job.name}: {result.stderr.strip() or result.stdout.strip()}"
+                    )
                 started.append(Started(job.name, job.run_dir, None, "tmux"))
             else:
                 with open(job.run_dir / CONSOLE_LOG, "ab") as log:
                     proc = subprocess.Popen(
-                        ["bash", str(script)], cwd=str(plan.cwd), env=base, stdin=subprocess.DEVNULL,
-                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                        ["bash", str(script)],
+                        cwd=str(plan.cwd),
+                        env=base,
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
                     )
                 # The script records the same pid (it execs torchrun); writing it now
                 # leaves no moment in which the job looks gone.
@@ -649,8 +776,26 @@ def start_plan(plan: LaunchPlan, *, tmux: bool = False, monitor_every: float = 1
                 f"env PYTHONPATH={shlex.quote(plan.jobs[0].env_set['PYTHONPATH'])} {shlex.quote(sys.executable)} "
                 f"-m pointforge.cli.monitor {dirs} --watch {monitor_every:g}"
             )
-            result = _tmux(["new-window", "-d", "-t", f"={plan.session}:", "-n", "monitor", "-c", str(plan.cwd), monitor,
-                            ";", "set-window-option", "-t", f"={plan.session}:monitor", "remain-on-exit", "on"], base)
+            result = _tmux(
+                [
+                    "new-window",
+                    "-d",
+                    "-t",
+                    f"={plan.session}:",
+                    "-n",
+                    "monitor",
+                    "-c",
+                    str(plan.cwd),
+                    monitor,
+                    ";",
+                    "set-window-option",
+                    "-t",
+                    f"={plan.session}:monitor",
+                    "remain-on-exit",
+                    "on",
+                ],
+                base,
+            )
             if result.returncode != 0:
                 raise ConfigError(f"tmux could not open the monitor window: {result.stderr.strip()}")
             for item in started:
@@ -700,7 +845,9 @@ class JobRef:
     run_dir: Path
 
 
-def jobs_in(spec: PlanSpec | None = None, runs_dirs: Iterable[str | os.PathLike] = (), *, cwd: str | os.PathLike | None = None) -> list[JobRef]:
+def jobs_in(
+    spec: PlanSpec | None = None, runs_dirs: Iterable[str | os.PathLike] = (), *, cwd: str | os.PathLike | None = None
+) -> list[JobRef]:
     """The launched jobs named by a plan, or found (by their launch.json) under ``runs_dirs``."""
     cwd = Path(cwd or os.getcwd()).resolve()
     refs: list[JobRef] = []
@@ -738,12 +885,24 @@ def stop_job(ref: JobRef, *, now: bool = False) -> StopResult:
     record = read_launch(ref.run_dir)
     state = run_state(ref.run_dir, with_disk=False)
     if record is None:
-        return StopResult(ref.name, ref.run_dir, "not running", f"{ref.name}: {ref.run_dir} was not started by pointforge launch (no {LAUNCH_JSON})")
+        return StopResult(
+            ref.name,
+            ref.run_dir,
+            "not running",
+            f"{ref.name}: {ref.run_dir} was not started by pointforge launch (no {LAUNCH_JSON})",
+        )
     if record.get("host") != this_host():
-        return StopResult(ref.name, ref.run_dir, "not running", f"{ref.name}: runs on host {record.get('host')}; stop it there")
+        return StopResult(
+            ref.name, ref.run_dir, "not running", f"{ref.name}: runs on host {record.get('host')}; stop it there"
+        )
     if not is_live(state):
-        return StopResult(ref.name, ref.run_dir, "not running", f"{ref.name}: not running ({state.status if state else 'no status'})",
-                          state.status if state else None)
+        return StopResult(
+            ref.name,
+            ref.run_dir,
+            "not running",
+            f"{ref.name}: not running ({state.status if state else 'no status'})",
+            state.status if state else None,
+        )
     job_pid = record.get("pid")
     workers = live_workers(ref.run_dir, since=float(record.get("launched_at") or 0.0))
     if now:
@@ -751,12 +910,21 @@ def stop_job(ref: JobRef, *, now: bool = False) -> StopResult:
             _signal(pid, signal.SIGKILL)
         if job_pid and pid_alive(job_pid):
             _signal(int(job_pid), signal.SIGTERM)
-        return StopResult(ref.name, ref.run_dir, "killed", f"{ref.name}: killed {len(workers)} worker(s) and torchrun; no checkpoint was written")
+        return StopResult(
+            ref.name,
+            ref.run_dir,
+            "killed",
+            f"{ref.name}: killed {len(workers)} worker(s) and torchrun; no checkpoint was written",
+        )
     if workers:
         for pid in workers:
             _signal(pid, signal.SIGTERM)
-        return StopResult(ref.name, ref.run_dir, "signalled",
-                          f"{ref.name}: asked {len(workers)} worker(s) to finish the step, write a checkpoint and exit")
+        return StopResult(
+            ref.name,
+            ref.run_dir,
+            "signalled",
+            f"{ref.name}: asked {len(workers)} worker(s) to finish the step, write a checkpoint and exit",
+        )
     if job_pid and pid_alive(job_pid):
         # No worker has registered yet: nothing to save, so end torchrun (it ends its workers).
         _signal(int(job_pid), signal.SIGTERM)

@@ -20,8 +20,13 @@ from pointforge.ops.runs import CONSOLE_LOG, RunState, find_run_dirs, run_state,
 from pointforge.train.tracking import format_duration
 
 STATUS_STYLE = {
-    "running": "green", "starting": "cyan", "restarting": "yellow", "finished": "blue",
-    "stopped": "magenta", "failed": "red", "crashed": "bold red",
+    "running": "green",
+    "starting": "cyan",
+    "restarting": "yellow",
+    "finished": "blue",
+    "stopped": "magenta",
+    "failed": "red",
+    "crashed": "bold red",
 }
 
 
@@ -35,10 +40,17 @@ class Snapshot:
         gpus = None
         if self.gpus is not None:
             gpus = {
-                "count": self.gpus.count, "source": self.gpus.source, "note": self.gpus.note,
+                "count": self.gpus.count,
+                "source": self.gpus.source,
+                "note": self.gpus.note,
                 "gpus": [
-                    {**{k: v for k, v in g.__dict__.items() if k != "processes"},
-                     "processes": [{"pid": p.pid, "memory_mb": p.memory_mb, "job": job_of_pid(self.runs, p.pid)} for p in g.processes]}
+                    {
+                        **{k: v for k, v in g.__dict__.items() if k != "processes"},
+                        "processes": [
+                            {"pid": p.pid, "memory_mb": p.memory_mb, "job": job_of_pid(self.runs, p.pid)}
+                            for p in g.processes
+                        ],
+                    }
                     for g in self.gpus.gpus
                 ],
             }
@@ -156,19 +168,35 @@ def gpu_rows(inventory: GpuInventory, runs: Sequence[RunState]) -> list[dict[str
         mem = "-"
         if gpu.memory_used_mb is not None and gpu.memory_total_mb:
             mem = f"{gpu.memory_used_mb / 1024:.1f}/{gpu.memory_total_mb / 1024:.1f} GB"
-        rows.append({
-            "GPU": str(gpu.index),
-            "name": gpu.name or "-",
-            "util": "-" if gpu.utilization_pct is None else f"{gpu.utilization_pct:.0f}%",
-            "memory": mem,
-            "temp": "-" if gpu.temperature_c is None else f"{gpu.temperature_c:.0f}°C",
-            "processes": "; ".join(procs) or "idle",
-        })
+        rows.append(
+            {
+                "GPU": str(gpu.index),
+                "name": gpu.name or "-",
+                "util": "-" if gpu.utilization_pct is None else f"{gpu.utilization_pct:.0f}%",
+                "memory": mem,
+                "temp": "-" if gpu.temperature_c is None else f"{gpu.temperature_c:.0f}°C",
+                "processes": "; ".join(procs) or "idle",
+            }
+        )
     return rows
 
 
 # Columns kept first when the screen is narrow.
-COLUMN_PRIORITY = ("run", "status", "step", "loss", "ETA", "checkpoint", "speed", "lr", "epoch", "task", "devices", "disk", "updated")
+COLUMN_PRIORITY = (
+    "run",
+    "status",
+    "step",
+    "loss",
+    "ETA",
+    "checkpoint",
+    "speed",
+    "lr",
+    "epoch",
+    "task",
+    "devices",
+    "disk",
+    "updated",
+)
 
 
 def fit_columns(rows: list[dict[str, str]], width: int | None) -> list[str]:
@@ -179,7 +207,8 @@ def fit_columns(rows: list[dict[str, str]], width: int | None) -> list[str]:
     if width is None:
         return order
     need = {c: max(len(c), *(len(r[c]) for r in rows)) + 3 for c in order}
-    chosen, used = [], 1
+    chosen: list[str] = []
+    used = 1
     for column in COLUMN_PRIORITY:
         if column in need and (used + need[column] <= width or len(chosen) < 2):
             chosen.append(column)
@@ -202,10 +231,14 @@ def render(snap: Snapshot, *, log_lines: int = 0, width: int | None = None) -> A
         table = Table(title=f"runs ({stamp})", title_justify="left", expand=False)
         columns = fit_columns([run_row(r) for r in snap.runs], width)
         for name in columns:
-            table.add_column(name, no_wrap=name in ("status", "run"), justify="right" if name in ("loss", "lr", "disk") else "left")
+            table.add_column(
+                name, no_wrap=name in ("status", "run"), justify="right" if name in ("loss", "lr", "disk") else "left"
+            )
         for run in snap.runs:
             row = run_row(run)
-            cells = [Text(row[c], style=STATUS_STYLE.get(run.status, "")) if c == "status" else Text(row[c]) for c in columns]
+            cells = [
+                Text(row[c], style=STATUS_STYLE.get(run.status, "")) if c == "status" else Text(row[c]) for c in columns
+            ]
             table.add_row(*cells)
         parts.append(table)
         for run in snap.runs:

@@ -18,7 +18,14 @@ from pointforge.errors import CheckpointError, ConfigError
 from pointforge.nn.pcdiff_import import import_upstream_state_dict
 from pointforge.tasks.completion import PRESET_POINTS, CompletionTask, build_model
 from pointforge.tasks.configs import load_train_config
-from pointforge.train.checkpoint import capture_rng, is_pointforge_checkpoint, load_checkpoint, load_model_state, restore_rng, save_checkpoint
+from pointforge.train.checkpoint import (
+    capture_rng,
+    is_pointforge_checkpoint,
+    load_checkpoint,
+    load_model_state,
+    restore_rng,
+    save_checkpoint,
+)
 from pointforge.train.data import derive_seed, seed_everything
 from pointforge.train.schedule import build_optimizer, build_scheduler
 from pointforge.train.state import BestMetric, TrainState
@@ -41,13 +48,21 @@ def _check_upstream_formulation(task) -> None:
     """Upstream networks are ε-predicting PVCNN2s over xyz in the skull's frame; a config asking
     for another formulation would load the weights into a model that reads them differently."""
     d = task.diffusion
-    changed = [name for name, on in (
-        ("task.frame", task.frame is not None), ("task.condition_mark", task.condition_mark),
-        ("task.diffusion.prediction", d.prediction != "eps"), ("task.diffusion.zero_terminal_snr", d.zero_terminal_snr),
-    ) if on]
+    changed = [
+        name
+        for name, on in (
+            ("task.frame", task.frame is not None),
+            ("task.condition_mark", task.condition_mark),
+            ("task.diffusion.prediction", d.prediction != "eps"),
+            ("task.diffusion.zero_terminal_snr", d.zero_terminal_snr),
+        )
+        if on
+    ]
     if changed:
-        raise ConfigError(f"an upstream PCDiff checkpoint uses the upstream formulation, but the config sets {', '.join(changed)}; "
-                          "import with configs/pcdiff/paper.yaml or a config without them")
+        raise ConfigError(
+            f"an upstream PCDiff checkpoint uses the upstream formulation, but the config sets {', '.join(changed)}; "
+            "import with configs/pcdiff/paper.yaml or a config without them"
+        )
 
 
 def _read_upstream(source: Path, target: Path, preset: str | None, *, overwrite: bool, trust: bool):
@@ -60,7 +75,9 @@ def _read_upstream(source: Path, target: Path, preset: str | None, *, overwrite:
         raise ConfigError(f"unknown PVCNN2 preset {preset!r}; choose one of {', '.join(PRESET_POINTS)}")
     upstream = load_checkpoint(source, weights_only=not trust)
     if is_pointforge_checkpoint(upstream):
-        raise CheckpointError(f"{source} is already a pointforge checkpoint (task '{upstream.get('task')}'); load it directly")
+        raise CheckpointError(
+            f"{source} is already a pointforge checkpoint (task '{upstream.get('task')}'); load it directly"
+        )
     imported = import_upstream_state_dict(upstream, preset)
     if imported.preset is None:
         raise CheckpointError(
@@ -70,13 +87,17 @@ def _read_upstream(source: Path, target: Path, preset: str | None, *, overwrite:
     return imported
 
 
-def _import_config(source: Path, network: str, config: str | os.PathLike | None, overrides: Sequence[str]) -> TrainConfig:
+def _import_config(
+    source: Path, network: str, config: str | os.PathLike | None, overrides: Sequence[str]
+) -> TrainConfig:
     """The training config the converted file carries: ``config`` and ``overrides`` (else the defaults), for ``network``'s preset."""
     cfg = load_train_config(CompletionTask.name, config, list(overrides))
     chosen = cfg.task.model
     named_in_config = config is not None or any(o.split("=", 1)[0].strip() == "task.model" for o in overrides)
     if named_in_config and chosen != network:
-        raise ConfigError(f"the config's task.model is '{chosen}' but {source} holds a '{network}' network; use a {network} config")
+        raise ConfigError(
+            f"the config's task.model is '{chosen}' but {source} holds a '{network}' network; use a {network} config"
+        )
     if chosen != network:
         cfg = load_train_config(CompletionTask.name, config, [*overrides, f"task.model={network}"])
     return cfg
@@ -131,7 +152,9 @@ def import_pcdiff_checkpoint(
         "scheduler": scheduler.state_dict(),
         "scaler": None,
         "progress": TrainState(
-            epoch=epochs_done, world_size=1, global_batch=cfg.data.global_batch,
+            epoch=epochs_done,
+            world_size=1,
+            global_batch=cfg.data.global_batch,
             best=BestMetric(CompletionTask.best_metric, CompletionTask.best_mode),
         ).state_dict(),
         "rng": {"world_size": 1, "per_rank": [rng]},
@@ -146,4 +169,6 @@ def import_pcdiff_checkpoint(
     }
     save_checkpoint(target, state)
     n_params = sum(int(p.numel()) for p in model.parameters())
-    return ImportResult(target, imported.preset, imported.prefix, imported.epoch, epochs_done, len(imported.state_dict), n_params)
+    return ImportResult(
+        target, imported.preset, imported.prefix, imported.epoch, epochs_done, len(imported.state_dict), n_params
+    )

@@ -21,7 +21,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from pointforge.ops.host import pid_runs, this_host
 from pointforge.train.launch import live_worker_pids, pid_alive_since, rank_records
@@ -232,7 +232,9 @@ def _read_run_status(state: RunState, status: dict[str, Any], run_dir: Path, now
 
 def _job_alive(launch: dict[str, Any] | None) -> bool:
     """The launched job's torchrun is alive here (and is still that job, not a reused pid)."""
-    return bool(launch) and launch.get("host") == this_host() and pid_runs(launch.get("pid"), *JOB_MARKERS)
+    if not launch:
+        return False
+    return launch.get("host") == this_host() and pid_runs(launch.get("pid"), *JOB_MARKERS)
 
 
 def _judge_running(state: RunState, status: dict[str, Any], launch: dict[str, Any] | None) -> None:
@@ -269,7 +271,7 @@ def _judge_launched(state: RunState, launch: dict[str, Any] | None, run_dir: Pat
         state.note = "the job ended before training started"
 
 
-def is_live(state: RunState | None) -> bool:
+def is_live(state: RunState | None) -> TypeGuard[RunState]:
     return state is not None and state.status in LIVE_STATUSES
 
 
@@ -288,7 +290,9 @@ def find_run_dirs(root: str | os.PathLike, max_depth: int = 4) -> list[Path]:
         if depth >= max_depth:
             return
         try:
-            children = sorted(p for p in folder.iterdir() if p.is_dir() and p.name not in _SKIP_DIRS and not p.name.startswith("."))
+            children = sorted(
+                p for p in folder.iterdir() if p.is_dir() and p.name not in _SKIP_DIRS and not p.name.startswith(".")
+            )
         except OSError:
             return
         for child in children:

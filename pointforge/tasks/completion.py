@@ -81,6 +81,7 @@ def _say(message: str) -> None:
     else:
         print(message, file=sys.stderr, flush=True)
 
+
 # Points per example (defective skull, implant) each PVCNN2 preset is laid out for.
 PRESET_POINTS: dict[str, tuple[int, int]] = {
     "paper": (27_648, 3_072),
@@ -108,7 +109,9 @@ class SyntheticSection:
     # only that the section did not fit; checking afterwards keeps the detail.
     def check(self, prefix: str) -> None:
         if not 2 <= self.skulls <= 1000:
-            raise ConfigError(f"config key '{prefix}.skulls' must be from 2 to 1000 (a training and a validation skull at least), got {self.skulls}")
+            raise ConfigError(
+                f"config key '{prefix}.skulls' must be from 2 to 1000 (a training and a validation skull at least), got {self.skulls}"
+            )
         if not 64 <= self.size <= 512:
             raise ConfigError(f"config key '{prefix}.size' must be from 64 to 512 voxels, got {self.size}")
         if self.seed < 0:
@@ -160,9 +163,13 @@ class EvalSection:
         if self.max_cases is not None and self.max_cases < 1:
             raise ConfigError(f"config key '{prefix}.max_cases' must be at least 1 or null, got {self.max_cases}")
         if self.sampler == "ddpm" and self.steps is not None:
-            raise ConfigError(f"config key '{prefix}.steps' must be null for the ddpm sampler (it runs all T steps); use ddim or dpm++2m for fewer")
+            raise ConfigError(
+                f"config key '{prefix}.steps' must be null for the ddpm sampler (it runs all T steps); use ddim or dpm++2m for fewer"
+            )
         if self.sampler != "ddim" and self.eta != 0.0:
-            raise ConfigError(f"config key '{prefix}.eta' applies to the ddim sampler only; remove it for {self.sampler}")
+            raise ConfigError(
+                f"config key '{prefix}.eta' applies to the ddim sampler only; remove it for {self.sampler}"
+            )
 
 
 @dataclass
@@ -196,9 +203,13 @@ class PCDiffConfig:
         if self.frame is not None:
             self.frame.check(f"{prefix}.frame")
             if self.rotate_degrees:
-                raise ConfigError(f"config key '{prefix}.rotate_degrees' must be 0 with '{prefix}.frame' (the atlas frame assumes aligned skulls)")
+                raise ConfigError(
+                    f"config key '{prefix}.rotate_degrees' must be 0 with '{prefix}.frame' (the atlas frame assumes aligned skulls)"
+                )
         if self.n_skull < 1 or self.n_implant < 1:
-            raise ConfigError(f"config keys '{prefix}.n_skull' and '{prefix}.n_implant' must be at least 1, got {self.n_skull} and {self.n_implant}")
+            raise ConfigError(
+                f"config keys '{prefix}.n_skull' and '{prefix}.n_implant' must be at least 1, got {self.n_skull} and {self.n_implant}"
+            )
         need = get_preset(self.model).min_points
         if self.n_skull + self.n_implant < need:
             raise ConfigError(
@@ -208,15 +219,23 @@ class PCDiffConfig:
         if not 0.0 <= self.rotate_degrees <= 180.0:
             raise ConfigError(f"config key '{prefix}.rotate_degrees' must lie in [0, 180], got {self.rotate_degrees}")
         if self.val_split is not None and self.val_split == self.train_split:
-            raise ConfigError(f"config keys '{prefix}.train_split' and '{prefix}.val_split' are both '{self.train_split}'; validate on another split or set val_split: null")
+            raise ConfigError(
+                f"config keys '{prefix}.train_split' and '{prefix}.val_split' are both '{self.train_split}'; validate on another split or set val_split: null"
+            )
         if self.eval.steps is not None and not 2 <= self.eval.steps <= self.diffusion.timesteps:
-            raise ConfigError(f"config key '{prefix}.eval.steps' must be from 2 to {prefix}.diffusion.timesteps={self.diffusion.timesteps}, got {self.eval.steps}")
+            raise ConfigError(
+                f"config key '{prefix}.eval.steps' must be from 2 to {prefix}.diffusion.timesteps={self.diffusion.timesteps}, got {self.eval.steps}"
+            )
 
 
 def build_schedule(section: DiffusionSection) -> NoiseSchedule:
     return NoiseSchedule.from_name(
-        section.schedule, section.beta_start, section.beta_end, section.timesteps,
-        prediction=section.prediction, zero_terminal_snr=section.zero_terminal_snr,
+        section.schedule,
+        section.beta_start,
+        section.beta_end,
+        section.timesteps,
+        prediction=section.prediction,
+        zero_terminal_snr=section.zero_terminal_snr,
     )
 
 
@@ -268,10 +287,18 @@ def ensure_prepared_dataset(
         if root.is_dir() and not any(root.iterdir()):
             root.rmdir()  # an empty folder to build into: the builder renames a finished folder into place
         else:
-            raise DataError(f"{root}: exists but is not a prepared dataset; point task.data_root at an empty or new folder to synthesise into")
+            raise DataError(
+                f"{root}: exists but is not a prepared dataset; point task.data_root at an empty or new folder to synthesise into"
+            )
     return ensure_synthetic_prepared(
-        root, synthetic.skulls, synthetic.size, synthetic.seed, synthetic.points, log=_say,
-        split=synthetic.split, timeout_s=3600.0 if lock_timeout_s is None else lock_timeout_s,
+        root,
+        synthetic.skulls,
+        synthetic.size,
+        synthetic.seed,
+        synthetic.points,
+        log=_say,
+        split=synthetic.split,
+        timeout_s=3600.0 if lock_timeout_s is None else lock_timeout_s,
     )
 
 
@@ -306,7 +333,9 @@ class PCDiffDataset(CompletionDataset):
             try:
                 spacing = self.data.meta(case.defective)["spacing"]
             except (OSError, ValueError, KeyError) as err:
-                raise DataError(f"{self.data.path(case.defective)}: its .json metadata has no readable spacing ({err}); re-run pointforge data prepare") from None
+                raise DataError(
+                    f"{self.data.path(case.defective)}: its .json metadata has no readable spacing ({err}); re-run pointforge data prepare"
+                ) from None
             self._spacing[case.defective] = torch.tensor([float(s) for s in spacing], dtype=torch.float32)
         return self._spacing[case.defective]
 
@@ -320,15 +349,20 @@ class PCDiffDataset(CompletionDataset):
         rng = self._rng(index)
         skull = np.asarray(self.data.points(case.defective), dtype=np.float64)
         implant_all = self.data.points(case.implant)
-        implant = np.asarray(implant_all[np.sort(rng.choice(len(implant_all), self.n_implant, replace=len(implant_all) < self.n_implant))])
+        implant = np.asarray(
+            implant_all[
+                np.sort(rng.choice(len(implant_all), self.n_implant, replace=len(implant_all) < self.n_implant))
+            ]
+        )
         if self.atlas is None:
             center = np.asarray(implant_all, dtype=np.float64).mean(axis=0)
         else:
             if case.case_id not in self._centers:
                 self._centers[case.case_id] = atlas_center(self.atlas, skull, self.spacing(index).numpy(), self.frame)
             center = self._centers[case.case_id]
-        cond, norm = frame_condition(skull, center, self.n_skull, self.frame, rng,
-                                     half_extent=self.half_extent, jitter=self.atlas is None)
+        cond, norm = frame_condition(
+            skull, center, self.n_skull, self.frame, rng, half_extent=self.half_extent, jitter=self.atlas is None
+        )
         return {
             "points": torch.from_numpy(norm.apply(np.concatenate([cond, implant]))),
             "center": torch.from_numpy(norm.center.astype(np.float32)),
@@ -360,7 +394,11 @@ def implant_distances(
     pred, true = pred.float(), true.float()
     pred_batch = torch.arange(b, device=pred.device).repeat_interleave(p)
     true_batch = torch.arange(b, device=pred.device).repeat_interleave(q)
-    out = {"chamfer": chamfer_distance(pred.reshape(-1, 3), true.reshape(-1, 3), pred_batch, true_batch, num_clouds=b, reduction="none")}
+    out = {
+        "chamfer": chamfer_distance(
+            pred.reshape(-1, 3), true.reshape(-1, 3), pred_batch, true_batch, num_clouds=b, reduction="none"
+        )
+    }
     if scale is not None and spacing is not None:
         factor = scale.float().reshape(b, 1, 1) * spacing.float().reshape(b, 1, 3)
         pred_mm = (pred * factor).reshape(-1, 3)
@@ -410,11 +448,19 @@ class CompletionTask(Task):
         root = ensure_prepared_dataset(cfg.data_root, cfg.synthetic)
         prepared = PreparedDataset(root)
         common = dict(n_skull=cfg.n_skull, n_implant=cfg.n_implant, half_extent=HALF_EXTENT, frame=cfg.frame)
-        train = PCDiffDataset(prepared, cfg.train_split, rotate_degrees=cfg.rotate_degrees, seed=cfg.data_seed, **common)
+        train = PCDiffDataset(
+            prepared, cfg.train_split, rotate_degrees=cfg.rotate_degrees, seed=cfg.data_seed, **common
+        )
         val = None
         if cfg.val_split is not None and prepared.split(cfg.val_split):
-            val = PCDiffDataset(prepared, cfg.val_split, max_cases=cfg.eval.max_cases, seed=cfg.data_seed + 1,
-                                atlas=self._atlas(cfg), **common)
+            val = PCDiffDataset(
+                prepared,
+                cfg.val_split,
+                max_cases=cfg.eval.max_cases,
+                seed=cfg.data_seed + 1,
+                atlas=self._atlas(cfg),
+                **common,
+            )
         elif cfg.val_split is not None:
             log.warning(f"{root}: the '{cfg.val_split}' split has no case with an implant; training without validation")
         return train, val
@@ -453,7 +499,9 @@ class CompletionTask(Task):
             spacing = batch["spacing"].to(ctx.device)
             found = implant_distances(pred, true, scale=scale, spacing=spacing)
             mm = scale.reshape(-1, 1, 1) * spacing.reshape(-1, 1, 3)
-            found.update({f"{k}_mm" if k != "spread_ratio" else k: v for k, v in placement_metrics(pred * mm, true * mm).items()})
+            found.update(
+                {f"{k}_mm" if k != "spread_ratio" else k: v for k, v in placement_metrics(pred * mm, true * mm).items()}
+            )
             clean.append(points.transpose(1, 2).cpu())
             for name, values in found.items():
                 sums[name] = sums.get(name, 0.0) + float(values.sum())
@@ -471,7 +519,9 @@ class CompletionTask(Task):
         metrics["val_sample_s_per_case"] = (time.perf_counter() - started) / count
         if count >= 2:
             x0 = torch.cat(clean).to(ctx.device)
-            used = condition_use(model, self.schedule, x0, n_implant, generator=torch.Generator().manual_seed(cfg.eval.seed))
+            used = condition_use(
+                model, self.schedule, x0, n_implant, generator=torch.Generator().manual_seed(cfg.eval.seed)
+            )
             metrics.update({f"val_{k}": v for k, v in used.items() if k.startswith("cond_use")})
         return metrics
 

@@ -101,8 +101,11 @@ def atlas_center(atlas: torch.Tensor, skull: np.ndarray, spacing: np.ndarray, se
     spacing = np.asarray(spacing, dtype=np.float64)
     skulls = [a.double().numpy() for a in atlas.cpu()]
     found = estimate_implant_center(
-        np.asarray(skull, dtype=np.float64) * spacing, skulls,
-        gap_mm=section.gap_mm, radius_mm=section.radius_mm, points=section.atlas_points,
+        np.asarray(skull, dtype=np.float64) * spacing,
+        skulls,
+        gap_mm=section.gap_mm,
+        radius_mm=section.radius_mm,
+        points=section.atlas_points,
     )
     return found / spacing
 

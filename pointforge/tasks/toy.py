@@ -65,7 +65,9 @@ class PointMLP(nn.Module):
     def __init__(self, hidden: int = 32, dropout: float = 0.0, out_dim: int = 3):
         super().__init__()
         self.point = nn.Sequential(nn.Linear(3, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU())
-        self.head = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, out_dim))
+        self.head = nn.Sequential(
+            nn.Linear(2 * hidden, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, out_dim)
+        )
 
     def forward(self, points: torch.Tensor) -> torch.Tensor:
         feats = self.point(points)

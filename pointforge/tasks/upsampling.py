@@ -199,7 +199,9 @@ def ensure_synthetic_pairs(data_root: str | os.PathLike, section: SyntheticSecti
         # Holding the lock, any temporary folder of this name is a crashed builder's leftover.
         for stale in root.parent.glob(f".{root.name}.*.tmp"):
             shutil.rmtree(stale, ignore_errors=True)
-        log.info(f"writing {section.pairs} synthetic pairs ({section.min_points}..{section.max_points} points) to {root}")
+        log.info(
+            f"writing {section.pairs} synthetic pairs ({section.min_points}..{section.max_points} points) to {root}"
+        )
         tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", suffix=".tmp", dir=root.parent))
         try:
             write_synthetic_pairs(tmp, recipe["sizes"], seed=section.seed, fmt=section.format)
@@ -290,7 +292,11 @@ class UpsamplingTask(Task):
             ensure_synthetic_pairs(root, cfg.synthetic)
         manifest = _under(root, cfg.manifest)
         if not manifest.is_file():
-            hint = " (or set task.synthetic.pairs to have a synthetic set written there)" if cfg.synthetic.pairs == 0 else ""
+            hint = (
+                " (or set task.synthetic.pairs to have a synthetic set written there)"
+                if cfg.synthetic.pairs == 0
+                else ""
+            )
             raise DataError(f"no pair manifest at {manifest}; set task.data_root / task.manifest to your pairs{hint}")
         entries = read_manifest(manifest)
         if cfg.val_manifest is not None:
@@ -298,15 +304,24 @@ class UpsamplingTask(Task):
         else:
             train_entries, val_entries = _split(entries, cfg.val_fraction, cfg.split_seed)
         k = model_config(cfg).k
-        make = lambda items: UpsamplingPairs(items, k=k, normalization=cfg.normalization, graph_cache=cfg.graph_cache)
+
+        def make(items: list) -> UpsamplingPairs:
+            return UpsamplingPairs(items, k=k, normalization=cfg.normalization, graph_cache=cfg.graph_cache)
+
         return make(train_entries), (make(val_entries) if val_entries else None)
 
     def batch_sampler(self, dataset, *, rank, world_size, micro_batch, accumulation, seed, epoch):
         if self._cfg.batching == "count":
             return None
         return PointBudgetBatchSampler(
-            dataset.sparse_sizes, self._cfg.max_points, max_clouds=micro_batch, world_size=world_size, rank=rank,
-            accumulation=accumulation, seed=seed, epoch=epoch,
+            dataset.sparse_sizes,
+            self._cfg.max_points,
+            max_clouds=micro_batch,
+            world_size=world_size,
+            rank=rank,
+            accumulation=accumulation,
+            seed=seed,
+            epoch=epoch,
         )
 
     def collate(self, items: list[Any]) -> PairBatch:
@@ -315,7 +330,9 @@ class UpsamplingTask(Task):
     def training_step(self, model: nn.Module, batch: PairBatch, ctx: StepContext):
         out = model(batch.sparse, batch.sparse_batch, batch.edge_index)
         with torch.autocast(ctx.device.type, enabled=False):
-            loss = chamfer_distance(out.points.float(), batch.dense, out.batch, batch.dense_batch, num_clouds=batch.num_clouds)
+            loss = chamfer_distance(
+                out.points.float(), batch.dense, out.batch, batch.dense_batch, num_clouds=batch.num_clouds
+            )
         return loss, {"clouds": float(batch.num_clouds), "points": float(batch.num_points)}
 
     @torch.no_grad()
@@ -329,8 +346,12 @@ class UpsamplingTask(Task):
                 out = model(part.sparse, part.sparse_batch, part.edge_index)
                 with torch.autocast(ctx.device.type, enabled=False):
                     n = part.num_clouds
-                    pred = chamfer_distance(out.points.float(), part.dense, out.batch, part.dense_batch, num_clouds=n, reduction="none")
-                    base = chamfer_distance(part.sparse, part.dense, part.sparse_batch, part.dense_batch, num_clouds=n, reduction="none")
+                    pred = chamfer_distance(
+                        out.points.float(), part.dense, out.batch, part.dense_batch, num_clouds=n, reduction="none"
+                    )
+                    base = chamfer_distance(
+                        part.sparse, part.dense, part.sparse_batch, part.dense_batch, num_clouds=n, reduction="none"
+                    )
                 pred, base = pred.double().cpu(), base.double().cpu()
                 totals += torch.stack([pred.sum(), (pred * part.scale**2).sum(), base.sum()])
                 clouds += n

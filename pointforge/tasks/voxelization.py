@@ -38,7 +38,13 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from pointforge.data.cache import ensure_synthetic_prepared
-from pointforge.data.skulls import PreparedDataset, VoxelAugmentation, VoxelizationDataset, parse_ratios, transform_inside
+from pointforge.data.skulls import (
+    PreparedDataset,
+    VoxelAugmentation,
+    VoxelizationDataset,
+    parse_ratios,
+    transform_inside,
+)
 from pointforge.data.synthetic import MAX_SIZE, MIN_SIZE
 from pointforge.errors import ConfigError
 from pointforge.nn.voxelizer import VoxelizerConfig, VoxelizerNet, indicator_target, psr_tanh_mse_loss
@@ -134,8 +140,12 @@ class VoxelizationTaskConfig:
         if not self.augment:
             return None
         return VoxelAugmentation(
-            rotate_degrees=self.rotate_degrees, rotate_p=self.rotate_p, flip_p=self.flip_p,
-            flip_axis=self.flip_axis, noise_p=self.noise_p, noise_voxels=self.noise_voxels,
+            rotate_degrees=self.rotate_degrees,
+            rotate_p=self.rotate_p,
+            flip_p=self.flip_p,
+            flip_axis=self.flip_axis,
+            noise_p=self.noise_p,
+            noise_voxels=self.noise_voxels,
         )
 
 
@@ -174,8 +184,13 @@ class VoxelizationTask(Task):
     def build_datasets(self, cfg: VoxelizationTaskConfig) -> tuple[Dataset, Dataset | None]:
         data = PreparedDataset(self.data_root(cfg))
         res = cfg.network().dpsr_res[0]
-        common = dict(n_points=cfg.n_points, implant_fraction=cfg.implant_fraction, resolution=res,
-                      seed=cfg.data_seed, target_format="inside")
+        common = dict(
+            n_points=cfg.n_points,
+            implant_fraction=cfg.implant_fraction,
+            resolution=res,
+            seed=cfg.data_seed,
+            target_format="inside",
+        )
         train = VoxelizationDataset(data, cfg.train_split, augment=cfg.augmentation(), repeats=cfg.repeats, **common)
         val = VoxelizationDataset(data, cfg.val_split, **common) if cfg.val_split else None
         return train, val
@@ -187,8 +202,14 @@ class VoxelizationTask(Task):
         if callable(set_epoch):
             set_epoch(epoch)
         return global_batches(
-            len(dataset), global_batch=micro_batch * accumulation * world_size, micro_batch=micro_batch,
-            accumulation=accumulation, world_size=world_size, rank=rank, seed=seed, epoch=epoch,
+            len(dataset),
+            global_batch=micro_batch * accumulation * world_size,
+            micro_batch=micro_batch,
+            accumulation=accumulation,
+            world_size=world_size,
+            rank=rank,
+            seed=seed,
+            epoch=epoch,
         )
 
     @staticmethod

@@ -31,15 +31,15 @@ import time
 import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 from torch import nn
 
 from pointforge import __version__
-from pointforge.errors import CheckpointError
 from pointforge.atomic import atomic_writer
+from pointforge.errors import CheckpointError
 
 FORMAT = "pointforge.checkpoint"
 FORMAT_VERSION = 1
@@ -57,7 +57,11 @@ def to_cpu(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.detach().cpu()
     if isinstance(obj, Mapping):
-        return type(obj)((k, to_cpu(v)) for k, v in obj.items()) if isinstance(obj, dict) else {k: to_cpu(v) for k, v in obj.items()}
+        return (
+            type(obj)((k, to_cpu(v)) for k, v in obj.items())
+            if isinstance(obj, dict)
+            else {k: to_cpu(v) for k, v in obj.items()}
+        )
     if isinstance(obj, list):
         return [to_cpu(v) for v in obj]
     if isinstance(obj, tuple):
@@ -70,10 +74,11 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     seen = 0
     while seen < 8:
         seen += 1
-        if hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
-            model = model._orig_mod
+        compiled_inner = getattr(model, "_orig_mod", None)
+        if isinstance(compiled_inner, nn.Module):
+            model = compiled_inner
         elif isinstance(model, nn.parallel.DistributedDataParallel) or type(model).__name__ in ("DataParallel",):
-            model = model.module
+            model = cast(nn.Module, model.module)
         else:
             break
     return model
@@ -122,7 +127,8 @@ def load_model_state(
         if unexpected:
             parts.append(f"{len(unexpected)} unexpected (e.g. {', '.join(unexpected[:3])})")
         raise CheckpointError(
-            "checkpoint weights do not fit this model: " + "; ".join(parts)
+            "checkpoint weights do not fit this model: "
+            + "; ".join(parts)
             + "; check that the task and its model config match the checkpoint (pointforge ckpt inspect shows both)"
         )
     try:
@@ -130,7 +136,9 @@ def load_model_state(
     except RuntimeError as err:
         first = str(err).strip().splitlines()
         detail = next((line.strip() for line in first if "size mismatch" in line), first[-1] if first else str(err))
-        raise CheckpointError(f"checkpoint weights do not fit this model: {detail}; check that the model config matches the checkpoint") from None
+        raise CheckpointError(
+            f"checkpoint weights do not fit this model: {detail}; check that the model config matches the checkpoint"
+        ) from None
 
 
 # --------------------------------------------------------------------------- RNG state as plain data
@@ -139,7 +147,8 @@ def load_model_state(
 def capture_rng(device: torch.device | None = None) -> dict[str, Any]:
     """This process's RNG states as tensors and plain values (weights_only-safe)."""
     version, mt_state, gauss = random.getstate()
-    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    np_state: tuple[str, np.ndarray, int, int, float] = np.random.get_state(legacy=True)  # type: ignore[assignment]  # the legacy tuple
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np_state
     state: dict[str, Any] = {
         "python": [version, torch.tensor(mt_state, dtype=torch.int64), gauss],
         "numpy": [np_name, torch.from_numpy(np_keys.astype(np.int64)), int(np_pos), int(np_has_gauss), float(np_gauss)],
@@ -186,7 +195,9 @@ def save_weights(path: str | os.PathLike, weights: Mapping[str, torch.Tensor]) -
     return path
 
 
-def load_checkpoint(path: str | os.PathLike, *, map_location: str | torch.device = "cpu", weights_only: bool = True) -> dict[str, Any]:
+def load_checkpoint(
+    path: str | os.PathLike, *, map_location: str | torch.device = "cpu", weights_only: bool = True
+) -> dict[str, Any]:
     """Read a checkpoint onto ``map_location`` (CPU by default), whatever devices it was saved from.
 
     Raises CheckpointError for a missing, truncated or corrupt file, or one that
@@ -194,14 +205,18 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: str | torch.device
     """
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist; check the path (pointforge ckpt inspect lists a run's checkpoints)")
+        raise CheckpointError(
+            f"checkpoint {path} does not exist; check the path (pointforge ckpt inspect lists a run's checkpoints)"
+        )
     with open(path, "rb") as fh:
         head = fh.read(2)
     if not head:
         raise CheckpointError(f"checkpoint {path} is empty (0 bytes); use an earlier checkpoint")
     # torch.save writes a zip archive ("PK"); very old files are a bare pickle (0x80).
     if head != b"PK" and head[:1] != b"\x80":
-        raise CheckpointError(f"{path} is not a PyTorch checkpoint (neither a torch.save archive nor a pickle); check the path")
+        raise CheckpointError(
+            f"{path} is not a PyTorch checkpoint (neither a torch.save archive nor a pickle); check the path"
+        )
     try:
         obj = torch.load(path, map_location=map_location, weights_only=weights_only)
     except pickle.UnpicklingError as err:
@@ -212,7 +227,9 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: str | torch.device
             ) from None
         raise CheckpointError(f"checkpoint {path} is corrupt ({_short(err)}); use an earlier checkpoint") from None
     except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, KeyError, AttributeError) as err:
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({_short(err)}); use an earlier checkpoint") from None
+        raise CheckpointError(
+            f"checkpoint {path} is truncated or corrupt ({_short(err)}); use an earlier checkpoint"
+        ) from None
     if not isinstance(obj, dict):
         raise CheckpointError(f"checkpoint {path} holds a {type(obj).__name__}, not a dict of states")
     return obj
@@ -243,7 +260,9 @@ def model_weights(ckpt: Mapping[str, Any], *, use_ema: bool = False) -> dict[str
             return dict(inner)
     if ckpt and all(isinstance(v, torch.Tensor) for v in ckpt.values()):
         return dict(ckpt)
-    raise CheckpointError("no model weights found in this checkpoint (looked for model, model_state, state_dict or a bare state dict)")
+    raise CheckpointError(
+        "no model weights found in this checkpoint (looked for model, model_state, state_dict or a bare state dict)"
+    )
 
 
 # --------------------------------------------------------------------------- run-directory layout

@@ -29,7 +29,7 @@ from pointforge.errors import DataError
 
 def derive_seed(*parts: int | str) -> int:
     """A 63-bit seed from any mix of ints and labels (stable across runs and machines)."""
-    words = []
+    words: list[int] = []
     for part in parts:
         if isinstance(part, str):
             words.extend(part.encode())

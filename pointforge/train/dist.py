@@ -72,7 +72,9 @@ def resolve_device(requested: str, *, local_rank: int, world_size: int) -> torch
         text = "cuda"
     if text == "cuda":
         if cuda_count == 0:
-            raise DeviceError(f"run.device=cuda but no CUDA device is visible (visible: {visible_devices()}); use run.device=cpu or run.device=auto")
+            raise DeviceError(
+                f"run.device=cuda but no CUDA device is visible (visible: {visible_devices()}); use run.device=cpu or run.device=auto"
+            )
         if local_rank >= cuda_count:
             raise DeviceError(
                 f"this process has LOCAL_RANK={local_rank} but only {cuda_count} CUDA device(s) are visible "
@@ -139,7 +141,9 @@ def env_from_torchrun() -> dict[str, int]:
         try:
             return int(value)
         except ValueError:
-            raise ConfigError(f"environment variable {name}={value!r} is not an integer; it should be set by torchrun") from None
+            raise ConfigError(
+                f"environment variable {name}={value!r} is not an integer; it should be set by torchrun"
+            ) from None
 
     return {
         "rank": read("RANK", 0),
@@ -150,24 +154,37 @@ def env_from_torchrun() -> dict[str, int]:
     }
 
 
+def _dist_env(device: torch.device, info: dict[str, int]) -> DistEnv:
+    return DistEnv(
+        device=device,
+        rank=info["rank"],
+        world_size=info["world_size"],
+        local_rank=info["local_rank"],
+        local_world_size=info["local_world_size"],
+        restart_count=info["restart_count"],
+    )
+
+
 def probe_env(device: str) -> DistEnv:
     """The environment as it would be, without starting a process group (for --dry-run)."""
     info = env_from_torchrun()
     dev = resolve_device(device, local_rank=info["local_rank"], world_size=info["world_size"])
-    return DistEnv(device=dev, **info)
+    return _dist_env(dev, info)
 
 
 def init_distributed(device: str, backend: str = "auto", timeout_s: float = 600.0) -> DistEnv:
     """Set up this rank: device, and (when WORLD_SIZE > 1) the process group with a timeout."""
     info = env_from_torchrun()
     dev = resolve_device(device, local_rank=info["local_rank"], world_size=info["world_size"])
-    env = DistEnv(device=dev, **info)
+    env = _dist_env(dev, info)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     if info["world_size"] <= 1:
         return env
     if not dist.is_available():
-        raise DeviceError("this torch build has no torch.distributed; install a standard torch build to train on several processes")
+        raise DeviceError(
+            "this torch build has no torch.distributed; install a standard torch build to train on several processes"
+        )
     chosen = backend
     if chosen == "auto":
         chosen = "nccl" if dev.type == "cuda" else "gloo"
@@ -184,7 +201,13 @@ def init_distributed(device: str, backend: str = "auto", timeout_s: float = 600.
         # a restarted worker could read the previous attempt's addresses (gloo
         # then dials a dead peer). A prefix per attempt keeps rounds apart.
         store = dist.PrefixStore(f"pointforge/attempt-{info['restart_count']}", store)
-        kwargs: dict[str, Any] = {"backend": chosen, "timeout": timeout, "store": store, "rank": rank, "world_size": world_size}
+        kwargs: dict[str, Any] = {
+            "backend": chosen,
+            "timeout": timeout,
+            "store": store,
+            "rank": rank,
+            "world_size": world_size,
+        }
         if chosen == "nccl":
             kwargs["device_id"] = dev
         dist.init_process_group(**kwargs)
@@ -240,8 +263,9 @@ class Heartbeat:
 
     def beat(self) -> None:
         phase, info, since = self._state
-        payload = json.dumps({"phase": phase, "since": since, "time": time.time(), "pid": os.getpid(),
-                              "host": self._env.host, **info})
+        payload = json.dumps(
+            {"phase": phase, "since": since, "time": time.time(), "pid": os.getpid(), "host": self._env.host, **info}
+        )
         try:
             self._env._store.set(self._env.key("phase", self._env.rank), payload)
         except Exception:
@@ -340,7 +364,7 @@ def broadcast_object(env: DistEnv, obj: T | None) -> T:
         return obj  # type: ignore[return-value]
     box = [obj]
     dist.broadcast_object_list(box, src=0)
-    return box[0]
+    return box[0]  # type: ignore[return-value]  # rank 0 passes the object; the others get it
 
 
 def rank0_section(env: DistEnv, doing: str, fn: Callable[[], T], *, timeout_s: float) -> T | None:

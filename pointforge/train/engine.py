@@ -231,8 +231,13 @@ class _Trainer:
         atomic_write_json(
             self.run_dir / "ranks" / f"rank{env.rank}.json",
             {
-                "pid": os.getpid(), "host": env.host, "rank": env.rank, "local_rank": env.local_rank,
-                "world_size": env.world_size, "device": str(env.device), "restart_count": env.restart_count,
+                "pid": os.getpid(),
+                "host": env.host,
+                "rank": env.rank,
+                "local_rank": env.local_rank,
+                "world_size": env.world_size,
+                "device": str(env.device),
+                "restart_count": env.restart_count,
                 "started_at": time.time(),
             },
         )
@@ -285,14 +290,24 @@ class _Trainer:
         cfg, env, task = self.cfg, self.env, self.task
         devices = [str(self.device)] * env.world_size if env.world_size > 1 else [str(self.device)]
         self.plan = make_plan(
-            task, cfg, world_size=env.world_size, backend=env.backend or "single process",
-            devices=devices, train_ds=self.train_ds, val_ds=self.val_ds, rank=env.rank,
+            task,
+            cfg,
+            world_size=env.world_size,
+            backend=env.backend or "single process",
+            devices=devices,
+            train_ds=self.train_ds,
+            val_ds=self.val_ds,
+            rank=env.rank,
         )
         if env.world_size > 1:
             # The plan each rank prints must agree; a rank whose view differs is
             # caught here rather than mid-epoch.
-            check_equal(env, self.plan.steps_per_epoch, "the number of steps per epoch",
-                        "the task's batch_sampler must give every rank the same number of batches")
+            check_equal(
+                env,
+                self.plan.steps_per_epoch,
+                "the number of steps per epoch",
+                "the task's batch_sampler must give every rank the same number of batches",
+            )
         self.batch = self.plan.batch
         self.total_steps = self.plan.total_steps
         self.peak_lr = self.plan.lr_scaled
@@ -318,7 +333,9 @@ class _Trainer:
             # tell a rank stuck computing from one waiting in the gradient all-reduce.
             # (Not under torch.compile, which would have to trace the hook.)
             if not perf.compile:
-                self.model.register_forward_hook(lambda *_: report(env, "in backward (gradient all-reduce)", **self._where))
+                self.model.register_forward_hook(
+                    lambda *_: report(env, "in backward (gradient all-reduce)", **self._where)
+                )
         if perf.compile:
             self.train_model = torch.compile(self.train_model)
 
@@ -328,16 +345,30 @@ class _Trainer:
         save_yaml(cfg, self.run_dir / "config.yaml")
         self.status = RunStatus(
             self.run_dir / "run.json",
-            task=self.task.name, run_dir=str(self.run_dir), world_size=env.world_size,
-            restarts=env.restart_count, pointforge_version=__version__,
-            total_steps=self.total_steps, steps_per_epoch=self.plan.steps_per_epoch, epochs=cfg.train.epochs,
+            task=self.task.name,
+            run_dir=str(self.run_dir),
+            world_size=env.world_size,
+            restarts=env.restart_count,
+            pointforge_version=__version__,
+            total_steps=self.total_steps,
+            steps_per_epoch=self.plan.steps_per_epoch,
+            epochs=cfg.train.epochs,
         )
         self.status.update(
-            status="running", epoch=state.epoch, global_step=state.global_step,
+            status="running",
+            epoch=state.epoch,
+            global_step=state.global_step,
             resumed_from=str(self.resumed_from) if self.resumed_from else None,
-            last_checkpoint=str(self.last_checkpoint) if self.last_checkpoint else None, error=None,
+            last_checkpoint=str(self.last_checkpoint) if self.last_checkpoint else None,
+            error=None,
         )
-        self.writer = MetricsWriter(self.run_dir, cfg.log, config=to_dict(cfg), run_name=f"{self.task.name}:{self.run_dir.name}", resume=self.resumed_from is not None)
+        self.writer = MetricsWriter(
+            self.run_dir,
+            cfg.log,
+            config=to_dict(cfg),
+            run_name=f"{self.task.name}:{self.run_dir.name}",
+            resume=self.resumed_from is not None,
+        )
         self.progress = Progress(cfg.log.progress, self.total_steps, state.global_step)
 
     def _amp_dtype(self) -> torch.dtype | None:
@@ -346,10 +377,14 @@ class _Trainer:
             return None
         if amp == "fp16":
             if self.device.type != "cuda":
-                raise ConfigError("perf.amp=fp16 needs a CUDA device (it relies on a GradScaler); use perf.amp=bf16 on the CPU")
+                raise ConfigError(
+                    "perf.amp=fp16 needs a CUDA device (it relies on a GradScaler); use perf.amp=bf16 on the CPU"
+                )
             return torch.float16
         if self.device.type == "cuda" and not torch.cuda.is_bf16_supported():
-            raise DeviceError(f"perf.amp=bf16 is not supported by {torch.cuda.get_device_name(self.device)}; use perf.amp=fp16")
+            raise DeviceError(
+                f"perf.amp=bf16 is not supported by {torch.cuda.get_device_name(self.device)}; use perf.amp=fp16"
+            )
         return torch.bfloat16
 
     # ------------------------------------------------------------------ resume
@@ -361,8 +396,13 @@ class _Trainer:
             if arg is None:
                 existing = ckpt_io.resume_candidates(self.run_dir)
                 if existing:
-                    return {"error": ("ConfigError", f"run dir {self.run_dir} already holds checkpoints ({existing[0].name}, ...) from an earlier run; "
-                                      "add --resume auto to continue it, or choose a new run.dir")}
+                    return {
+                        "error": (
+                            "ConfigError",
+                            f"run dir {self.run_dir} already holds checkpoints ({existing[0].name}, ...) from an earlier run; "
+                            "add --resume auto to continue it, or choose a new run.dir",
+                        )
+                    }
                 return {"path": None}
             if arg == "auto":
                 found = ckpt_io.find_resume_checkpoint(self.run_dir, warn=log.warning)
@@ -393,9 +433,13 @@ class _Trainer:
         state = self._picked if self._picked is not None else ckpt_io.load_checkpoint(path)
         self._picked = None
         if not ckpt_io.is_pointforge_checkpoint(state):
-            raise CheckpointError(f"{path} is not a pointforge training checkpoint; to start from its weights, import it with pointforge ckpt remap")
+            raise CheckpointError(
+                f"{path} is not a pointforge training checkpoint; to start from its weights, import it with pointforge ckpt remap"
+            )
         if state.get("task") != self.task.name:
-            raise CheckpointError(f"checkpoint {path} was written by task '{state.get('task')}', not '{self.task.name}'")
+            raise CheckpointError(
+                f"checkpoint {path} was written by task '{state.get('task')}', not '{self.task.name}'"
+            )
         self._restore(state, path)
 
     def _restore(self, ckpt: Mapping[str, Any], path: Path) -> None:
@@ -403,7 +447,9 @@ class _Trainer:
         old_cfg = ckpt.get("config") or {}
         changed = _config_changes(old_cfg, to_dict(cfg))
         if changed and env.is_main:
-            log.warning("config differs from the checkpoint's: " + "; ".join(changed[:8]) + (" ..." if len(changed) > 8 else ""))
+            log.warning(
+                "config differs from the checkpoint's: " + "; ".join(changed[:8]) + (" ..." if len(changed) > 8 else "")
+            )
         ckpt_io.load_model_state(self.model, ckpt["model"])
         if self.ema is not None:
             if ckpt.get("ema") is not None:
@@ -415,9 +461,13 @@ class _Trainer:
             try:
                 self.optimizer.load_state_dict(ckpt["optimizer"])
             except (ValueError, KeyError, RuntimeError) as err:
-                raise CheckpointError(f"the optimizer state in {path} does not fit this model ({ckpt_io._short(err)}); check the task config") from None
+                raise CheckpointError(
+                    f"the optimizer state in {path} does not fit this model ({ckpt_io._short(err)}); check the task config"
+                ) from None
         elif env.is_main:
-            log.warning(f"optim.name changed from {(old_cfg.get('optim') or {}).get('name')} to {cfg.optim.name}; starting the optimizer state afresh")
+            log.warning(
+                f"optim.name changed from {(old_cfg.get('optim') or {}).get('name')} to {cfg.optim.name}; starting the optimizer state afresh"
+            )
         restore_scheduler(self.scheduler, ckpt["scheduler"], [self.peak_lr] * len(self.optimizer.param_groups))
         if self.scaler is not None and ckpt.get("scaler"):
             self.scaler.load_state_dict(ckpt["scaler"])
@@ -426,7 +476,9 @@ class _Trainer:
         self.last_metrics = dict(ckpt.get("metrics") or {})
         old_batch = progress.rebatch(self.batch.global_batch, env.world_size, self.plan.steps_per_epoch)
         if old_batch is not None and env.is_main:
-            log.warning(f"data.global_batch changed from {old_batch} to {self.batch.global_batch}; resuming epoch {progress.epoch} at step {progress.step_in_epoch}")
+            log.warning(
+                f"data.global_batch changed from {old_batch} to {self.batch.global_batch}; resuming epoch {progress.epoch} at step {progress.step_in_epoch}"
+            )
         rng = ckpt.get("rng") or {}
         if rng.get("world_size") == env.world_size and len(rng.get("per_rank") or []) == env.world_size:
             ckpt_io.restore_rng(rng["per_rank"][env.rank], self.device)
@@ -441,7 +493,9 @@ class _Trainer:
         self.last_checkpoint = path
         self.resumed_from = path
         if env.is_main:
-            log.info(f"resumed from {path} at epoch {progress.epoch}, step {progress.global_step} (step {progress.step_in_epoch} of the epoch)")
+            log.info(
+                f"resumed from {path} at epoch {progress.epoch}, step {progress.global_step} (step {progress.step_in_epoch} of the epoch)"
+            )
 
     # ------------------------------------------------------------------ the loop
 
@@ -452,7 +506,11 @@ class _Trainer:
         self.generator = torch.Generator()
         self.pinned = bool(cfg.data.pin_memory and self.device.type == "cuda")
         self.loader = build_loader(
-            self.train_ds, self.sampler, collate_fn=self.task.collate, data_cfg=cfg.data, pin_memory=self.pinned,
+            self.train_ds,
+            self.sampler,
+            collate_fn=self.task.collate,
+            data_cfg=cfg.data,
+            pin_memory=self.pinned,
             generator=self.generator,
         )
 
@@ -474,8 +532,12 @@ class _Trainer:
             if stopped:
                 return self._stopped(stopper)
             self.doing = f"finishing epoch {epoch}"
-            check_equal(self.env, start + ran, f"the number of steps run in epoch {epoch}",
-                        "a rank's data loader ended early; check the dataset and Task.batch_sampler")
+            check_equal(
+                self.env,
+                start + ran,
+                f"the number of steps run in epoch {epoch}",
+                "a rank's data loader ended early; check the dataset and Task.batch_sampler",
+            )
             if state.step_in_epoch < n_steps:
                 break  # max_steps reached mid-epoch
             self.iterator = None
@@ -493,14 +555,25 @@ class _Trainer:
     def _epoch_batches(self, epoch: int) -> list[list[int]]:
         b = self.batch
         custom = self.task.batch_sampler(
-            self.train_ds, rank=self.env.rank, world_size=b.world_size, micro_batch=b.micro_batch,
-            accumulation=b.accumulation, seed=self.cfg.train.seed, epoch=epoch,
+            self.train_ds,
+            rank=self.env.rank,
+            world_size=b.world_size,
+            micro_batch=b.micro_batch,
+            accumulation=b.accumulation,
+            seed=self.cfg.train.seed,
+            epoch=epoch,
         )
         if custom is not None:
             return [list(x) for x in custom]
         return global_batches(
-            len(self.train_ds), global_batch=b.global_batch, micro_batch=b.micro_batch, accumulation=b.accumulation,
-            world_size=b.world_size, rank=self.env.rank, seed=self.cfg.train.seed, epoch=epoch,
+            len(self.train_ds),
+            global_batch=b.global_batch,
+            micro_batch=b.micro_batch,
+            accumulation=b.accumulation,
+            world_size=b.world_size,
+            rank=self.env.rank,
+            seed=self.cfg.train.seed,
+            epoch=epoch,
         )
 
     def _start_epoch(self, epoch: int) -> tuple[int, int]:
@@ -511,7 +584,9 @@ class _Trainer:
         n_steps = len(batches) // accum
         report(env, "comparing step counts", epoch=epoch, step=self.state.global_step)
         check_equal(
-            env, n_steps, f"the number of optimizer steps in epoch {epoch}",
+            env,
+            n_steps,
+            f"the number of optimizer steps in epoch {epoch}",
             "every rank must get the same number of batches: use the engine's sampler (drop_last by construction) "
             "or make Task.batch_sampler return equal counts",
         )
@@ -552,11 +627,15 @@ class _Trainer:
         if vote.time_up and not vote.stop:
             self.out_of_time = True
             if self.env.is_main:
-                log.info(f"time budget of {self.cfg.train.max_minutes:g} min (train.max_minutes) reached at step "
-                         f"{self.state.global_step}: saving and finishing")
+                log.info(
+                    f"time budget of {self.cfg.train.max_minutes:g} min (train.max_minutes) reached at step "
+                    f"{self.state.global_step}: saving and finishing"
+                )
         if vote.stop and not self.stop_noted and self.env.is_main:
             self.stop_noted = True
-            log.info(f"stop requested ({stopper.requested or 'signal on another rank'}): saving a checkpoint and exiting")
+            log.info(
+                f"stop requested ({stopper.requested or 'signal on another rank'}): saving a checkpoint and exiting"
+            )
 
     # ------------------------------------------------------------------ one step
 
@@ -570,9 +649,11 @@ class _Trainer:
         lr_used = self._lr()
         skipped, grad_norm = self._optimizer_step(vote.mean_loss, epoch)
         self.window.add_step(
-            loss=None if skipped else vote.mean_loss, lr=lr_used,
+            loss=None if skipped else vote.mean_loss,
+            lr=lr_used,
             grad_norm=float(grad_norm) if grad_norm is not None and self.env.is_main else None,
-            data_time=data_time, step_time=time.perf_counter() - t0,
+            data_time=data_time,
+            step_time=time.perf_counter() - t0,
         )
         return vote
 
@@ -589,8 +670,14 @@ class _Trainer:
             batch = self._next_batch(epoch, micro)
             data_time += time.perf_counter() - waited
             ctx = StepContext(
-                epoch=epoch, global_step=self.state.global_step, micro_step=micro, accumulation=accum, device=self.device,
-                rank=env.rank, world_size=env.world_size, amp_dtype=self.amp_dtype,
+                epoch=epoch,
+                global_step=self.state.global_step,
+                micro_step=micro,
+                accumulation=accum,
+                device=self.device,
+                rank=env.rank,
+                world_size=env.world_size,
+                amp_dtype=self.amp_dtype,
             )
             sync = self.train_model.no_sync() if env.distributed and micro < accum - 1 else contextlib.nullcontext()
             with sync:
@@ -624,12 +711,14 @@ class _Trainer:
         """The step's one all-reduce: the loss and every flag a rank could otherwise decide alone."""
         cfg, env, accum = self.cfg, self.env, self.batch.accumulation
         due = (
-            env.is_main and cfg.ckpt.every_minutes > 0
+            env.is_main
+            and cfg.ckpt.every_minutes > 0
             and time.monotonic() - self.last_save_time >= cfg.ckpt.every_minutes * 60
         )
         # The budget is rank 0's clock; the reduction below carries its decision to every rank.
         time_up = (
-            env.is_main and cfg.train.max_minutes is not None
+            env.is_main
+            and cfg.train.max_minutes is not None
             and time.monotonic() - self.budget_start >= cfg.train.max_minutes * 60
         )
         local = [1.0 if stopper.requested else 0.0, 1.0 if due else 0.0, 1.0 if time_up else 0.0]
@@ -685,7 +774,9 @@ class _Trainer:
         streak = self.state.count_skip()
         step, limit = self.state.global_step, self.cfg.train.max_nonfinite
         if self.env.is_main:
-            log.warning(f"non-finite {what} at step {step} (epoch {epoch}); step skipped ({streak} in a row, limit {limit})")
+            log.warning(
+                f"non-finite {what} at step {step} (epoch {epoch}); step skipped ({streak} in a row, limit {limit})"
+            )
         if streak >= limit:
             raise TrainingDiverged(
                 f"training diverged: non-finite loss for {streak} steps in a row "
@@ -704,9 +795,15 @@ class _Trainer:
         if not env.is_main or window.steps == 0:
             window.reset(self._lr())
             return
-        metrics = window.summary(global_batch=self.batch.global_batch, accumulation=self.batch.accumulation, skipped_steps=state.skipped_steps)
+        metrics = window.summary(
+            global_batch=self.batch.global_batch,
+            accumulation=self.batch.accumulation,
+            skipped_steps=state.skipped_steps,
+        )
         it_s = metrics["it_per_s"]
-        eta = (self.total_steps - state.global_step) / it_s if it_s and math.isfinite(it_s) and it_s > 0 else float("nan")
+        eta = (
+            (self.total_steps - state.global_step) / it_s if it_s and math.isfinite(it_s) and it_s > 0 else float("nan")
+        )
         epoch_pos = epoch + state.step_in_epoch / max(1, n_steps)
         self.writer.write(state.global_step, epoch_pos, metrics, prefix="train/")
         self.last_metrics.update({f"train/{k}": v for k, v in metrics.items()})
@@ -715,9 +812,13 @@ class _Trainer:
             f"{it_s:.2f} it/s  eta {format_duration(eta)}"
         )
         if self.progress is not None and self.progress.enabled:
-            self.progress.update(state.global_step, f"loss {metrics['loss']:.4g} lr {metrics['lr']:.3g} {it_s:.2f} it/s")
+            self.progress.update(
+                state.global_step, f"loss {metrics['loss']:.4g} lr {metrics['lr']:.3g} {it_s:.2f} it/s"
+            )
         log.info(line)
-        self.status.update(progress_only=True, epoch=epoch, global_step=state.global_step, metrics=_jsonable(self.last_metrics))
+        self.status.update(
+            progress_only=True, epoch=epoch, global_step=state.global_step, metrics=_jsonable(self.last_metrics)
+        )
         window.reset(self._lr())
 
     # ------------------------------------------------------------------ evaluation
@@ -734,17 +835,33 @@ class _Trainer:
             n = sum(len(b) for b in indices_batches)
             gen = torch.Generator().manual_seed(derive_seed(cfg.train.seed, "eval", env.rank, epoch))
             loader = build_loader(
-                self.val_ds, indices_batches, collate_fn=self.task.collate, data_cfg=cfg.data,
-                pin_memory=bool(cfg.data.pin_memory and self.device.type == "cuda"), generator=gen, persistent=False,
+                self.val_ds,
+                indices_batches,
+                collate_fn=self.task.collate,
+                data_cfg=cfg.data,
+                pin_memory=bool(cfg.data.pin_memory and self.device.type == "cuda"),
+                generator=gen,
+                persistent=False,
             )
             ctx = EvalContext(
-                epoch=epoch, global_step=self.state.global_step, device=self.device, rank=env.rank, world_size=env.world_size,
-                amp_dtype=self.amp_dtype, out_dir=rank_dir, micro_batch=micro,
+                epoch=epoch,
+                global_step=self.state.global_step,
+                device=self.device,
+                rank=env.rank,
+                world_size=env.world_size,
+                amp_dtype=self.amp_dtype,
+                out_dir=rank_dir,
+                micro_batch=micro,
             )
             was_training = model.training
             model.eval()
             try:
-                with torch.no_grad(), torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32, enabled=self.amp_dtype is not None):
+                with (
+                    torch.no_grad(),
+                    torch.autocast(
+                        self.device.type, dtype=self.amp_dtype or torch.float32, enabled=self.amp_dtype is not None
+                    ),
+                ):
                     result = self.task.evaluate(model, loader, ctx) if n else {}
             finally:
                 model.train(was_training)
@@ -753,6 +870,7 @@ class _Trainer:
 
         report(env, "evaluating", epoch=epoch)
         if placement == "rank0":
+
             def work() -> dict[str, float]:
                 metrics, _ = run_on(eval_shard(len(self.val_ds), rank=0, world_size=1, batch=micro), out_dir)
                 return metrics
@@ -794,7 +912,9 @@ class _Trainer:
         rngs = all_gather_objects(env, ckpt_io.capture_rng(self.device))
         # Every rank holds the same (gathered or broadcast) evaluation metrics,
         # so every rank records the same best and carries the same progress.
-        improved = end_of_epoch and state.best.offer(eval_metrics or {}, state.global_step, warn=log.warning if env.is_main else None)
+        improved = end_of_epoch and state.best.offer(
+            eval_metrics or {}, state.global_step, warn=log.warning if env.is_main else None
+        )
 
         def write() -> str:
             path = self.files.write_latest(self._checkpoint(rngs))
@@ -804,7 +924,9 @@ class _Trainer:
             if improved:
                 self.files.copy_to(path, self.files.best)
                 log.info(f"new best {state.best.metric} {state.best.value:.5g} at step {state.global_step}")
-            self.status.update(last_checkpoint=str(path), epoch=state.epoch, global_step=state.global_step, best=state.best.summary())
+            self.status.update(
+                last_checkpoint=str(path), epoch=state.epoch, global_step=state.global_step, best=state.best.summary()
+            )
             return str(path)
 
         path = rank0_section(env, "saving a checkpoint", write, timeout_s=cfg.dist.rank0_timeout_s)
@@ -816,9 +938,15 @@ class _Trainer:
 
     def _result(self, status: str, signal_name: str | None = None) -> TrainResult:
         return TrainResult(
-            status=status, run_dir=self.run_dir, epoch=self.state.epoch, global_step=self.state.global_step,
-            checkpoint=self.last_checkpoint, metrics=dict(self.last_metrics), best=self.state.best.summary(),
-            signal=signal_name, resumed_from=self.resumed_from,
+            status=status,
+            run_dir=self.run_dir,
+            epoch=self.state.epoch,
+            global_step=self.state.global_step,
+            checkpoint=self.last_checkpoint,
+            metrics=dict(self.last_metrics),
+            best=self.state.best.summary(),
+            signal=signal_name,
+            resumed_from=self.resumed_from,
         )
 
     def _stopped(self, stopper) -> TrainResult:
@@ -828,14 +956,18 @@ class _Trainer:
                 f"stopped at epoch {state.epoch}, step {state.global_step}; checkpoint {self.last_checkpoint}; "
                 "continue with --resume auto"
             )
-            self.status.update(status="stopped", stop_signal=stopper.requested, epoch=state.epoch, global_step=state.global_step)
+            self.status.update(
+                status="stopped", stop_signal=stopper.requested, epoch=state.epoch, global_step=state.global_step
+            )
         return self._result("stopped", stopper.requested)
 
     def _finished(self) -> TrainResult:
         state, best = self.state, self.state.best
         if self.env.is_main:
             said = f"; best {best.metric} {best.value:.5g} (step {best.step})" if best.value is not None else ""
-            log.info(f"finished: {state.global_step} steps, {state.epoch} epoch(s){said}; checkpoint {self.last_checkpoint}")
+            log.info(
+                f"finished: {state.global_step} steps, {state.epoch} epoch(s){said}; checkpoint {self.last_checkpoint}"
+            )
             self.status.update(status="finished", epoch=state.epoch, global_step=state.global_step)
         return self._result("finished")
 

@@ -79,11 +79,22 @@ def torchrun_command(
     if endpoint is None:
         rendezvous = ["--standalone"]
     else:
-        rendezvous = ["--nnodes=1", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id or 'pointforge'}"]
+        rendezvous = [
+            "--nnodes=1",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={endpoint}",
+            f"--rdzv-id={run_id or 'pointforge'}",
+        ]
     return [
-        sys.executable, "-m", "torch.distributed.run",
-        *rendezvous, f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
-        "-m", WORKER_MODULE, *worker,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *rendezvous,
+        f"--nproc-per-node={nproc}",
+        f"--max-restarts={max_restarts}",
+        "-m",
+        WORKER_MODULE,
+        *worker,
     ]
 
 
@@ -123,7 +134,11 @@ def rank_records(run_dir: str | os.PathLike, since: float = 0.0) -> list[dict[st
 
 def live_worker_pids(run_dir: str | os.PathLike, since: float = 0.0) -> list[int]:
     """The pids of this host's workers of the run in ``run_dir`` that are still the processes that recorded themselves."""
-    return [int(w["pid"]) for w in rank_records(run_dir, since) if pid_alive_since(int(w.get("pid", 0)), w.get("started_at"))]
+    return [
+        int(w["pid"])
+        for w in rank_records(run_dir, since)
+        if pid_alive_since(int(w.get("pid", 0)), w.get("started_at"))
+    ]
 
 
 def pid_alive(pid: int | None) -> bool:
@@ -197,8 +212,12 @@ def launch(worker: Sequence[str], *, nproc: int, max_restarts: int, run_dir: str
         signals_seen += 1
         pids = live_worker_pids(run_dir, started)
         if signals_seen == 1 and pids:
-            print(f"pointforge: {signal.Signals(signum).name} received; asking {len(pids)} worker(s) to finish the step, "
-                  "save and stop (send it again to stop at once)", file=sys.stderr, flush=True)
+            print(
+                f"pointforge: {signal.Signals(signum).name} received; asking {len(pids)} worker(s) to finish the step, "
+                "save and stop (send it again to stop at once)",
+                file=sys.stderr,
+                flush=True,
+            )
             _signal_all(pids, signal.SIGTERM)
             return
         # Second signal, or no workers yet: stop now. Workers live in sessions of

@@ -60,11 +60,17 @@ class RunPlan:
             lr = f"{self.lr:g} (no scaling)"
         else:
             lr = f"{self.lr:g} tuned for batch {self.base_batch}, {self.lr_scaling} scaling to batch {b.global_batch} → {self.lr_scaled:g}"
-        devices = ", ".join(self.devices) if len(set(self.devices)) > 1 or len(self.devices) == 1 else f"{self.devices[0]} ×{len(self.devices)}"
+        devices = (
+            ", ".join(self.devices)
+            if len(set(self.devices)) > 1 or len(self.devices) == 1
+            else f"{self.devices[0]} ×{len(self.devices)}"
+        )
         val = f"{self.val_size} validation" if self.val_size is not None else "no validation set"
         dropped = f", {self.samples_dropped} dropped per epoch to keep batches whole" if self.samples_dropped else ""
         existing = (
-            f" (holds {self.existing_checkpoints} checkpoint(s): add --resume auto to continue)" if self.existing_checkpoints else " (new)"
+            f" (holds {self.existing_checkpoints} checkpoint(s): add --resume auto to continue)"
+            if self.existing_checkpoints
+            else " (new)"
         )
         return [
             f"pointforge train {self.task} — plan",
@@ -85,7 +91,6 @@ class RunPlan:
 
     def text(self) -> str:
         return "\n".join(self.lines())
-
 
 
 def _schedule_text(cfg: TrainConfig) -> str:
@@ -115,10 +120,17 @@ def _ckpt_text(cfg: TrainConfig, best_metric: str | None, best_mode: str) -> str
     return "; ".join(parts)
 
 
-def steps_per_epoch(task: Task, cfg: TrainConfig, train_ds: Any, batch: BatchPlan, rank: int, epoch: int = 0) -> tuple[int, list[list[int]] | None]:
+def steps_per_epoch(
+    task: Task, cfg: TrainConfig, train_ds: Any, batch: BatchPlan, rank: int, epoch: int = 0
+) -> tuple[int, list[list[int]] | None]:
     custom = task.batch_sampler(
-        train_ds, rank=rank, world_size=batch.world_size, micro_batch=batch.micro_batch,
-        accumulation=batch.accumulation, seed=cfg.train.seed, epoch=epoch,
+        train_ds,
+        rank=rank,
+        world_size=batch.world_size,
+        micro_batch=batch.micro_batch,
+        accumulation=batch.accumulation,
+        seed=cfg.train.seed,
+        epoch=epoch,
     )
     if custom is not None:
         batches = [list(b) for b in custom]
@@ -135,11 +147,23 @@ def best_rule(task: Task, cfg: TrainConfig) -> tuple[str | None, str]:
     return (cfg.ckpt.best_metric or task.best_metric, cfg.ckpt.best_mode or task.best_mode)
 
 
-def make_plan(task: Task, cfg: TrainConfig, *, world_size: int, backend: str, devices: list[str], train_ds: Any, val_ds: Any, rank: int) -> RunPlan:
+def make_plan(
+    task: Task,
+    cfg: TrainConfig,
+    *,
+    world_size: int,
+    backend: str,
+    devices: list[str],
+    train_ds: Any,
+    val_ds: Any,
+    rank: int,
+) -> RunPlan:
     batch = plan_batches(cfg.data.global_batch, world_size, cfg.data.micro_batch)
     steps, custom = steps_per_epoch(task, cfg, train_ds, batch, rank)
     if steps < 1:
-        raise ConfigError(f"an epoch would have no optimizer steps ({len(train_ds)} samples, global batch {batch.global_batch}); lower data.global_batch")
+        raise ConfigError(
+            f"an epoch would have no optimizer steps ({len(train_ds)} samples, global batch {batch.global_batch}); lower data.global_batch"
+        )
     total = steps * cfg.train.epochs
     if cfg.train.max_steps is not None:
         total = min(total, cfg.train.max_steps)
@@ -178,23 +202,29 @@ def dry_run_plan(task: Task | str, cfg: TrainConfig, *, world_size: int | None =
     """The plan for ``cfg`` without training (``world_size`` overrides the torchrun environment)."""
     task = get_task(task)
     task.configure(cfg.task)
-    env = probe_env(cfg.run.device) if world_size is None else None
-    if env is None:
+    if world_size is None:
+        env = probe_env(cfg.run.device)
+        devices = [str(env.device)] if env.world_size == 1 else [str(env.device.type)] * env.world_size
+        size = env.world_size
+    else:
         first = resolve_device(cfg.run.device, local_rank=0, world_size=world_size)
         if first.type == "cuda":
             count = torch.cuda.device_count()
             if world_size > count:
-                raise DeviceError(f"--nproc {world_size} asks for {world_size} GPUs but {count} are visible; use --nproc {count} or fewer")
+                raise DeviceError(
+                    f"--nproc {world_size} asks for {world_size} GPUs but {count} are visible; use --nproc {count} or fewer"
+                )
             devices = [f"cuda:{i}" for i in range(world_size)]
         else:
             devices = ["cpu"] * world_size
         size = world_size
-    else:
-        devices = [str(env.device)] if env.world_size == 1 else [str(env.device.type)] * env.world_size
-        size = env.world_size
-    backend = cfg.dist.backend if cfg.dist.backend != "auto" else ("nccl" if devices[0].startswith("cuda") else "gloo")
+    backend: str = (
+        cfg.dist.backend if cfg.dist.backend != "auto" else ("nccl" if devices[0].startswith("cuda") else "gloo")
+    )
     if size == 1:
         backend = "single process"
     seed_everything(derive_seed(cfg.train.seed, "init"))
     train_ds, val_ds = task.build_datasets(cfg.task)
-    return make_plan(task, cfg, world_size=size, backend=backend, devices=devices, train_ds=train_ds, val_ds=val_ds, rank=0)
+    return make_plan(
+        task, cfg, world_size=size, backend=backend, devices=devices, train_ds=train_ds, val_ds=val_ds, rank=0
+    )

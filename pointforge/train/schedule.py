@@ -145,9 +145,13 @@ def restore_scheduler(scheduler: torch.optim.lr_scheduler.LambdaLR, state: dict,
 
 def build_optimizer(params, optim_cfg, lr: float) -> torch.optim.Optimizer:
     if optim_cfg.name == "adam":
-        return torch.optim.Adam(params, lr=lr, betas=tuple(optim_cfg.betas), eps=optim_cfg.eps, weight_decay=optim_cfg.weight_decay)
+        return torch.optim.Adam(
+            params, lr=lr, betas=tuple(optim_cfg.betas), eps=optim_cfg.eps, weight_decay=optim_cfg.weight_decay
+        )
     if optim_cfg.name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, betas=tuple(optim_cfg.betas), eps=optim_cfg.eps, weight_decay=optim_cfg.weight_decay)
+        return torch.optim.AdamW(
+            params, lr=lr, betas=tuple(optim_cfg.betas), eps=optim_cfg.eps, weight_decay=optim_cfg.weight_decay
+        )
     if optim_cfg.name == "sgd":
         return torch.optim.SGD(
             params, lr=lr, momentum=optim_cfg.momentum, nesterov=optim_cfg.nesterov, weight_decay=optim_cfg.weight_decay

@@ -53,7 +53,9 @@ class BestMetric:
         value = metrics.get(self.metric)
         if value is None:
             if warn is not None:
-                warn(f"best metric '{self.metric}' is not among the evaluation metrics ({', '.join(metrics)}); set ckpt.best_metric")
+                warn(
+                    f"best metric '{self.metric}' is not among the evaluation metrics ({', '.join(metrics)}); set ckpt.best_metric"
+                )
             return False
         if not self.better(float(value)):
             return False
@@ -192,7 +194,9 @@ class MetricWindow:
                 value = float(value)
             self.task_metrics[name] = self.task_metrics.get(name, 0.0) + value
 
-    def add_step(self, *, loss: float | None, lr: float, grad_norm: float | None, data_time: float, step_time: float) -> None:
+    def add_step(
+        self, *, loss: float | None, lr: float, grad_norm: float | None, data_time: float, step_time: float
+    ) -> None:
         """One optimizer step; ``loss`` is ``None`` for a skipped step (kept out of the mean)."""
         self.steps += 1
         if loss is not None:

@@ -157,9 +157,10 @@ class Task:
 
     name: ClassVar[str] = ""
     Config: ClassVar[type] = NoConfig
-    eval_on: ClassVar[Literal["all", "rank0"]] = "all"
-    best_metric: ClassVar[str | None] = None
-    best_mode: ClassVar[Literal["min", "max"]] = "min"
+    # Class defaults that configure() may set per instance (see the module docs).
+    eval_on: Literal["all", "rank0"] = "all"
+    best_metric: str | None = None
+    best_mode: Literal["min", "max"] = "min"
 
     def configure(self, cfg: Any) -> None:
         """Called first with the task's config section; may adjust ``eval_on``/``best_metric``."""
@@ -209,7 +210,9 @@ def split_step_output(out: Any) -> tuple[torch.Tensor, Mapping[str, Any]]:
             f"training_step must return a scalar loss tensor (optionally with a metrics dict), got {type(loss).__name__}"
             + (f" of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else "")
         )
-    return (loss if loss.dim() == 0 else loss.reshape(())), (metrics if isinstance(metrics, dict) else dict(metrics or {}))
+    return (loss if loss.dim() == 0 else loss.reshape(())), (
+        metrics if isinstance(metrics, dict) else dict(metrics or {})
+    )
 
 
 # --------------------------------------------------------------------------- the registry
@@ -282,7 +285,9 @@ def get_task(name: str | Task) -> Task:
         hint = f"did you mean '{close[0]}'? " if close else ""
         raise ConfigError(f"unknown task '{name}'; {hint}available tasks: {', '.join(choices)}")
     if not _module_exists(target):
-        raise ConfigError(f"task '{name}' is not available in this install ({target.split(':')[0]} is missing); available tasks: {', '.join(available_tasks())}")
+        raise ConfigError(
+            f"task '{name}' is not available in this install ({target.split(':')[0]} is missing); available tasks: {', '.join(available_tasks())}"
+        )
     return _instantiate(_load(target), name)
 
 

@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from pointforge.errors import ConfigError
 from pointforge.atomic import atomic_write_json, atomic_write_text
+from pointforge.errors import ConfigError
 
 LOGGER_NAME = "pointforge"
 
@@ -52,7 +52,7 @@ class _StderrHandler(logging.StreamHandler):
     redirects stderr prints log lines above itself instead of through itself."""
 
     @property
-    def stream(self):  # type: ignore[override]
+    def stream(self):
         return sys.stderr
 
     @stream.setter
@@ -78,7 +78,7 @@ class LogSetup:
         self.logger.propagate = False
         flt = _RankFilter(rank)
         if console:
-            handler = _StderrHandler()
+            handler: logging.Handler = _StderrHandler()
             handler.setLevel(logging.INFO if rank == 0 else logging.WARNING)
             handler.setFormatter(logging.Formatter("%(rank_prefix)s%(message)s"))
             handler.addFilter(flt)
@@ -144,13 +144,18 @@ class MetricsWriter:
     def write(self, step: int, epoch: float, metrics: Mapping[str, Any], *, prefix: str = "") -> None:
         now = time.time()
         clean = {f"{prefix}{k}": v for k, v in ((k, _scalar(v)) for k, v in metrics.items()) if v is not None}
-        record = {"time": round(now, 3), "step": step, "epoch": round(epoch, 4), **{k: (v if math.isfinite(v) else str(v)) for k, v in clean.items()}}
+        record = {
+            "time": round(now, 3),
+            "step": step,
+            "epoch": round(epoch, 4),
+            **{k: (v if math.isfinite(v) else str(v)) for k, v in clean.items()},
+        }
         self._jsonl.write(json.dumps(record) + "\n")
         self._jsonl.flush()
         if self._csv is not None:
             for name, value in clean.items():
                 self._csv.writerow([f"{now:.3f}", step, f"{epoch:.4f}", name, repr(value)])
-            self._csv_file.flush()
+            self._csv_file.flush()  # type: ignore[union-attr]  # opened together with _csv
         if self._tb is not None:
             for name, value in clean.items():
                 self._tb.add_scalar(name, value, step)
@@ -257,7 +262,13 @@ class Progress:
         self._task = None
         if not self.enabled:
             return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress as RichProgress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
 
         self._progress = RichProgress(
             TextColumn("[bold]train"),
@@ -271,7 +282,7 @@ class Progress:
         self._task = self._progress.add_task("train", total=total_steps, completed=start_step, info="")
 
     def update(self, step: int, info: str) -> None:
-        if self._progress is not None:
+        if self._progress is not None and self._task is not None:
             self._progress.update(self._task, completed=step, info=info)
 
     def close(self) -> None:

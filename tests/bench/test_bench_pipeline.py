@@ -29,7 +29,13 @@ def pipeline():
 
 
 def test_the_final_checkpoint_is_the_one_with_most_minutes_not_the_last_name(pipeline, tmp_path):
-    for name in ("pcdiff-2.50min.pt", "pcdiff-10.00min.pt", "pcdiff-5.00min.pt", "voxelizer-10.00min.pt", "pcdiff-notes.pt"):
+    for name in (
+        "pcdiff-2.50min.pt",
+        "pcdiff-10.00min.pt",
+        "pcdiff-5.00min.pt",
+        "voxelizer-10.00min.pt",
+        "pcdiff-notes.pt",
+    ):
         (tmp_path / name).write_bytes(b"")
     assert pipeline.newest_checkpoint(tmp_path, "pcdiff").name == "pcdiff-10.00min.pt"
 
@@ -72,9 +78,16 @@ def test_a_demo_folder_gives_its_final_pair_and_its_prepared_data(pipeline, tmp_
 def test_a_failed_case_counts_as_dsc_zero_and_has_no_hd95(pipeline):
     scored = pipeline.score(None, case=None, defective=None)
     assert scored["dsc"] == 0.0 and scored["bdsc"] == 0.0 and scored["hd95"] != scored["hd95"]  # NaN
-    rows = [{"ok": False, "dsc": 0.0, "bdsc": 0.0, "hd95": float("nan"), "timings_s": {"read_s": 0.1, "total_s": 1.0}},
-            {"ok": True, "dsc": 0.6, "bdsc": 0.8, "hd95": 4.0,
-             "timings_s": {"read_s": 0.1, "voxelize_s": 2.0, "total_s": 3.0}}]
+    rows = [
+        {"ok": False, "dsc": 0.0, "bdsc": 0.0, "hd95": float("nan"), "timings_s": {"read_s": 0.1, "total_s": 1.0}},
+        {
+            "ok": True,
+            "dsc": 0.6,
+            "bdsc": 0.8,
+            "hd95": 4.0,
+            "timings_s": {"read_s": 0.1, "voxelize_s": 2.0, "total_s": 3.0},
+        },
+    ]
     summary = pipeline.summarise(rows, steps=50, n=2)
     assert summary["failed"] == 1 and summary["dsc_mean"] == pytest.approx(0.3)
     assert summary["hd95_mean"] == 4.0 and summary["hd95_cases"] == 1

@@ -3,14 +3,13 @@
 import subprocess
 import sys
 
-import pytest
-
 from tests.helpers import write_raw_dataset
 
 
 def run_cli(*args, cwd=None):
-    proc = subprocess.run([sys.executable, "-m", "pointforge.cli", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pointforge.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -23,11 +22,18 @@ def test_version_and_help():
 
 def test_the_torchrun_worker_entry_ends_like_the_pointforge_command():
     for entry in ("pointforge.cli", "pointforge.cli.train"):
-        proc = subprocess.run([sys.executable, "-m", entry, "train", "nosuch"], capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-m", entry, "train", "nosuch"], capture_output=True, text=True, timeout=300
+        )
         last = proc.stderr.strip().splitlines()[-1]
-        assert proc.returncode == 2 and last == "error: unknown task 'nosuch'; available tasks: pcdiff, toy, upsampler, voxelizer"
+        assert (
+            proc.returncode == 2
+            and last == "error: unknown task 'nosuch'; available tasks: pcdiff, toy, upsampler, voxelizer"
+        )
         assert "Traceback" not in proc.stderr
-        proc = subprocess.run([sys.executable, "-m", entry, "train", "toy", "--bogus"], capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-m", entry, "train", "toy", "--bogus"], capture_output=True, text=True, timeout=300
+        )
         assert proc.returncode == 2 and "No such option: --bogus" in proc.stderr and "Traceback" not in proc.stderr
 
 

@@ -40,7 +40,9 @@ def test_collate_builds_disjoint_graphs_with_offsets_and_normalisation():
     # Each cloud's edges land in its own index range; together they are the shifted originals.
     src, dst = batch.edge_index
     assert torch.equal(batch.sparse_batch[src], batch.sparse_batch[dst])
-    assert torch.equal(batch.edge_index, torch.cat([items[0].edge_index, items[1].edge_index + 5, items[2].edge_index + 6], 1))
+    assert torch.equal(
+        batch.edge_index, torch.cat([items[0].edge_index, items[1].edge_index + 5, items[2].edge_index + 6], 1)
+    )
     assert batch.pair_ids == ["p0", "p1", "p2"] and batch.indices.tolist() == [0, 1, 2]
     # Mapping back per cloud, in float64, with each pair's own centre and scale.
     back = batch.denormalize(batch.sparse, batch.sparse_batch)
@@ -106,7 +108,10 @@ def test_sampler_invariants_for_world_sizes_one_to_four(world_size, accumulation
 
 def test_sampler_is_deterministic_per_epoch_and_seed_and_varies_between_them():
     sizes = np.random.default_rng(0).integers(1_000, 50_000, 80)
-    make = lambda **kw: PointBudgetBatchSampler(sizes, 100_000, world_size=2, **{"seed": 3, "epoch": 0, **kw}).plan()
+
+    def make(**kw):
+        return PointBudgetBatchSampler(sizes, 100_000, world_size=2, **{"seed": 3, "epoch": 0, **kw}).plan()
+
     assert make() == make()
     assert make() != make(epoch=1)
     assert make() != make(seed=4)

@@ -15,12 +15,11 @@ from pointforge.data.skulls import (
     bbox_normalization,
     detect_layout,
     indicator_grid,
-    list_cases,
     parse_ratios,
     split_skulls,
 )
 from pointforge.data.surface import farthest_point_sample, surface_points, volume_to_mesh
-from pointforge.data.volumes import Volume, read_volume
+from pointforge.data.volumes import Volume
 from pointforge.errors import ConfigError, DataError
 from tests.helpers import shell_mask, write_raw_dataset
 
@@ -144,8 +143,15 @@ def test_corrupt_file_is_reported_and_the_rest_finish(tmp_path):
 
 
 def test_other_tools_layouts_nifti_0_255_anisotropic(tmp_path):
-    raw = write_raw_dataset(tmp_path / "raw", "skullfix", n_skulls=2, shape=(40, 40, 24),
-                            spacing=(0.45, 0.45, 0.9), fmt=".nii.gz", foreground=255)
+    raw = write_raw_dataset(
+        tmp_path / "raw",
+        "skullfix",
+        n_skulls=2,
+        shape=(40, 40, 24),
+        spacing=(0.45, 0.45, 0.9),
+        fmt=".nii.gz",
+        foreground=255,
+    )
     res = prepare_dataset(raw, tmp_path / "prep", n_points=N, workers=1)
     assert res.ok and res.layout == "skullfix"
     meta = json.loads((tmp_path / "prep/surfaces/defective_skull/000.json").read_text())

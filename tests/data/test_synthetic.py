@@ -34,16 +34,20 @@ def _critical_configurations(mask: np.ndarray) -> int:
     m = mask.astype(np.int8)
     count = 0
     for axes in ((0, 1), (0, 2), (1, 2)):
+
         def shifted(dp, dq):
             s = [slice(None)] * 3
             for axis, d in zip(axes, (dp, dq)):
                 s[axis] = slice(d, m.shape[axis] - 1 + d)
             return m[tuple(s)]
+
         a, b, c, d = shifted(0, 0), shifted(1, 1), shifted(1, 0), shifted(0, 1)
         count += int(np.sum((a == b) & (c == d) & (a != c)))
     corners = {
         (i, j, k): m[i : m.shape[0] - 1 + i, j : m.shape[1] - 1 + j, k : m.shape[2] - 1 + k]
-        for i in (0, 1) for j in (0, 1) for k in (0, 1)
+        for i in (0, 1)
+        for j in (0, 1)
+        for k in (0, 1)
     }
     total = sum(corners.values())
     for i, j, k in ((0, 0, 0), (1, 0, 0), (0, 1, 0), (0, 0, 1)):
@@ -70,7 +74,10 @@ def skullbreak_cases(skullbreak):
         cid = case["id"]
         complete, spacing, origin = _read(out / "complete_skull" / f"{cid}.nrrd")
         defects = {
-            cls: (_read(out / "defective_skull" / cls / f"{cid}.nrrd")[0], _read(out / "implant" / cls / f"{cid}.nrrd")[0])
+            cls: (
+                _read(out / "defective_skull" / cls / f"{cid}.nrrd")[0],
+                _read(out / "implant" / cls / f"{cid}.nrrd")[0],
+            )
             for cls in DEFECT_CLASSES
         }
         cases[cid] = (complete, defects, spacing, origin)
@@ -187,8 +194,9 @@ def test_defects_sit_where_their_class_says(skullbreak_cases):
 
 def test_defects_are_several_centimetres_across_and_cut_through_the_whole_bone(skullbreak_cases):
     for complete, defects, spacing, _ in skullbreak_cases.values():
-        centre = np.array([np.flatnonzero(complete.any(axis=tuple(a for a in range(3) if a != axis))).mean()
-                           for axis in range(3)])
+        centre = np.array(
+            [np.flatnonzero(complete.any(axis=tuple(a for a in range(3) if a != axis))).mean() for axis in range(3)]
+        )
         for cls, (defective, implant) in defects.items():
             labels, n = _components(implant)
             for k in range(1, n + 1):
@@ -240,7 +248,10 @@ def test_skull_proportions_orientation_and_margin():
     assert not skull[cx - 5 : cx + 6, cy - 5 : cy + 6, box[2][0] : box[2][0] + 10].any()
     # Axis 1 runs backwards: the head is egg-shaped from above, narrower at the forehead.
     quarter = (box[1][-1] - box[1][0]) // 4
-    width_at = lambda y0, y1: np.ptp(np.flatnonzero(skull[:, y0:y1].any(axis=(1, 2))))
+
+    def width_at(y0, y1):
+        return np.ptp(np.flatnonzero(skull[:, y0:y1].any(axis=(1, 2))))
+
     assert width_at(box[1][0], box[1][0] + quarter) < width_at(box[1][-1] - quarter, box[1][-1])
     # A few millimetres of bone at the vertex.
     top = np.flatnonzero(skull[cx, cy])
@@ -320,10 +331,12 @@ def test_make_skull_and_make_defect_are_deterministic_given_the_generator():
     b, sb = make_skull(64, np.random.default_rng(5))
     assert sa == sb and np.array_equal(a, b)
     assert np.array_equal(
-        make_defect(a, "random_1", np.random.default_rng(1), sa), make_defect(a, "random_1", np.random.default_rng(1), sa)
+        make_defect(a, "random_1", np.random.default_rng(1), sa),
+        make_defect(a, "random_1", np.random.default_rng(1), sa),
     )
     assert not np.array_equal(
-        make_defect(a, "random_1", np.random.default_rng(1), sa), make_defect(a, "random_1", np.random.default_rng(2), sa)
+        make_defect(a, "random_1", np.random.default_rng(1), sa),
+        make_defect(a, "random_1", np.random.default_rng(2), sa),
     )
 
 

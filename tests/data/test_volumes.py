@@ -1,5 +1,3 @@
-import gzip
-
 import nrrd
 import numpy as np
 import pytest
@@ -17,8 +15,11 @@ def _rotation(seed=0):
 def test_round_trip_keeps_voxels_and_geometry(tmp_path, suffix):
     data = np.random.default_rng(1).random((9, 11, 13)) > 0.5
     direction = _rotation()
-    first = read_binary_volume(write_volume(tmp_path / f"a{suffix}", data, spacing=(0.3, 0.5, 0.8),
-                                            origin=(1.5, -2.25, 3.125), direction=direction))
+    first = read_binary_volume(
+        write_volume(
+            tmp_path / f"a{suffix}", data, spacing=(0.3, 0.5, 0.8), origin=(1.5, -2.25, 3.125), direction=direction
+        )
+    )
     assert first.data.dtype == bool and (first.data == data).all()
     # NIfTI stores its affine in float32; NRRD in decimal text of full precision.
     tol = 1e-6 if suffix != ".nrrd" else 1e-12
@@ -34,8 +35,12 @@ def test_round_trip_keeps_voxels_and_geometry(tmp_path, suffix):
 
 def test_nrrd_extra_header_fields_survive(tmp_path):
     path = tmp_path / "x.nrrd"
-    header = {"space": "left-posterior-superior", "space directions": np.diag([0.4, 0.4, 0.4]),
-              "space origin": np.array([-100.0, -90.0, 10.0]), "patient_id": "case-7"}
+    header = {
+        "space": "left-posterior-superior",
+        "space directions": np.diag([0.4, 0.4, 0.4]),
+        "space origin": np.array([-100.0, -90.0, 10.0]),
+        "patient_id": "case-7",
+    }
     nrrd.write(str(path), np.ones((4, 5, 6), np.uint8) * 255, header, index_order="F")
     vol = read_binary_volume(path)
     assert vol.spacing == (0.4, 0.4, 0.4) and vol.origin == (-100.0, -90.0, 10.0)
@@ -50,8 +55,9 @@ def test_voxel_physical_mapping_is_inverse():
     ijk = np.random.default_rng(0).random((10, 3)) * 3
     np.testing.assert_allclose(vol.physical_to_voxel(vol.voxel_to_physical(ijk)), ijk, atol=1e-12)
     # Axis i moves by spacing[i] along direction column i.
-    np.testing.assert_allclose(vol.voxel_to_physical([[0, 1, 0]]) - vol.voxel_to_physical([[0, 0, 0]]),
-                               [vol.direction[:, 1] * 0.5], atol=1e-12)
+    np.testing.assert_allclose(
+        vol.voxel_to_physical([[0, 1, 0]]) - vol.voxel_to_physical([[0, 0, 0]]), [vol.direction[:, 1] * 0.5], atol=1e-12
+    )
 
 
 def test_label_values_0_255_and_bool():
@@ -64,7 +70,12 @@ def test_label_values_0_255_and_bool():
     [
         (lambda p: None, "no such file"),
         (lambda p: p.write_bytes(b""), "empty"),
-        (lambda p: p.write_bytes(b"NRRD0004\ntype: uchar\ndimension: 3\nsizes: 10 10 10\nencoding: raw\n\n" + b"\0" * 50), "truncated"),
+        (
+            lambda p: p.write_bytes(
+                b"NRRD0004\ntype: uchar\ndimension: 3\nsizes: 10 10 10\nencoding: raw\n\n" + b"\0" * 50
+            ),
+            "truncated",
+        ),
         (lambda p: p.write_bytes(b"this is not a volume at all" * 10), "cannot read"),
     ],
     ids=["missing", "zero-bytes", "truncated", "garbage"],

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pointforge.implant import demo
 from pointforge.errors import DataError, UserError
+from pointforge.implant import demo
 from pointforge.implant.evaluate import Evaluation, summarise
 from tests.helpers import TOY_TINY
 
@@ -26,24 +26,47 @@ def test_a_used_folder_and_bad_settings_are_refused(tmp_path):
     with pytest.raises(UserError, match="already exists and is not empty"):
         demo.run_demo(used, demo.DemoSettings(minutes=1))
     assert (used / "report.md").read_text() == "an earlier demo"
-    for settings, message in ((demo.DemoSettings(minutes=0), "--minutes"), (demo.DemoSettings(skulls=3), "--skulls"),
-                              (demo.DemoSettings(size=32), "--size")):
+    for settings, message in (
+        (demo.DemoSettings(minutes=0), "--minutes"),
+        (demo.DemoSettings(skulls=3), "--skulls"),
+        (demo.DemoSettings(size=32), "--size"),
+    ):
         with pytest.raises(UserError, match=message):
             demo.run_demo(tmp_path / "new", settings)
     assert not (tmp_path / "new").exists()
 
 
 def _toy_job(run_dir: Path, minutes: float, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "pointforge.cli", "train", "toy", "--config", str(TOY), "--resume", "auto",
-            f"run.dir={run_dir}", f"train.max_minutes={minutes}", "train.epochs=100000", "task.step_delay_s=0.05",
-            "log.progress=off", "log.tensorboard=false", "perf.threads=1", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "pointforge.cli",
+        "train",
+        "toy",
+        "--config",
+        str(TOY),
+        "--resume",
+        "auto",
+        f"run.dir={run_dir}",
+        f"train.max_minutes={minutes}",
+        "train.epochs=100000",
+        "task.step_delay_s=0.05",
+        "log.progress=off",
+        "log.tensorboard=false",
+        "perf.threads=1",
+        *extra,
+    ]
 
 
 def test_jobs_train_side_by_side_and_resume_in_phases(tmp_path):
     runs = {"a": tmp_path / "runs" / "a", "b": tmp_path / "runs" / "b"}
     seen = []
-    first = demo._train_side_by_side({n: _toy_job(d, 0.01) for n, d in runs.items()}, runs, 0.01,
-                                     progress=lambda done, total, info: seen.append(info))
+    first = demo._train_side_by_side(
+        {n: _toy_job(d, 0.01) for n, d in runs.items()},
+        runs,
+        0.01,
+        progress=lambda done, total, info: seen.append(info),
+    )
     assert {first[n]["status"] for n in runs} == {"finished"}
     steps = {n: first[n]["global_step"] for n in runs}
     assert all(s >= 1 for s in steps.values())
@@ -60,9 +83,17 @@ def _evaluation(values: dict[str, float | None]) -> Evaluation:
     rows = []
     for case_id, dsc in values.items():
         nan = float("nan")
-        rows.append({"case_id": case_id, "defect": case_id.split("/")[0], "dsc": nan if dsc is None else dsc,
-                     "bdsc": nan if dsc is None else dsc, "hd95": nan if dsc is None else 3.0, "hd": nan,
-                     "error": None})
+        rows.append(
+            {
+                "case_id": case_id,
+                "defect": case_id.split("/")[0],
+                "dsc": nan if dsc is None else dsc,
+                "bdsc": nan if dsc is None else dsc,
+                "hd95": nan if dsc is None else 3.0,
+                "hd": nan,
+                "error": None,
+            }
+        )
     return Evaluation(rows=rows, summary=summarise(rows))
 
 
@@ -75,20 +106,53 @@ def test_the_report_counts_failures_as_zero_and_says_who_wins(tmp_path):
     assert demo._mean_dsc(baseline, cases) == pytest.approx(0.5)
     root = tmp_path / "implants" / "final"
     (root / "bilateral/001").mkdir(parents=True)
-    (root / "bilateral/001" / "report.json").write_text(json.dumps(
-        {"implant": {"volume_cm3": 12.5}, "agreement": {"mean_in_implant": 0.9}, "mesh": {"watertight": True},
-         "timings_s": {"sample_s": 2.0, "voxelize_s": 0.5}}))
-    curve = [{"minutes": 5.0, "steps": {"pcdiff": 100, "voxelizer": 200}, "failed": {"random_1/001": "no implant"},
-              "evaluation": pipeline, "root": root}]
-    summary = {"settings": {"skulls": 10, "size": 64, "split": "0.6,0.2,0.2", "minutes": 5.0, "ensemble": 5,
-                            "sampler": "dpm++2m", "steps": 20},
-               "cases": cases, "pipeline": pipeline.summary, "baseline": baseline.summary,
-               "curve": [{"minutes": 5.0, "steps": curve[0]["steps"], "failed": curve[0]["failed"],
-                          "dsc_mean": demo._mean_dsc(pipeline, cases),
-                          "placement": {"centroid_error": 4.25, "spread_ratio": 1.12, "pred_to_true": 3.0, "true_to_pred": 2.5}}],
-               "baseline_dsc_mean": demo._mean_dsc(baseline, cases), "beats_baseline": False,
-               "oracle": oracle.summary, "oracle_dsc_mean": demo._mean_dsc(oracle, cases),
-               "timings_s": {"data_s": 10.0, "total_s": 600.0}}
+    (root / "bilateral/001" / "report.json").write_text(
+        json.dumps(
+            {
+                "implant": {"volume_cm3": 12.5},
+                "agreement": {"mean_in_implant": 0.9},
+                "mesh": {"watertight": True},
+                "timings_s": {"sample_s": 2.0, "voxelize_s": 0.5},
+            }
+        )
+    )
+    curve = [
+        {
+            "minutes": 5.0,
+            "steps": {"pcdiff": 100, "voxelizer": 200},
+            "failed": {"random_1/001": "no implant"},
+            "evaluation": pipeline,
+            "root": root,
+        }
+    ]
+    summary = {
+        "settings": {
+            "skulls": 10,
+            "size": 64,
+            "split": "0.6,0.2,0.2",
+            "minutes": 5.0,
+            "ensemble": 5,
+            "sampler": "dpm++2m",
+            "steps": 20,
+        },
+        "cases": cases,
+        "pipeline": pipeline.summary,
+        "baseline": baseline.summary,
+        "curve": [
+            {
+                "minutes": 5.0,
+                "steps": curve[0]["steps"],
+                "failed": curve[0]["failed"],
+                "dsc_mean": demo._mean_dsc(pipeline, cases),
+                "placement": {"centroid_error": 4.25, "spread_ratio": 1.12, "pred_to_true": 3.0, "true_to_pred": 2.5},
+            }
+        ],
+        "baseline_dsc_mean": demo._mean_dsc(baseline, cases),
+        "beats_baseline": False,
+        "oracle": oracle.summary,
+        "oracle_dsc_mean": demo._mean_dsc(oracle, cases),
+        "timings_s": {"data_s": 10.0, "total_s": 600.0},
+    }
     md, page = demo._write_report(tmp_path, summary, curve, baseline, tmp_path / "baseline")
     text = md.read_text()
     assert "mean DSC of 0.400" in text and "against 0.500" in text and "does NOT beat the baseline" in text

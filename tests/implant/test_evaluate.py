@@ -12,8 +12,9 @@ from tests.helpers import write_raw_dataset
 
 
 def test_evaluate_finds_predictions_in_every_layout_and_aggregates(tmp_path):
-    truth = write_raw_dataset(tmp_path / "truth", "skullbreak", n_skulls=2, spacing=(0.5, 0.5, 0.8),
-                              defects=("bilateral", "random_1"))
+    truth = write_raw_dataset(
+        tmp_path / "truth", "skullbreak", n_skulls=2, spacing=(0.5, 0.5, 0.8), defects=("bilateral", "random_1")
+    )
     pred = tmp_path / "pred"
     t = read_binary_volume(truth / "implant/bilateral/000.nrrd")
     # generate-style, dataset-style, flat; one case left missing.
@@ -26,14 +27,16 @@ def test_evaluate_finds_predictions_in_every_layout_and_aggregates(tmp_path):
     assert ev.missing == ["random_1/001"]
     rows = {r["case_id"]: r for r in ev.rows}
     assert rows["bilateral/000"]["dsc"] == 1.0 and rows["bilateral/000"]["hd95"] == 0.0
-    expect = evaluate_case(shifted, t1.data, read_binary_volume(truth / "defective_skull/bilateral/001.nrrd").data,
-                           (0.5, 0.5, 0.8))
+    expect = evaluate_case(
+        shifted, t1.data, read_binary_volume(truth / "defective_skull/bilateral/001.nrrd").data, (0.5, 0.5, 0.8)
+    )
     assert rows["bilateral/001"]["hd95"] == pytest.approx(expect["hd95"]) and rows["bilateral/001"]["dsc"] < 1
     assert rows["random_1/000"]["dsc"] == 0.0 and math.isnan(rows["random_1/000"]["hd95"])
     assert ev.summary["bilateral"]["dsc"]["n"] == 2
     assert ev.summary["all"]["dsc"]["n"] == 3
     assert ev.summary["all"]["hd95"]["n"] == 2  # the undefined HD95 is left out of the mean, not zeroed
     paths = write_reports(ev, tmp_path / "report")
+
     def reject(constant):
         raise AssertionError(f"non-standard JSON constant {constant}")
 

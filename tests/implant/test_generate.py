@@ -20,12 +20,12 @@ import trimesh
 from typer.testing import CliRunner
 
 from pointforge.cli.main import app
-from pointforge.tasks.configs import load_train_config
 from pointforge.data.cache import ensure_synthetic_prepared
 from pointforge.data.skulls import PreparedDataset
 from pointforge.data.volumes import read_volume, write_volume
 from pointforge.errors import UserError
 from pointforge.implant.generate import GenerateOptions, case_done, generate_case, generate_folder, load_models
+from pointforge.tasks.configs import load_train_config
 from pointforge.train.engine import train
 from tests.helpers import QUIET, REPO
 
@@ -34,21 +34,43 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 QUIET = [*QUIET, "ckpt.every_minutes=0"]
 
 
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, one_thread):
     """(prepared root, raw root, pcdiff checkpoint, voxelizer checkpoint)."""
     base = tmp_path_factory.mktemp("generate")
     root = ensure_synthetic_prepared(base / "data", 4, 64, 0, 4096, log=lambda _m: None, split="0.5,0.25,0.25")
-    pc = load_train_config("pcdiff", REPO / "configs" / "pcdiff" / "tiny.yaml", [
-        *QUIET, f"run.dir={base / 'pcdiff'}", f"task.data_root={root}", "task.synthetic=null",
-        "task.diffusion.timesteps=20", "task.diffusion.beta_start=5e-3", "task.diffusion.beta_end=0.25",
-        "train.epochs=1000", "train.max_steps=150", "train.eval_every=0", "train.ema_decay=null", "optim.lr=3e-3",
-    ])
-    vox = load_train_config("voxelizer", REPO / "configs" / "voxelizer" / "tiny.yaml", [
-        *QUIET, f"run.dir={base / 'voxelizer'}", f"task.data_root={root}", "task.synthetic=null",
-        "train.epochs=1000", "train.max_steps=30", "train.eval_every=0", "task.n_points=1024",
-    ])
+    pc = load_train_config(
+        "pcdiff",
+        REPO / "configs" / "pcdiff" / "tiny.yaml",
+        [
+            *QUIET,
+            f"run.dir={base / 'pcdiff'}",
+            f"task.data_root={root}",
+            "task.synthetic=null",
+            "task.diffusion.timesteps=20",
+            "task.diffusion.beta_start=5e-3",
+            "task.diffusion.beta_end=0.25",
+            "train.epochs=1000",
+            "train.max_steps=150",
+            "train.eval_every=0",
+            "train.ema_decay=null",
+            "optim.lr=3e-3",
+        ],
+    )
+    vox = load_train_config(
+        "voxelizer",
+        REPO / "configs" / "voxelizer" / "tiny.yaml",
+        [
+            *QUIET,
+            f"run.dir={base / 'voxelizer'}",
+            f"task.data_root={root}",
+            "task.synthetic=null",
+            "train.epochs=1000",
+            "train.max_steps=30",
+            "train.eval_every=0",
+            "task.n_points=1024",
+        ],
+    )
     pc_ckpt = train("pcdiff", pc, console=False).checkpoint
     vox_ckpt = train("voxelizer", vox, console=False).checkpoint
     return root, root / "raw", pc_ckpt, vox_ckpt
@@ -77,13 +99,21 @@ def test_one_case_writes_every_output_on_the_input_geometry(trained, models, tmp
     moved = src.with_data(src.data)
     moved.origin = (-101.5, 7.25, 33.0)
     moved.direction = np.array([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])  # a mirroring one
-    moved.header = {"format": "nrrd", "nrrd": {**src.header["nrrd"], "content": "defective skull for the generate test"}}
+    moved.header = {
+        "format": "nrrd",
+        "nrrd": {**src.header["nrrd"], "content": "defective skull for the generate test"},
+    }
     defective_path = write_volume(tmp_path / "defective.nrrd", moved)
     out = tmp_path / "case"
     report = generate_case(defective_path, out, models, FAST)
     defective = read_volume(defective_path)
-    for rel in ("implant.nrrd", "uncertainty.nrrd", "completed_skull.nrrd", "proposals/implant_0.nrrd",
-                "proposals/implant_1.nrrd"):
+    for rel in (
+        "implant.nrrd",
+        "uncertainty.nrrd",
+        "completed_skull.nrrd",
+        "proposals/implant_0.nrrd",
+        "proposals/implant_1.nrrd",
+    ):
         vol = read_volume(out / rel)
         assert vol.shape == defective.shape, rel
         np.testing.assert_allclose(vol.spacing, defective.spacing, err_msg=rel)
@@ -129,8 +159,12 @@ def test_anisotropic_nifti_in_gives_nifti_out_on_its_own_grid(trained, models, t
     _, source = a_test_case(root)
     src = read_volume(source)
     # Every second slice along axis 2 with twice the spacing: a SkullFix-like scan.
-    vol = type(src)(data=src.data[:, :, ::2].copy(), spacing=(src.spacing[0], src.spacing[1], 2 * src.spacing[2]),
-                    origin=src.origin, direction=src.direction)
+    vol = type(src)(
+        data=src.data[:, :, ::2].copy(),
+        spacing=(src.spacing[0], src.spacing[1], 2 * src.spacing[2]),
+        origin=src.origin,
+        direction=src.direction,
+    )
     path = write_volume(tmp_path / "defective.nii.gz", vol)
     report = generate_case(path, tmp_path / "case", models, FAST)
     assert (tmp_path / "case" / "implant.nii.gz").is_file() and not (tmp_path / "case" / "implant.nrrd").exists()
@@ -214,8 +248,22 @@ def test_bad_inputs_get_one_clear_line_and_leave_nothing(trained, tmp_path):
     ]
     for k, (inp, p, v, device, message) in enumerate(cases):
         out = tmp_path / f"out{k}"
-        result = run_cli("generate", inp, "--pcdiff", p, "--voxelizer", v, "--out", out, "--device", device, "-n", 1,
-                         "--sampler", "ddpm")
+        result = run_cli(
+            "generate",
+            inp,
+            "--pcdiff",
+            p,
+            "--voxelizer",
+            v,
+            "--out",
+            out,
+            "--device",
+            device,
+            "-n",
+            1,
+            "--sampler",
+            "ddpm",
+        )
         # main() turns a UserError into one red line and exit code 2 (test_cli.py); here it arrives raw.
         assert isinstance(result.exception, UserError), (message, result.output, result.exception)
         assert message in str(result.exception) and "\n" not in str(result.exception), (message, result.exception)
@@ -238,8 +286,11 @@ def test_an_existing_output_is_refused_unless_overwrite(trained, models, tmp_pat
 def test_wrong_options_are_config_errors(models, tmp_path):
     from pointforge.errors import ConfigError
 
-    for options, message in ((GenerateOptions(ensemble=0), "--ensemble"), (GenerateOptions(sampler="euler"), "unknown sampler"),
-                             (GenerateOptions(sampler="ddpm", steps=10), "ddpm runs all")):
+    for options, message in (
+        (GenerateOptions(ensemble=0), "--ensemble"),
+        (GenerateOptions(sampler="euler"), "unknown sampler"),
+        (GenerateOptions(sampler="ddpm", steps=10), "ddpm runs all"),
+    ):
         with pytest.raises(ConfigError, match=message):
             generate_case(tmp_path / "nothing.nrrd", tmp_path / "out", models, options)
     assert not (tmp_path / "out").exists()
@@ -248,9 +299,16 @@ def test_wrong_options_are_config_errors(models, tmp_path):
 def test_an_upsampler_densifies_each_proposal_before_voxelising(trained, tmp_path):
     root, _, pc, vox = trained
     _, source = a_test_case(root)
-    up = load_train_config("upsampler", REPO / "configs" / "upsampler" / "tiny.yaml", [
-        *QUIET, f"run.dir={tmp_path / 'upsampler'}", f"task.data_root={tmp_path / 'up-data'}", "train.max_steps=2",
-    ])
+    up = load_train_config(
+        "upsampler",
+        REPO / "configs" / "upsampler" / "tiny.yaml",
+        [
+            *QUIET,
+            f"run.dir={tmp_path / 'upsampler'}",
+            f"task.data_root={tmp_path / 'up-data'}",
+            "train.max_steps=2",
+        ],
+    )
     up_ckpt = train("upsampler", up, console=False).checkpoint
     with_up = load_models(pc, vox, device="cpu", upsample=up_ckpt)
     report = generate_case(source, tmp_path / "case", with_up, FAST)

@@ -142,9 +142,7 @@ def test_restricted_equals_whole_volume_on_random_masks(seed):
     truth = np.zeros(shape, bool)
     # Masks in a sub-box that is flush with an array face or not, per axis,
     # and a skull spread over the whole volume, partly beyond the margin.
-    corner = tuple(
-        [slice(0, n // 2), slice(n // 2, n), slice(n // 4, 3 * n // 4)][int(rng.integers(3))] for n in shape
-    )
+    corner = tuple([slice(0, n // 2), slice(n // 2, n), slice(n // 4, 3 * n // 4)][int(rng.integers(3))] for n in shape)
     pred[corner] = _random_blobs(rng, pred[corner].shape, 0.3)
     truth[corner] = _random_blobs(rng, truth[corner].shape, 0.3)
     skull = _random_blobs(rng, shape, 0.05)
@@ -157,7 +155,9 @@ def test_restricted_equals_whole_volume_on_random_masks(seed):
     assert fast["notes"] == full["notes"] == []
     for name in METRIC_KEYS:
         assert fast[name] == pytest.approx(full[name], abs=1e-12), name
-    for fast_d, full_d in zip(surface_distances(pred, truth, spacing), surface_distances(pred, truth, spacing, restrict=False)):
+    for fast_d, full_d in zip(
+        surface_distances(pred, truth, spacing), surface_distances(pred, truth, spacing, restrict=False)
+    ):
         np.testing.assert_allclose(np.sort(fast_d), np.sort(full_d), atol=1e-12)
 
 
@@ -209,7 +209,7 @@ def test_hd95_pools_both_directions():
     lone = cube.copy()
     lone[30, 30, 30] = True
     assert hd95(cube, lone, spacing) == 0.0
-    assert hausdorff(cube, lone, spacing) == pytest.approx(math.sqrt(3 * 23 ** 2))
+    assert hausdorff(cube, lone, spacing) == pytest.approx(math.sqrt(3 * 23**2))
 
     many = cube.copy()
     many[30, 5:35, 30] = True

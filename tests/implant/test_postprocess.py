@@ -66,7 +66,10 @@ def test_implant_from_proposals_recovers_the_defect():
         p &= rng.random(p.shape) > 0.05  # each proposal imperfect in its own way
         proposals.append(p)
     pts = np.argwhere(implant).astype(float)
-    dice = lambda r: 2 * (r & implant).sum() / (r.sum() + implant.sum())
+
+    def dice(r):
+        return 2 * (r & implant).sum() / (r.sum() + implant.sum())
+
     result, vote = pp.implant_from_proposals(proposals, defective, pts, dilate=0)
     assert dice(result) > 0.97
     assert not (result & defective).any()

@@ -64,7 +64,9 @@ def true_ball() -> np.ndarray:
 
 def reference(direction=None) -> Volume:
     return Volume(
-        data=np.zeros(SHAPE, dtype=bool), spacing=(0.8, 0.5, 1.2), origin=(-10.0, 5.0, 20.0),
+        data=np.zeros(SHAPE, dtype=bool),
+        spacing=(0.8, 0.5, 1.2),
+        origin=(-10.0, 5.0, 20.0),
         direction=np.eye(3) if direction is None else np.asarray(direction, dtype=float),
         header={"format": "nrrd", "nrrd": {"space": "left-posterior-superior", "content": "kept"}},
     )
@@ -183,7 +185,9 @@ def _voxelizer_checkpoint(path: Path, *, ema: bool) -> nn.Module:
     ema_state = None
     if ema:
         ema_state = {k: v + 1.0 if v.is_floating_point() else v for k, v in model.state_dict().items()}
-    ck.save_checkpoint(path, {"task": "voxelizer", "config": to_dict(cfg), "model": ck.model_state(model), "ema": ema_state})
+    ck.save_checkpoint(
+        path, {"task": "voxelizer", "config": to_dict(cfg), "model": ck.model_state(model), "ema": ema_state}
+    )
     return model
 
 
@@ -223,7 +227,9 @@ def test_one_entry_point_loads_any_task_with_one_ema_rule(tmp_path):
     weight = "encoder.fc_pos.weight"
     loaded = inference.load(tmp_path / "v.pt", "cpu")
     assert isinstance(loaded, LoadedVoxelizer) and loaded.task == "voxelizer" and loaded.weights == "ema"
-    assert loaded.config is loaded.run_config.task and loaded.device == torch.device("cpu") and not loaded.model.training
+    assert (
+        loaded.config is loaded.run_config.task and loaded.device == torch.device("cpu") and not loaded.model.training
+    )
     assert torch.equal(loaded.model.state_dict()[weight], model.state_dict()[weight] + 1.0)
     forced = inference.load(tmp_path / "v.pt", "cpu", weights="model")
     assert forced.weights == "model" and torch.equal(forced.model.state_dict()[weight], model.state_dict()[weight])

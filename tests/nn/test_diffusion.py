@@ -24,9 +24,7 @@ from pointforge.nn.diffusion import (
 )
 from tests.helpers import FIXTURES
 
-needs_fixtures = pytest.mark.skipif(
-    not FIXTURES.is_dir(), reason=f"reference fixtures folder {FIXTURES} is absent"
-)
+needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"reference fixtures folder {FIXTURES} is absent")
 
 SCHEDULE = NoiseSchedule.from_name()
 
@@ -122,10 +120,11 @@ def test_ddim_step_matches_upstream_respaced_sampler(upstream):
     sampler = DDIMSampler(50, 0.0, clamp=1.0)
     assert torch.equal(sampler.timesteps, respaced["timesteps"])
     kept = sampler.timesteps
-    close(sampler.coefficient("alphas_cumprod", kept, ref["x_t"]).flatten(),
-          respaced["alphas_cumprod_respaced"][kept])
-    close(sampler.coefficient("alphas_cumprod_prev", kept, ref["x_t"]).flatten(),
-          respaced["alphas_cumprod_prev_respaced"][kept])
+    close(sampler.coefficient("alphas_cumprod", kept, ref["x_t"]).flatten(), respaced["alphas_cumprod_respaced"][kept])
+    close(
+        sampler.coefficient("alphas_cumprod_prev", kept, ref["x_t"]).flatten(),
+        respaced["alphas_cumprod_prev_respaced"][kept],
+    )
     model = Replay(ref["x_t"], ref["t"], ref["eps_pred"])
     out = sampler.step(model, ref["x_t"], ref["t"], N_GEN_FIXTURE, noise=ref["noise"])
     close(out.x, ref["out_test_completion"])
@@ -349,9 +348,7 @@ class GaussianDenoiser:
         cond, generated = x[:, :, :-N_GEN], x[:, :, -N_GEN:]
         a2 = SCHEDULE.alphas_cumprod_float64.to(x)[t].view(-1, 1, 1)
         spread = self.spread.to(x).view(1, 3, 1)
-        eps = (1 - a2).sqrt() * (generated - a2.sqrt() * gaussian_mean(cond)) / (
-            a2 * spread**2 + 1 - a2
-        )
+        eps = (1 - a2).sqrt() * (generated - a2.sqrt() * gaussian_mean(cond)) / (a2 * spread**2 + 1 - a2)
         return torch.cat([torch.zeros_like(cond), eps], dim=2)  # PVCNN2-style: all N points
 
 
@@ -498,8 +495,13 @@ def test_conditioning_points_never_change_and_no_graph_is_kept(sampler):
     cond = torch.randn(2, 3, SMALL["n_cond"], generator=torch.Generator().manual_seed(0))
     model = RecordingDenoiser(SMALL["n_gen"])
     progress = []
-    out = sampler.sample(model, cond, SMALL["n_gen"], generator=torch.Generator().manual_seed(1),
-                         progress=lambda done, total: progress.append((done, total)))
+    out = sampler.sample(
+        model,
+        cond,
+        SMALL["n_gen"],
+        generator=torch.Generator().manual_seed(1),
+        progress=lambda done, total: progress.append((done, total)),
+    )
     assert torch.equal(out[:, :, : SMALL["n_cond"]], cond)
     assert len(model.conds) == sampler.num_steps
     assert all(torch.equal(seen, cond) for seen in model.conds)
@@ -529,8 +531,7 @@ def test_ensemble_is_one_batched_pass_of_independent_members():
     cond = torch.randn(3, SMALL["n_cond"], generator=torch.Generator().manual_seed(0))
     model = RecordingDenoiser(SMALL["n_gen"])
     sampler = DDIMSampler(10)
-    members = sample_ensemble(sampler, model, cond, SMALL["n_gen"], 4,
-                              generator=torch.Generator().manual_seed(2))
+    members = sample_ensemble(sampler, model, cond, SMALL["n_gen"], 4, generator=torch.Generator().manual_seed(2))
     assert members.shape == (4, 3, SMALL["n_cond"] + SMALL["n_gen"])
     assert set(model.batches) == {4} and len(model.batches) == sampler.num_steps
     assert all(torch.equal(member[:, : SMALL["n_cond"]], cond) for member in members)

@@ -23,8 +23,6 @@ from tests.helpers import FIXTURES
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-
-
 @pytest.fixture(scope="module")
 def sap():
     if not FIXTURES.is_dir():
@@ -259,7 +257,13 @@ def test_point_just_below_one_on_a_non_power_of_two_grid_lands_on_node_zero():
 
 @pytest.mark.parametrize(
     ("shift", "scale", "fft"),
-    [(True, True, "torch"), (True, True, "scipy"), (False, False, "scipy"), (True, False, "torch"), (False, True, "scipy")],
+    [
+        (True, True, "torch"),
+        (True, True, "scipy"),
+        (False, False, "scipy"),
+        (True, False, "torch"),
+        (False, True, "scipy"),
+    ],
 )
 def test_gradcheck_points_and_normals(shift, scale, fft):
     points, normals = _random_cloud(7, seed=11)

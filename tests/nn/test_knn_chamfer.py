@@ -58,7 +58,9 @@ def test_knn_ties_give_equal_distances_and_valid_neighbour_sets():
     grid = torch.stack(torch.meshgrid(g, g, g, indexing="ij"), -1).reshape(-1, 3)
     grid = torch.cat([grid, grid[:10]])  # exact duplicates too
     k = 8
-    want_d, _ = brute_knn(grid, grid, k, torch.zeros(len(grid), dtype=torch.long), torch.zeros(len(grid), dtype=torch.long), True)
+    want_d, _ = brute_knn(
+        grid, grid, k, torch.zeros(len(grid), dtype=torch.long), torch.zeros(len(grid), dtype=torch.long), True
+    )
     for backend in ("kdtree", "torch"):
         got = knn(grid, grid, k, exclude_self=True, backend=backend, max_pairs=500)
         assert torch.equal(got.dist2, want_d), backend

@@ -16,8 +16,6 @@ from tests.helpers import FIXTURES
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-
-
 def _need_fixtures():
     if not FIXTURES.is_dir():
         pytest.skip(f"reference fixtures folder {FIXTURES} is absent")
@@ -101,7 +99,9 @@ def test_config_round_trip_and_validation():
     with pytest.raises(ConfigError, match="unknown PVCNN2 preset"):
         get_preset("huge")
     with pytest.raises(ConfigError, match="multiple of 8"):
-        PVCNN2Config.from_upstream([((12, 1, 8), (16, 0.1, 8, (16,)))], [((16,), (16, 1, 8))], embed_dim=8, use_att=False)
+        PVCNN2Config.from_upstream(
+            [((12, 1, 8), (16, 0.1, 8, (16,)))], [((16,), (16, 1, 8))], embed_dim=8, use_att=False
+        )
     with pytest.raises(ConfigError, match="as many FP levels"):
         PVCNN2Config.from_upstream([((16, 1, 8), (16, 0.1, 8, (16,)))], [], embed_dim=8, use_att=False)
 
@@ -185,11 +185,15 @@ def test_ops_on_the_fixture_intermediates(tiny):
             assert torch.equal(out, call["indices"].long())
         elif call["op"] == "ball_query":
             for method in ("dense", "grid"):
-                out = pvops.ball_query(call["centers_coords"], call["points_coords"], call["radius"], call["num_neighbors"], method=method)
+                out = pvops.ball_query(
+                    call["centers_coords"], call["points_coords"], call["radius"], call["num_neighbors"], method=method
+                )
                 assert torch.equal(out, call["indices"].long())
         else:
             for method in ("dense", "grid"):
-                indices, weights = pvops.three_nearest_neighbors(call["points_coords"], call["centers_coords"], method=method)
+                indices, weights = pvops.three_nearest_neighbors(
+                    call["points_coords"], call["centers_coords"], method=method
+                )
                 assert torch.equal(indices, call["indices"].long())
                 assert torch.equal(weights, call["weights"])
 
@@ -249,7 +253,9 @@ def test_direct_onednn_conv3d_equals_pytorch_conv3d():
 def test_timestep_embedding_matches_upstream_formula():
     t = torch.tensor([0, 1, 999])
     emb = pvcnn.timestep_embedding(t, 64)
-    half = torch.exp(torch.arange(32, dtype=torch.float64) * -(torch.log(torch.tensor(10000.0, dtype=torch.float64)) / 31)).float()
+    half = torch.exp(
+        torch.arange(32, dtype=torch.float64) * -(torch.log(torch.tensor(10000.0, dtype=torch.float64)) / 31)
+    ).float()
     expected = torch.cat([torch.sin(t[:, None] * half), torch.cos(t[:, None] * half)], 1)
     assert torch.equal(emb, expected)
 
@@ -276,7 +282,9 @@ def test_import_upstream_checkpoint(tiny, prefix):
 
 def test_import_bare_state_dict_with_config(tiny):
     imported = import_upstream_state_dict(dict(tiny["state_dict"]), config="tiny")
-    assert imported.epoch is None and imported.prefix == "" and list(imported.state_dict) == list(expected_shapes("tiny"))
+    assert (
+        imported.epoch is None and imported.prefix == "" and list(imported.state_dict) == list(expected_shapes("tiny"))
+    )
 
 
 def test_import_infers_scalars_beyond_presets():
@@ -297,10 +305,16 @@ def test_import_errors_say_what_differs(tiny):
         import_upstream_state_dict([1, 2])
     with pytest.raises(CheckpointError, match="no 'model_state' entry"):
         import_upstream_state_dict({"step": 3, "weights": "x"})
-    voxelizer = {"epoch": 7, "model_state": {"encoder.fc_pos.weight": torch.zeros(64, 3), "decoder.fc_out.bias": torch.zeros(7)}}
+    voxelizer = {
+        "epoch": 7,
+        "model_state": {"encoder.fc_pos.weight": torch.zeros(64, 3), "decoder.fc_out.bias": torch.zeros(7)},
+    }
     with pytest.raises(CheckpointError, match="none of its 2 weights look like PVCNN2's"):
         import_upstream_state_dict(voxelizer)
-    with pytest.raises(CheckpointError, match=r"shape of 'sa_layers\.0\.0\.voxel_layers\.0\.weight' is \(8, 3, 3, 3, 3\), expected \(32, 3, 3, 3, 3\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"shape of 'sa_layers\.0\.0\.voxel_layers\.0\.weight' is \(8, 3, 3, 3, 3\), expected \(32, 3, 3, 3, 3\)",
+    ):
         import_upstream_state_dict({"model_state": state}, config="paper")
     partial = {k: v for k, v in state.items() if not k.startswith("model.fp_layers.3.2.")}
     with pytest.raises(CheckpointError, match="missing 14 keys such as 'fp_layers.3.2"):

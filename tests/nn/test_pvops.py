@@ -14,7 +14,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 OPS_FIXTURE = FIXTURES / "upstream_ops_cuda_semantics.pt"
 
 
-
 @pytest.fixture(scope="module")
 def ops():
     if not FIXTURES.is_dir():
@@ -47,7 +46,9 @@ def test_ball_query_matches_upstream(ops, method):
 @pytest.mark.parametrize("case", ["fps_random", "fps_lattice_ties", "fps_duplicates"])
 def test_furthest_point_sampling_matches_upstream(ops, case, backend):
     entry = ops[case]
-    out = pvops.furthest_point_sample_indices(entry["inputs"]["coords"], entry["inputs"]["num_samples"], backend=backend)
+    out = pvops.furthest_point_sample_indices(
+        entry["inputs"]["coords"], entry["inputs"]["num_samples"], backend=backend
+    )
     # Exact order, ties included: the lattice case has N = 1331 > 512, so the
     # "smallest index modulo 512 first" rule decides many picks.
     assert torch.equal(out, entry["out"].long())

@@ -16,7 +16,6 @@ from pointforge.nn.upsampler import PRESETS, NodeShuffleUpsampler, UpsamplerConf
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-
 SIZES = [50, 500, 2000]
 
 
@@ -60,7 +59,10 @@ def test_no_information_leaks_between_clouds():
         moved = model(perturbed, batch).points
         alone = [model(c).points for c in clouds]
     r = model.config.ratio
-    pieces = lambda t: torch.split(t, [r * n for n in SIZES])
+
+    def pieces(t):
+        return torch.split(t, [r * n for n in SIZES])
+
     b0, b1, b2 = pieces(base)
     m0, m1, m2 = pieces(moved)
     assert torch.allclose(b0, m0, atol=1e-6, rtol=0) and torch.allclose(b2, m2, atol=1e-6, rtol=0)

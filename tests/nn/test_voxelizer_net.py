@@ -19,7 +19,6 @@ from pointforge.nn.voxelizer import (
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-
 def _sphere_like_cloud(n: int, seed: int, batch: int = 1) -> torch.Tensor:
     """Noisy points on an ellipsoid inside the unit cube, no normals."""
     g = torch.Generator().manual_seed(seed)

@@ -72,9 +72,19 @@ def test_remap_turns_a_cuda7_checkpoint_into_one_that_loads_and_resumes_anywhere
 def test_inspect_reports_what_the_issue_lists(trained):
     out = run_cli("ckpt", "inspect", str(trained / "checkpoints" / "latest.pt"))
     assert out.exit_code == 0, out.output
-    for field in ("size", "complete             yes", "task                 toy", "epoch                1", "global_step          8",
-                  "parameters", "saved_devices        cpu", "dtypes               float32", "key_prefixes         head 4, point 4",
-                  "config               task toy; 1 epoch(s); global batch 8; adam lr 0.003", "resumable            yes"):
+    for field in (
+        "size",
+        "complete             yes",
+        "task                 toy",
+        "epoch                1",
+        "global_step          8",
+        "parameters",
+        "saved_devices        cpu",
+        "dtypes               float32",
+        "key_prefixes         head 4, point 4",
+        "config               task toy; 1 epoch(s); global batch 8; adam lr 0.003",
+        "resumable            yes",
+    ):
         assert field in out.output, field
     out = run_cli("ckpt", "inspect", str(trained), "--json")
     assert out.exit_code == 0 and "latest.pt" in out.output

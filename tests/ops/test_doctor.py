@@ -77,8 +77,9 @@ def test_dataset_layouts_and_unreadable_files(tmp_path):
 def test_too_small_dev_shm_for_the_workers_is_a_failure(tmp_path):
     # A container's default 64 MB /dev/shm, four workers per process, two processes.
     small = (64 * 2**20, 64 * 2**20)
-    report = run(tmp_path, overrides=[f"run.dir={tmp_path / 'run'}", "data.num_workers=4"], nproc=2, shm_space=small,
-                 config=TINY)
+    report = run(
+        tmp_path, overrides=[f"run.dir={tmp_path / 'run'}", "data.num_workers=4"], nproc=2, shm_space=small, config=TINY
+    )
     shm = by_name(report, "/dev/shm")[0]
     assert shm.status == "ok"  # toy batches are tiny: measured from a real sample
     assert "2 process(es) × 4 worker(s)" in shm.detail
@@ -120,7 +121,9 @@ def test_gpus_needed_versus_visible(tmp_path, monkeypatch):
     report = run(tmp_path, overrides=[f"run.dir={tmp_path / 'run'}", "run.device=cuda"], nproc=4)
     gpus = by_name(report, "GPUs")[0]
     assert gpus.status == "failure" and "the run needs 4" in gpus.detail and "--nproc 2" in gpus.fix
-    assert not run(tmp_path, overrides=[f"run.dir={tmp_path / 'run'}"], nproc=2).failed  # faked GPUs: the run is on the CPU
+    assert not run(
+        tmp_path, overrides=[f"run.dir={tmp_path / 'run'}"], nproc=2
+    ).failed  # faked GPUs: the run is on the CPU
 
 
 def test_plan_checks(tmp_path, monkeypatch):
@@ -136,7 +139,9 @@ def test_plan_checks(tmp_path, monkeypatch):
     plan.write_text(plan.read_text().replace("'3-4'", "'4-5'"))
     report = doctor.run_doctor(plan=plan, shm_space=(8 * GB, 8 * GB), disk_space=(100 * GB, 50 * GB))
     assert not report.failed, report.text()
-    assert any(c.name == "job a: run dir" for c in report.checks) and any(c.name == "job b: disk" for c in report.checks)
+    assert any(c.name == "job a: run dir" for c in report.checks) and any(
+        c.name == "job b: disk" for c in report.checks
+    )
 
 
 def test_port_in_use_and_tmux_missing(monkeypatch):
@@ -159,12 +164,21 @@ def test_port_in_use_and_tmux_missing(monkeypatch):
 
 def _toy_checkpoint(path: Path, hidden: int, world_size: int = 2) -> Path:
     model = PointMLP(hidden=hidden)
-    ck.save_checkpoint(path, {
-        "task": "toy", "config": {"run": {"task": "toy"}}, "model": {f"module.{k}": v for k, v in model.state_dict().items()},
-        "ema": None, "optimizer": {"state": {}, "param_groups": []}, "scheduler": {}, "scaler": None,
-        "progress": {"epoch": 1, "global_step": 8, "step_in_epoch": 0}, "rng": {"world_size": world_size, "per_rank": []},
-        "metrics": {},
-    })
+    ck.save_checkpoint(
+        path,
+        {
+            "task": "toy",
+            "config": {"run": {"task": "toy"}},
+            "model": {f"module.{k}": v for k, v in model.state_dict().items()},
+            "ema": None,
+            "optimizer": {"state": {}, "param_groups": []},
+            "scheduler": {},
+            "scaler": None,
+            "progress": {"epoch": 1, "global_step": 8, "step_in_epoch": 0},
+            "rng": {"world_size": world_size, "per_rank": []},
+            "metrics": {},
+        },
+    )
     return path
 
 
@@ -191,4 +205,6 @@ def test_cli_exit_status(tmp_path):
     out = run_cli("doctor", "--config", str(TINY), "--data", str(tmp_path / "missing"), f"run.dir={tmp_path / 'run'}")
     assert out.exit_code == 1 and "failure  dataset" in out.output
     out = run_cli("doctor", "--config", str(TINY), "--json", "optim.lrr=1")
-    assert out.exit_code == 1 and any(c["name"] == "config" and c["status"] == "failure" for c in json.loads(out.output))
+    assert out.exit_code == 1 and any(
+        c["name"] == "config" and c["status"] == "failure" for c in json.loads(out.output)
+    )

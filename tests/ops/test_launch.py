@@ -51,7 +51,12 @@ def test_gpu_lists_and_job_flags():
     assert parse_gpu_list([7], "t") == [7]
     assert parse_gpu_list(5, "t") == [5]
     assert format_gpu_list([0, 1, 2, 3, 6]) == "0-3,6"
-    for bad, match in (("0-2,2", "listed twice"), ("x", "not a GPU number"), ("3-1", "not a GPU number"), ([], "empty")):
+    for bad, match in (
+        ("0-2,2", "listed twice"),
+        ("x", "not a GPU number"),
+        ("3-1", "not a GPU number"),
+        ([], "empty"),
+    ):
         with pytest.raises(ConfigError, match=match):
             parse_gpu_list(bad, "t")
     spec = ops.parse_job_flag("pc:toy:0-6:configs/toy/tiny.yaml")
@@ -142,9 +147,17 @@ def test_run_dir_in_use_or_holding_checkpoints_is_refused(tmp_path):
     run_dir = tmp_path / "runs" / "a"
     run_dir.mkdir(parents=True)
     # A live run: this very process, recorded as rank 0 of a running job.
-    (run_dir / "run.json").write_text(json.dumps({
-        "status": "running", "pid": os.getpid(), "host": socket.gethostname(), "started_at": time.time(), "task": "toy",
-    }))
+    (run_dir / "run.json").write_text(
+        json.dumps(
+            {
+                "status": "running",
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "started_at": time.time(),
+                "task": "toy",
+            }
+        )
+    )
     spec = ops.PlanSpec(jobs=[job("a", gpus=[0])], runs_dir=str(tmp_path / "runs"))
     with pytest.raises(ConfigError, match="is in use by a live job"):
         ops.build_plan(spec, cwd=tmp_path, inventory=fake(1)).check()
@@ -184,8 +197,12 @@ def test_each_job_gets_its_own_devices_port_and_environment(tmp_path, monkeypatc
     monkeypatch.setenv("MASTER_PORT", "29500")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
     spec = ops.PlanSpec(
-        jobs=[job("pc", gpus="0-6", env={"EXTRA": "pc-only"}, overrides=["data.global_batch=14"]), job("vox", gpus=[7])],
-        runs_dir=str(tmp_path / "runs"), env={"SHARED": "1"},
+        jobs=[
+            job("pc", gpus="0-6", env={"EXTRA": "pc-only"}, overrides=["data.global_batch=14"]),
+            job("vox", gpus=[7]),
+        ],
+        runs_dir=str(tmp_path / "runs"),
+        env={"SHARED": "1"},
     )
     plan = ops.build_plan(spec, cwd=tmp_path, inventory=GpuInventory(8, "nvidia-smi"))
     assert plan.problems == []
@@ -214,16 +231,27 @@ def test_launch_and_train_nproc_build_torchrun_the_same_way(tmp_path, monkeypatc
 
     root = torchrun.package_root()
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/elsewhere", root]))
-    spec = ops.PlanSpec(jobs=[job("a", cpu=2, overrides=["train.epochs=2"], resume="auto")], runs_dir=str(tmp_path / "runs"))
+    spec = ops.PlanSpec(
+        jobs=[job("a", cpu=2, overrides=["train.epochs=2"], resume="auto")], runs_dir=str(tmp_path / "runs")
+    )
     (a,) = ops.build_plan(spec, cwd=tmp_path, inventory=fake(0)).jobs
-    worker = torchrun.worker_args("toy", config=TINY, overrides=["train.epochs=2", "run.device=cpu", f"run.dir={a.run_dir}"], resume="auto")
+    worker = torchrun.worker_args(
+        "toy", config=TINY, overrides=["train.epochs=2", "run.device=cpu", f"run.dir={a.run_dir}"], resume="auto"
+    )
     assert a.command == torchrun.torchrun_command(worker, nproc=2, endpoint=f"localhost:{a.port}", run_id="a")
     assert a.env_set["PYTHONPATH"] == os.pathsep.join([root, "/elsewhere"])  # this checkout first, once
     # train --nproc: the same worker module and arguments, a standalone rendezvous instead of a planned port.
     alone = torchrun.torchrun_command(worker, nproc=2)
-    assert "--standalone" in alone and alone[-len(worker) - 2:] == ["-m", torchrun.WORKER_MODULE, *worker]
+    assert "--standalone" in alone and alone[-len(worker) - 2 :] == ["-m", torchrun.WORKER_MODULE, *worker]
     assert torchrun.worker_environment({"PYTHONPATH": root})["PYTHONPATH"] == root
-    assert torchrun.worker_args("toy", config="c.yaml", overrides=["a=1"], wandb=True) == ["train", "toy", "--config", "c.yaml", "--wandb", "a=1"]
+    assert torchrun.worker_args("toy", config="c.yaml", overrides=["a=1"], wandb=True) == [
+        "train",
+        "toy",
+        "--config",
+        "c.yaml",
+        "--wandb",
+        "a=1",
+    ]
 
 
 def test_faked_gpus_run_on_the_cpu_and_say_so(tmp_path):
@@ -242,7 +270,6 @@ def test_faked_gpus_run_on_the_cpu_and_say_so(tmp_path):
 
 
 # --------------------------------------------------------------------------- real jobs
-
 
 
 @pytest.fixture
@@ -288,7 +315,10 @@ def _wait(predicate, timeout: float, what: str, run_dirs: list[Path]) -> None:
         if predicate():
             return
         time.sleep(0.1)
-    logs = "\n".join(f"--- {d}:\n" + ((d / "console.log").read_text()[-2000:] if (d / "console.log").exists() else "(no log)") for d in run_dirs)
+    logs = "\n".join(
+        f"--- {d}:\n" + ((d / "console.log").read_text()[-2000:] if (d / "console.log").exists() else "(no log)")
+        for d in run_dirs
+    )
     pytest.fail(f"timed out waiting for {what}\n{logs}")
 
 
@@ -356,16 +386,25 @@ def test_tmux_session_has_a_window_per_job_and_a_monitor(tmp_path, monkeypatch, 
     try:
         _, started = ops.launch(spec, extra_overrides=[*QUIET, "train.epochs=1"], tmux=True)
         assert started[0].pid is not None and started[0].mode == "tmux"
-        windows = subprocess.run(["tmux", "list-windows", "-t", "pftest", "-F", "#W"], capture_output=True, text=True).stdout.split()
+        windows = subprocess.run(
+            ["tmux", "list-windows", "-t", "pftest", "-F", "#W"], capture_output=True, text=True
+        ).stdout.split()
         assert windows == ["solo", "monitor"]
         with pytest.raises(ConfigError, match="session named pftest already exists"):
-            ops.start_plan(ops.build_plan(ops.PlanSpec(jobs=[job("x", gpus=[0])], runs_dir=str(tmp_path / "r2"), session="pftest")), tmux=True)
+            ops.start_plan(
+                ops.build_plan(
+                    ops.PlanSpec(jobs=[job("x", gpus=[0])], runs_dir=str(tmp_path / "r2"), session="pftest")
+                ),
+                tmux=True,
+            )
         _wait(lambda: run_state(run_dir).status == "finished", 240, "the tmux job to finish", [run_dir])
         # The window's output also went to the job's log.
         assert "finished: 8 steps" in (run_dir / "console.log").read_text()
 
         def monitor_shows_the_job() -> bool:
-            pane = subprocess.run(["tmux", "capture-pane", "-p", "-t", "pftest:monitor"], capture_output=True, text=True).stdout
+            pane = subprocess.run(
+                ["tmux", "capture-pane", "-p", "-t", "pftest:monitor"], capture_output=True, text=True
+            ).stdout
             return "solo" in pane and "runs (" in pane
 
         _wait(monitor_shows_the_job, 120, "the monitor window to show the job", [run_dir])

@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from pointforge.errors import DataError
-from pointforge.ops import host
-from pointforge.ops import monitor as mon
+from pointforge.ops import host, monitor as mon
 from pointforge.ops.runs import find_run_dirs, run_state
 from tests.helpers import run_cli
 
@@ -28,14 +27,31 @@ def dead_pid() -> int:
     return proc.pid
 
 
-def write_run(run_dir: Path, status: str, pid: int, *, step: int = 12, started_at: float | None = None, **extra) -> Path:
+def write_run(
+    run_dir: Path, status: str, pid: int, *, step: int = 12, started_at: float | None = None, **extra
+) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     now = time.time()
     record = {
-        "status": status, "pid": pid, "host": HOST, "started_at": started_at if started_at is not None else now,
-        "updated_at": now - 2, "task": "toy", "world_size": 1, "total_steps": 100, "steps_per_epoch": 10, "epochs": 10,
-        "epoch": step // 10, "global_step": step,
-        "metrics": {"train/loss": 0.5, "train/lr": 1e-3, "train/it_per_s": 4.0, "train/samples_per_s": 32.0, "val_loss": 0.4},
+        "status": status,
+        "pid": pid,
+        "host": HOST,
+        "started_at": started_at if started_at is not None else now,
+        "updated_at": now - 2,
+        "task": "toy",
+        "world_size": 1,
+        "total_steps": 100,
+        "steps_per_epoch": 10,
+        "epochs": 10,
+        "epoch": step // 10,
+        "global_step": step,
+        "metrics": {
+            "train/loss": 0.5,
+            "train/lr": 1e-3,
+            "train/it_per_s": 4.0,
+            "train/samples_per_s": 32.0,
+            "val_loss": 0.4,
+        },
         **extra,
     }
     (run_dir / "run.json").write_text(json.dumps(record))
@@ -50,10 +66,15 @@ def test_statuses_running_finished_stopped_failed_and_crashed(tmp_path):
     write_run(runs / "halted", "stopped", dead_pid(), step=40)
     write_run(runs / "broke", "failed", dead_pid(), error="training diverged")
     # A recycled pid: alive, but started after the run recorded itself.
-    write_run(runs / "recycled", "running", os.getpid(), started_at=time.time() - 10 ** 6)
+    write_run(runs / "recycled", "running", os.getpid(), started_at=time.time() - 10**6)
     states = {s.name: s for s in mon.collect_runs([runs])}
     assert {n: s.status for n, s in states.items()} == {
-        "broke": "failed", "done": "finished", "gone": "crashed", "halted": "stopped", "live": "running", "recycled": "crashed",
+        "broke": "failed",
+        "done": "finished",
+        "gone": "crashed",
+        "halted": "stopped",
+        "live": "running",
+        "recycled": "crashed",
     }
     assert states["gone"].note == "the process is gone without a final status"
     live = states["live"]
@@ -67,9 +88,13 @@ def test_statuses_running_finished_stopped_failed_and_crashed(tmp_path):
 def test_progress_comes_from_the_newest_metrics_and_checkpoint_age(tmp_path):
     run = write_run(tmp_path / "r", "running", os.getpid(), step=10)
     with open(run / "metrics.jsonl", "w") as fh:
-        fh.write(json.dumps({"step": 10, "epoch": 1.0, "train/loss": 0.5, "train/lr": 1e-3, "train/it_per_s": 4.0}) + "\n")
+        fh.write(
+            json.dumps({"step": 10, "epoch": 1.0, "train/loss": 0.5, "train/lr": 1e-3, "train/it_per_s": 4.0}) + "\n"
+        )
         fh.write(json.dumps({"step": 20, "epoch": 2.0, "val_loss": 0.3}) + "\n")
-        fh.write(json.dumps({"step": 24, "epoch": 2.4, "train/loss": 0.25, "train/lr": 5e-4, "train/it_per_s": 8.0}) + "\n")
+        fh.write(
+            json.dumps({"step": 24, "epoch": 2.4, "train/loss": 0.25, "train/lr": 5e-4, "train/it_per_s": 8.0}) + "\n"
+        )
     (run / "checkpoints").mkdir()
     ck = run / "checkpoints" / "latest.pt"
     ck.write_bytes(b"0" * 5000)
@@ -86,10 +111,20 @@ def test_progress_comes_from_the_newest_metrics_and_checkpoint_age(tmp_path):
 def test_launched_jobs_before_and_after_training_starts(tmp_path):
     def launched(run_dir: Path, pid: int | None, console: str = "") -> Path:
         run_dir.mkdir(parents=True)
-        (run_dir / "launch.json").write_text(json.dumps({
-            "name": run_dir.name, "task": "toy", "gpus": [3], "host": HOST, "launched_at": time.time() - 1, "nproc": 1,
-            "faked_gpus": True, "port": 29999,
-        }))
+        (run_dir / "launch.json").write_text(
+            json.dumps(
+                {
+                    "name": run_dir.name,
+                    "task": "toy",
+                    "gpus": [3],
+                    "host": HOST,
+                    "launched_at": time.time() - 1,
+                    "nproc": 1,
+                    "faked_gpus": True,
+                    "port": 29999,
+                }
+            )
+        )
         if pid is not None:
             (run_dir / "launch.pid").write_text(str(pid))
         if console:
@@ -102,9 +137,9 @@ def test_launched_jobs_before_and_after_training_starts(tmp_path):
         starting = launched(tmp_path / "starting", holder.pid)
         # run.json left from before this launch: the job is resuming, not running that old run.
         write_run(starting, "stopped", dead_pid(), started_at=time.time() - 3600)
-        failed = launched(tmp_path / "failed", dead_pid(), "error: unknown config key 'optim.lrr'; did you mean 'optim.lr'?\n")
-        crashed = launched(tmp_path / "crashed", dead_pid(), "Segmentation fault (core dumped)\n")
-        fresh = launched(tmp_path / "fresh", None)
+        launched(tmp_path / "failed", dead_pid(), "error: unknown config key 'optim.lrr'; did you mean 'optim.lr'?\n")
+        launched(tmp_path / "crashed", dead_pid(), "Segmentation fault (core dumped)\n")
+        launched(tmp_path / "fresh", None)
         states = {s.name: s for s in mon.collect_runs([tmp_path])}
         assert states["starting"].status == "starting" and states["starting"].step == 12  # last known progress shown
         assert states["failed"].status == "failed" and "optim.lrr" in states["failed"].error
@@ -159,7 +194,9 @@ def test_gpu_table_maps_processes_to_jobs(tmp_path, monkeypatch):
     monkeypatch.setattr(host, "_from_nvml", lambda: None)  # the nvidia-smi path, even where nvidia-ml-py is installed
     run = write_run(tmp_path / "runs" / "pcdiff", "running", os.getpid())
     (run / "ranks").mkdir()
-    (run / "ranks" / "rank0.json").write_text(json.dumps({"pid": os.getpid(), "host": HOST, "rank": 0, "started_at": time.time()}))
+    (run / "ranks" / "rank0.json").write_text(
+        json.dumps({"pid": os.getpid(), "host": HOST, "rank": 0, "started_at": time.time()})
+    )
     inventory = host.gpu_inventory()
     assert inventory.source == "nvidia-smi" and inventory.count == 2
     assert inventory.gpus[0].utilization_pct == 97 and inventory.gpus[0].temperature_c == 64

@@ -13,7 +13,6 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from pointforge.tasks.configs import load_train_config
 from pointforge.data.skulls import PreparedDataset, bbox_normalization
 from pointforge.errors import CheckpointError, ConfigError, DataError, UserError
 from pointforge.inference.pcdiff import complete, load_pcdiff
@@ -26,6 +25,7 @@ from pointforge.tasks.completion import (
     SyntheticSection,
     ensure_prepared_dataset,
 )
+from pointforge.tasks.configs import load_train_config
 from pointforge.train import checkpoint as ck
 from pointforge.train.engine import train
 from tests.helpers import REPO
@@ -43,9 +43,16 @@ def dataset_root(tmp_path_factory) -> Path:
 
 def tiny_cfg(run_dir: Path, data_root: Path, *overrides: str):
     return load_train_config(
-        "pcdiff", CONFIGS / "tiny.yaml",
-        [f"run.dir={run_dir}", f"task.data_root={data_root}", "log.progress=off", "log.tensorboard=false",
-         "perf.threads=1", *overrides],
+        "pcdiff",
+        CONFIGS / "tiny.yaml",
+        [
+            f"run.dir={run_dir}",
+            f"task.data_root={data_root}",
+            "log.progress=off",
+            "log.tensorboard=false",
+            "perf.threads=1",
+            *overrides,
+        ],
     )
 
 
@@ -238,7 +245,14 @@ def test_train_tiny_through_the_engine_then_load_and_complete(tmp_path, dataset_
         return hook(self, dataset, **kwargs)
 
     monkeypatch.setattr(CompletionTask, "batch_sampler", spy)
-    cfg = tiny_cfg(tmp_path / "run", dataset_root, "train.epochs=2", "train.eval_every=1", "task.eval.steps=3", "train.ema_decay=0.9")
+    cfg = tiny_cfg(
+        tmp_path / "run",
+        dataset_root,
+        "train.epochs=2",
+        "train.eval_every=1",
+        "task.eval.steps=3",
+        "train.ema_decay=0.9",
+    )
     result = train("pcdiff", cfg)
     assert result.status == "finished" and result.global_step == 4 and result.epoch == 2
     for name in ("val_chamfer", "val_chamfer_mm2", "val_mean_dist_mm", "val_sample_s_per_case"):
@@ -335,7 +349,10 @@ def upstream_tiny():
 
 
 def _write_upstream(path: Path, fixture, prefix: str = "model.") -> Path:
-    torch.save({"epoch": 7, "model_state": {prefix + k: v for k, v in fixture["state_dict"].items()}, "optimizer_state": {}}, path)
+    torch.save(
+        {"epoch": 7, "model_state": {prefix + k: v for k, v in fixture["state_dict"].items()}, "optimizer_state": {}},
+        path,
+    )
     return path
 
 
@@ -369,7 +386,9 @@ def test_import_command_and_its_errors(tmp_path, upstream_tiny):
     source = _write_upstream(tmp_path / "upstream.pth", upstream_tiny)
     out = runner.invoke(_cli(), ["ckpt", "import-pcdiff", str(source), str(tmp_path / "a.pt"), "--preset", "tiny"])
     assert out.exit_code == 0, out.output
-    assert "PVCNN2 'tiny'" in out.output and "resumes at epoch 8" in out.output and "optimizer state dropped" in out.output
+    assert (
+        "PVCNN2 'tiny'" in out.output and "resumes at epoch 8" in out.output and "optimizer state dropped" in out.output
+    )
 
     def error(*args) -> str:
         result = runner.invoke(_cli(), ["ckpt", "import-pcdiff", *map(str, args)])
@@ -409,7 +428,11 @@ def test_load_pcdiff_refuses_other_checkpoints(tmp_path, upstream_tiny):
 
 
 def test_moved_names_still_import_from_the_task_module_with_a_warning():
-    for name, new in (("load_pcdiff", load_pcdiff), ("complete", complete), ("import_pcdiff_checkpoint", import_pcdiff_checkpoint)):
+    for name, new in (
+        ("load_pcdiff", load_pcdiff),
+        ("complete", complete),
+        ("import_pcdiff_checkpoint", import_pcdiff_checkpoint),
+    ):
         with pytest.warns(DeprecationWarning, match=name):
             assert getattr(pc, name) is new
     with pytest.raises(AttributeError):

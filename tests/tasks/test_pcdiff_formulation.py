@@ -4,7 +4,6 @@ loss weightings, the condition mark, and the local implant frame with its atlas 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -87,7 +86,8 @@ def test_every_sampler_lands_on_the_clean_points_under_an_exact_model(prediction
     clean = torch.randn(3, 12, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     cond = torch.zeros(2, 3, 4, dtype=torch.float64)
     out = make_sampler(sampler, steps, schedule=schedule).sample(
-        _Exact(schedule, clean), cond, 12, generator=torch.Generator().manual_seed(2))
+        _Exact(schedule, clean), cond, 12, generator=torch.Generator().manual_seed(2)
+    )
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out[:, :, 4:], clean.expand(2, -1, -1), rtol=1e-6, atol=1e-6)
 
@@ -194,8 +194,9 @@ def test_frame_condition_crops_around_the_centre_and_maps_back():
     np.testing.assert_allclose(frame.center, center, atol=1e-9)
     assert np.linalg.norm(chosen - center, axis=1).max() <= 10.0 + 1e-9  # crop 1 normalised unit = 10 mm here
     np.testing.assert_allclose(frame.inverse(frame.apply(chosen)), chosen, atol=1e-4)
-    jittered, moved = frame_condition(skull, center, 200, FrameSection(jitter=0.3), np.random.default_rng(0),
-                                      half_extent=3.0, jitter=True)
+    jittered, moved = frame_condition(
+        skull, center, 200, FrameSection(jitter=0.3), np.random.default_rng(0), half_extent=3.0, jitter=True
+    )
     assert np.linalg.norm(moved.center - center) > 0
     assert list(nearest_indices(skull, center, 3)) == sorted(np.argsort(((skull - center) ** 2).sum(1))[:3])
     assert isinstance(LocalFrame(center, 2.0).apply(chosen), np.ndarray)
@@ -209,11 +210,14 @@ def test_framed_model_carries_its_atlas_through_a_state_dict():
     torch.testing.assert_close(fresh.atlas_mm, atlas)
 
 
-@pytest.mark.parametrize("override,fragment", [
-    ("task.frame.crop=0", "task.frame.crop"),
-    ("task.diffusion.prediction=eps task.diffusion.zero_terminal_snr=true", "x0 or v"),
-    ("task.frame.scale=1 task.rotate_degrees=10", "rotate_degrees"),
-])
+@pytest.mark.parametrize(
+    "override,fragment",
+    [
+        ("task.frame.crop=0", "task.frame.crop"),
+        ("task.diffusion.prediction=eps task.diffusion.zero_terminal_snr=true", "x0 or v"),
+        ("task.frame.scale=1 task.rotate_degrees=10", "rotate_degrees"),
+    ],
+)
 def test_formulation_config_errors(override, fragment):
     with pytest.raises(ConfigError, match=fragment.replace(".", r"\.")):
         load_train_config("pcdiff", CONFIGS / "tiny.yaml", override.split())
@@ -229,16 +233,37 @@ def test_framed_run_logs_placement_and_its_checkpoint_places_implants_alone(tmp_
     from pointforge.train.engine import train
 
     # The same path and spec as test_completion.py's dataset: whichever module runs first builds it.
-    root = ensure_prepared_dataset(tmp_path_factory.getbasetemp() / "pcdiff-synthetic",
-                                   SyntheticSection(skulls=4, size=64, seed=0, points=4096, split="0.5,0.25,0.25"))
-    cfg = load_train_config("pcdiff", CONFIGS / "tiny.yaml", [
-        f"run.dir={tmp_path / 'run'}", f"task.data_root={root}", "log.progress=off", "log.tensorboard=false",
-        "perf.threads=1", "train.epochs=1", "train.eval_every=1", "task.eval.steps=3",
-        "task.frame.scale=0.5", "task.diffusion.prediction=v", "task.diffusion.zero_terminal_snr=true",
-        "task.condition_mark=true"])
+    root = ensure_prepared_dataset(
+        tmp_path_factory.getbasetemp() / "pcdiff-synthetic",
+        SyntheticSection(skulls=4, size=64, seed=0, points=4096, split="0.5,0.25,0.25"),
+    )
+    cfg = load_train_config(
+        "pcdiff",
+        CONFIGS / "tiny.yaml",
+        [
+            f"run.dir={tmp_path / 'run'}",
+            f"task.data_root={root}",
+            "log.progress=off",
+            "log.tensorboard=false",
+            "perf.threads=1",
+            "train.epochs=1",
+            "train.eval_every=1",
+            "task.eval.steps=3",
+            "task.frame.scale=0.5",
+            "task.diffusion.prediction=v",
+            "task.diffusion.zero_terminal_snr=true",
+            "task.condition_mark=true",
+        ],
+    )
     result = train("pcdiff", cfg)
     assert result.status == "finished"
-    for name in ("val_centroid_error_mm", "val_spread_ratio", "val_pred_to_true_mm", "val_true_to_pred_mm", "val_cond_use_b3"):
+    for name in (
+        "val_centroid_error_mm",
+        "val_spread_ratio",
+        "val_pred_to_true_mm",
+        "val_true_to_pred_mm",
+        "val_cond_use_b3",
+    ):
         assert np.isfinite(result.metrics[name]), name
     loaded = load_pcdiff(tmp_path / "run" / "checkpoints" / "latest.pt")
     assert loaded.config.frame is not None and loaded.schedule.prediction == "v"
@@ -247,8 +272,15 @@ def test_framed_run_logs_placement_and_its_checkpoint_places_implants_alone(tmp_
     case = data.split("val")[0]
     skull = np.asarray(data.points(case.defective))
     spacing = data.meta(case.defective)["spacing"]
-    implants = complete(skull, loaded.model, make_sampler("dpm++2m", 4, schedule=loaded.schedule), 2,
-                        config=loaded.config, generator=torch.Generator().manual_seed(0), spacing=spacing)
+    implants = complete(
+        skull,
+        loaded.model,
+        make_sampler("dpm++2m", 4, schedule=loaded.schedule),
+        2,
+        config=loaded.config,
+        generator=torch.Generator().manual_seed(0),
+        spacing=spacing,
+    )
     assert implants.shape == (2, 128, 3) and np.isfinite(implants).all()
     # Untrained, the points still start around the atlas estimate of the implant, not the skull's centre.
     true_center = np.asarray(data.points(case.implant)).mean(axis=0)
@@ -257,12 +289,14 @@ def test_framed_run_logs_placement_and_its_checkpoint_places_implants_alone(tmp_
 
 
 def test_upstream_import_refuses_a_config_with_another_formulation(tmp_path):
-    from pointforge.ops.pcdiff_import import import_pcdiff_checkpoint
     from pointforge.nn.pvcnn import PVCNN2
+    from pointforge.ops.pcdiff_import import import_pcdiff_checkpoint
 
     source = tmp_path / "upstream.pth"
     torch.save({"epoch": 1, "model_state": {"model." + k: v for k, v in PVCNN2("tiny").state_dict().items()}}, source)
     with pytest.raises(ConfigError, match="task.frame, task.diffusion.prediction"):
-        import_pcdiff_checkpoint(source, tmp_path / "out.pt", overrides=["task.frame.scale=0.5", "task.diffusion.prediction=v"])
+        import_pcdiff_checkpoint(
+            source, tmp_path / "out.pt", overrides=["task.frame.scale=0.5", "task.diffusion.prediction=v"]
+        )
     assert not (tmp_path / "out.pt").exists()
     assert import_pcdiff_checkpoint(source, tmp_path / "ok.pt").preset == "tiny"

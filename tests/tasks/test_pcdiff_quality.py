@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pointforge.tasks.configs import load_train_config
+from pointforge.inference.pcdiff import load_pcdiff
 from pointforge.nn.diffusion import diffusion_loss, make_sampler
 from pointforge.tasks.completion import (
     CompletionTask,
@@ -27,7 +27,7 @@ from pointforge.tasks.completion import (
     ensure_prepared_dataset,
     implant_distances,
 )
-from pointforge.inference.pcdiff import load_pcdiff
+from pointforge.tasks.configs import load_train_config
 from pointforge.train.data import derive_seed, seed_everything
 from pointforge.train.engine import train
 from tests.helpers import REPO, torch_threads
@@ -48,15 +48,28 @@ def fixed_noise_loss(model, task, x0, n_implant) -> float:
     gen = torch.Generator().manual_seed(123)
     steps = torch.linspace(0, task.schedule.num_timesteps - 1, 10).round().long().tolist()
     with torch.no_grad():
-        return sum(diffusion_loss(model, task.schedule, x0, n_implant, t=t, generator=gen).item() for t in steps) / len(steps)
+        return sum(diffusion_loss(model, task.schedule, x0, n_implant, t=t, generator=gen).item() for t in steps) / len(
+            steps
+        )
 
 
 def test_loss_falls_through_the_engine(tmp_path, dataset_root):
-    cfg = load_train_config("pcdiff", CONFIGS / "tiny.yaml", [
-        f"run.dir={tmp_path / 'run'}", f"task.data_root={dataset_root}", "log.progress=off", "log.tensorboard=false",
-        "perf.threads=1", "train.epochs=20", "train.eval_every=0", "train.ema_decay=null", "optim.lr=1e-3",
-        "log.every_steps=2",
-    ])
+    cfg = load_train_config(
+        "pcdiff",
+        CONFIGS / "tiny.yaml",
+        [
+            f"run.dir={tmp_path / 'run'}",
+            f"task.data_root={dataset_root}",
+            "log.progress=off",
+            "log.tensorboard=false",
+            "perf.threads=1",
+            "train.epochs=20",
+            "train.eval_every=0",
+            "train.ema_decay=null",
+            "optim.lr=1e-3",
+            "log.every_steps=2",
+        ],
+    )
     task = CompletionTask()
     task.configure(cfg.task)
     train_ds, _ = task.build_datasets(cfg.task)
@@ -88,10 +101,18 @@ def test_overfit_one_case_samples_its_implant_under_every_sampler(dataset_root):
     0.11 against 0.45-0.58).
     """
     n_skull = n_implant = 512
-    cfg = load_train_config("pcdiff", CONFIGS / "tiny.yaml", [
-        f"task.n_skull={n_skull}", f"task.n_implant={n_implant}", "task.diffusion.timesteps=20",
-        "task.diffusion.beta_start=5e-3", "task.diffusion.beta_end=0.25", "task.eval.steps=10",
-    ]).task
+    cfg = load_train_config(
+        "pcdiff",
+        CONFIGS / "tiny.yaml",
+        [
+            f"task.n_skull={n_skull}",
+            f"task.n_implant={n_implant}",
+            "task.diffusion.timesteps=20",
+            "task.diffusion.beta_start=5e-3",
+            "task.diffusion.beta_end=0.25",
+            "task.eval.steps=10",
+        ],
+    ).task
     task = CompletionTask()
     task.configure(cfg)
     case = PCDiffDataset(dataset_root, "train", n_skull=n_skull, n_implant=n_implant)[0]
@@ -124,8 +145,10 @@ def test_overfit_one_case_samples_its_implant_under_every_sampler(dataset_root):
         found = {}
         for name, steps in (("ddim", 10), ("ddim", 20), ("dpm++2m", 5), ("dpm++2m", 10)):
             found[f"{name}-{steps}"] = chamfer_of(model, name, steps)
-    print(f"\nChamfer to the true implant: random {random_cd:.3f}, untrained {untrained_cd:.3f}, ddpm-20 {ddpm:.3f}, "
-          + ", ".join(f"{k} {v[0]:.3f}" for k, v in found.items()))
+    print(
+        f"\nChamfer to the true implant: random {random_cd:.3f}, untrained {untrained_cd:.3f}, ddpm-20 {ddpm:.3f}, "
+        + ", ".join(f"{k} {v[0]:.3f}" for k, v in found.items())
+    )
     assert random_cd > 3.0 and untrained_cd > 10 * random_cd
     assert ddpm < 0.6 and ddpm < random_cd / 8  # measured 0.30
     for name, (cd, _) in found.items():

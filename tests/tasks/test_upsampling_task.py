@@ -15,24 +15,31 @@ from typer.testing import CliRunner
 
 from pointforge.cli.upsample import upsample as upsample_command
 from pointforge.data.batching import collate_pairs
-from pointforge.data.pairs import PairEntry, UpsamplingPairs, read_manifest, spread_sizes, synthetic_pair, write_manifest, write_synthetic_pairs
-from pointforge.data.pointio import LasGeometry, read_points, write_points
+from pointforge.data.pairs import (
+    PairEntry,
+    UpsamplingPairs,
+    read_manifest,
+    spread_sizes,
+    synthetic_pair,
+    write_manifest,
+    write_synthetic_pairs,
+)
+from pointforge.data.pointio import read_points, write_points
 from pointforge.errors import CheckpointError, ConfigError, DataError
 from pointforge.inference.upsampler import load_upsampler, upsample_points
 from pointforge.nn.losses import chamfer_distance
 from pointforge.tasks import get_task
-from pointforge.tasks.configs import load_train_config
 from pointforge.tasks.base import EvalContext
+from pointforge.tasks.configs import load_train_config
 from pointforge.tasks.upsampling import SyntheticSection, ensure_synthetic_pairs, model_config, select_clouds
 from pointforge.train import checkpoint as ck
 from pointforge.train.data import derive_seed, seed_everything
-from tests.helpers import QUIET, REPO
 from pointforge.train.engine import train
+from tests.helpers import QUIET, REPO
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 TINY = REPO / "configs" / "upsampler" / "tiny.yaml"
-
 
 
 def make_cfg(run_dir: Path, *overrides: str):
@@ -147,7 +154,10 @@ def test_sampler_hook_keeps_budgets_and_equal_counts_and_split_is_seeded(tmp_pat
     assert len(train_ds) == 5 and len(val_ds) == 1
     assert [e.pair_id for e in train_ds.entries] == [e.pair_id for e in again.entries]
     plans = [
-        [list(b) for b in task.batch_sampler(train_ds, rank=r, world_size=2, micro_batch=2, accumulation=1, seed=0, epoch=0)]
+        [
+            list(b)
+            for b in task.batch_sampler(train_ds, rank=r, world_size=2, micro_batch=2, accumulation=1, seed=0, epoch=0)
+        ]
         for r in range(2)
     ]
     assert len(plans[0]) == len(plans[1]) >= 2
@@ -204,7 +214,9 @@ def test_tiny_model_overfits_one_pair_through_the_engine(tmp_path):
     manifest = write_synthetic_pairs(tmp_path / "one", [64], seed=0)
     pair = read_manifest(manifest)[0]
     # One epoch of 150 one-cloud steps: the same pair listed 150 times.
-    write_manifest(manifest.parent / "repeated.csv", [PairEntry(f"r{i:03d}", pair.sparse, pair.dense) for i in range(150)])
+    write_manifest(
+        manifest.parent / "repeated.csv", [PairEntry(f"r{i:03d}", pair.sparse, pair.dense) for i in range(150)]
+    )
     cfg = make_cfg(
         tmp_path / "run", "task.synthetic.pairs=0", f"task.data_root={manifest.parent}", "task.manifest=repeated.csv",
         "task.val_manifest=pairs.csv", "task.val_fraction=0", "data.global_batch=1", "train.epochs=1", "optim.lr=1e-2",
@@ -234,7 +246,10 @@ def _first_losses(run_dir: Path) -> list[float]:
 def test_bf16_autocast_on_cpu_trains_close_to_float32(tmp_path, small_set):
     common = ["task.synthetic.pairs=0", f"task.data_root={small_set.parent}", "task.val_fraction=0", "train.max_steps=2",
               "log.every_steps=1", "ckpt.every_epochs=0", "data.global_batch=2", "optim.lr=1e-2"]  # fmt: skip
-    results = {amp: train("upsampler", make_cfg(tmp_path / amp, *common, f"perf.amp={amp}"), console=False) for amp in ("none", "bf16")}
+    results = {
+        amp: train("upsampler", make_cfg(tmp_path / amp, *common, f"perf.amp={amp}"), console=False)
+        for amp in ("none", "bf16")
+    }
     assert all(r.status == "finished" and r.global_step == 2 for r in results.values())
     fp32, bf16 = _first_losses(tmp_path / "none"), _first_losses(tmp_path / "bf16")
     assert len(bf16) == 2 and all(np.isfinite(bf16))
@@ -289,13 +304,21 @@ def _georeferenced_las(path: Path, n: int = 300) -> np.ndarray:
 def test_upsample_las_round_trip_keeps_frame_scales_offsets_and_crs(tmp_path, tiny_run):
     best = tiny_run / "runs" / "upsampler" / "tiny" / "checkpoints" / "best.pt"
     xyz = _georeferenced_las(tmp_path / "tile.las")
-    result = _cli(str(tmp_path / "tile.las"), "--ckpt", str(best), "--out", str(tmp_path / "dense.laz"), "--device", "cpu")
+    result = _cli(
+        str(tmp_path / "tile.las"), "--ckpt", str(best), "--out", str(tmp_path / "dense.laz"), "--device", "cpu"
+    )
     assert result.exit_code == 0, result.output
     assert "300 → 600 points" in result.output
     back = laspy.read(tmp_path / "dense.laz")
     assert len(back.points) == 600
-    assert tuple(back.header.scales) == (0.01, 0.01, 0.001) and tuple(back.header.offsets) == (500_000.0, 4_100_000.0, 100.0)
-    assert back.header.point_format.id == 6 and any("UTM zone 15N" in str(getattr(v, "string", "")) for v in back.header.vlrs)
+    assert tuple(back.header.scales) == (0.01, 0.01, 0.001) and tuple(back.header.offsets) == (
+        500_000.0,
+        4_100_000.0,
+        100.0,
+    )
+    assert back.header.point_format.id == 6 and any(
+        "UTM zone 15N" in str(getattr(v, "string", "")) for v in back.header.vlrs
+    )
     # The same points as the Python API gives, quantised to the input's scales.
     upsampler = load_upsampler(best, "cpu")
     expected = upsample_points(upsampler, read_points(tmp_path / "tile.las").xyz)
@@ -309,7 +332,10 @@ def test_upsample_las_round_trip_keeps_frame_scales_offsets_and_crs(tmp_path, ti
     write_points(tmp_path / "small.npy", xyz[:100].astype(np.float32))
     result = _cli(str(tmp_path / "small.npy"), "--ckpt", str(best), "--out", str(tmp_path / "small_dense.ply"))
     assert result.exit_code == 0, result.output
-    assert read_points(tmp_path / "small_dense.ply").dtype == np.float32 and len(read_points(tmp_path / "small_dense.ply")) == 200
+    assert (
+        read_points(tmp_path / "small_dense.ply").dtype == np.float32
+        and len(read_points(tmp_path / "small_dense.ply")) == 200
+    )
 
 
 def test_upsample_bad_inputs_fail_with_one_clear_line(tmp_path, tiny_run):
@@ -324,8 +350,16 @@ def test_upsample_bad_inputs_fail_with_one_clear_line(tmp_path, tiny_run):
         ((tmp_path / "in.npy", best, tmp_path / "o.txt"), DataError, "unsupported point cloud format '.txt'"),
         ((tmp_path / "in.npy", best, tmp_path / "in.npy"), DataError, "overwrite the input"),
         ((tmp_path / "in.npy", tmp_path / "none.pt", tmp_path / "o.npy"), CheckpointError, "does not exist"),
-        ((tmp_path / "in.npy", tmp_path / "toy.pt", tmp_path / "o.npy"), CheckpointError, "of task 'toy', not of task 'upsampler'"),
-        ((tmp_path / "in.npy", tmp_path / "bare.pt", tmp_path / "o.npy"), CheckpointError, "not a pointforge training checkpoint"),
+        (
+            (tmp_path / "in.npy", tmp_path / "toy.pt", tmp_path / "o.npy"),
+            CheckpointError,
+            "of task 'toy', not of task 'upsampler'",
+        ),
+        (
+            (tmp_path / "in.npy", tmp_path / "bare.pt", tmp_path / "o.npy"),
+            CheckpointError,
+            "not a pointforge training checkpoint",
+        ),
     ]
     for (src, ckpt, out), kind, text in cases:
         result = _cli(str(src), "--ckpt", str(ckpt), "--out", str(out), "--device", "cpu")

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 
-from pointforge.tasks.configs import load_train_config
 from pointforge.data.cache import ensure_synthetic_prepared
 from pointforge.data.skulls import (
     PreparedDataset,
@@ -25,6 +24,7 @@ from pointforge.data.volumes import read_binary_volume
 from pointforge.errors import ConfigError
 from pointforge.inference.voxelizer import load_voxelizer, points_to_volume
 from pointforge.tasks import get_task
+from pointforge.tasks.configs import load_train_config
 from pointforge.train import checkpoint as ck
 from pointforge.train.data import global_batches
 from pointforge.train.engine import train
@@ -112,7 +112,12 @@ def test_augmented_points_stay_on_the_augmented_target(trained):
     res = 64
     plain = VoxelizationDataset(data, "train", n_points=2000, resolution=res, seed=1, target_format="inside")
     aug = VoxelizationDataset(
-        data, "train", n_points=2000, resolution=res, seed=1, target_format="inside",
+        data,
+        "train",
+        n_points=2000,
+        resolution=res,
+        seed=1,
+        target_format="inside",
         augment=VoxelAugmentation(rotate_p=1.0, flip_p=1.0, noise_p=0.0),
     )
 
@@ -142,7 +147,9 @@ def test_augmentation_is_per_epoch_and_reaches_the_dataset_through_batch_sampler
     first = train_ds[0]["points"]
     batches = task.batch_sampler(train_ds, rank=0, world_size=1, micro_batch=2, accumulation=1, seed=0, epoch=3)
     assert train_ds.epoch == 3  # the engine does not call set_epoch; batch_sampler does
-    assert batches == global_batches(len(train_ds), global_batch=2, micro_batch=2, accumulation=1, world_size=1, rank=0, seed=0, epoch=3)
+    assert batches == global_batches(
+        len(train_ds), global_batch=2, micro_batch=2, accumulation=1, world_size=1, rank=0, seed=0, epoch=3
+    )
     assert not torch.equal(train_ds[0]["points"], first)
     task.batch_sampler(train_ds, rank=0, world_size=1, micro_batch=2, accumulation=1, seed=0, epoch=0)
     assert torch.equal(train_ds[0]["points"], first)  # (seed, epoch, index) decide everything
@@ -174,8 +181,12 @@ def test_synthetic_data_is_built_once_when_two_processes_ask_at_once(tmp_path):
         print("RESULT", path)
     """)
     env = {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
-    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+        for _ in range(2)
+    ]
     outputs = [p.communicate(timeout=120)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outputs
     text = "\n".join(outputs)
@@ -215,8 +226,12 @@ def _held_out_iou(model, data_root: Path, *, n_points: int = 2048) -> list[float
         skull = np.asarray(data.points(case.defective))
         implant = np.asarray(data.points(case.implant))
         n_implant = n_points // 10
-        points = np.concatenate([skull[rng.choice(len(skull), n_points - n_implant, replace=False)],
-                                 implant[rng.choice(len(implant), n_implant, replace=False)]])
+        points = np.concatenate(
+            [
+                skull[rng.choice(len(skull), n_points - n_implant, replace=False)],
+                implant[rng.choice(len(implant), n_implant, replace=False)],
+            ]
+        )
         predicted = points_to_volume(model, points, reference).data
         truth = reference.data
         scores.append(float((predicted & truth).sum() / (predicted | truth).sum()))
@@ -253,7 +268,9 @@ def test_resumed_run_equals_an_uninterrupted_one(trained, tmp_path):
     fast = ["task.n_points=512", "train.eval_every=1"]
     train("voxelizer", tiny_cfg(tmp_path / "straight", data_root, "train.epochs=2", *fast), console=False)
     train("voxelizer", tiny_cfg(tmp_path / "cut", data_root, "train.epochs=1", *fast), console=False)
-    resumed = train("voxelizer", tiny_cfg(tmp_path / "cut", data_root, "train.epochs=2", *fast), resume="auto", console=False)
+    resumed = train(
+        "voxelizer", tiny_cfg(tmp_path / "cut", data_root, "train.epochs=2", *fast), resume="auto", console=False
+    )
     assert resumed.resumed_from is not None and resumed.global_step == 10
     a = ck.load_checkpoint(tmp_path / "straight" / "checkpoints" / "latest.pt")["model"]
     b = ck.load_checkpoint(tmp_path / "cut" / "checkpoints" / "latest.pt")["model"]

@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
+from pointforge.atomic import atomic_writer
 from pointforge.errors import CheckpointError
 from pointforge.train import checkpoint as ck
-from pointforge.atomic import atomic_writer
 from tests.helpers import run_cli
 
 
@@ -33,8 +33,11 @@ def _save_tagged(path, obj, tag):
 def test_cuda7_tagged_checkpoint_loads_on_cpu(tmp_path):
     model = _model()
     path = tmp_path / "gpu7.pt"
-    state = {"format": ck.FORMAT, "model": {f"module.{k}": v for k, v in model.state_dict().items()},
-             "optimizer": {"state": {0: {"exp_avg": torch.ones(4, 3)}}, "param_groups": []}}
+    state = {
+        "format": ck.FORMAT,
+        "model": {f"module.{k}": v for k, v in model.state_dict().items()},
+        "optimizer": {"state": {0: {"exp_avg": torch.ones(4, 3)}}, "param_groups": []},
+    }
     _save_tagged(path, state, "cuda:7")
     assert not torch.cuda.is_available()
     # Proof that the file really names cuda:7: a plain load tries to put tensors there.

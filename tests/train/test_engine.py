@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from pointforge.config import load_train_config
 from pointforge.errors import CheckpointError, ConfigError, DeviceError, UserError
 from pointforge.train import checkpoint as ck
@@ -107,17 +108,25 @@ def test_resume_auto_skips_a_truncated_latest(tmp_path):
     latest.write_bytes(latest.read_bytes()[:1000])
     with pytest.raises(CheckpointError, match="latest.pt is truncated or corrupt"):
         train("toy", make_cfg(tmp_path, "train.epochs=3"), resume=str(latest))
-    again = train("toy", make_cfg(tmp_path, "train.epochs=3", name="other"),
-                  resume=str(tmp_path / "run" / "checkpoints" / "epoch-0001.pt"))
+    again = train(
+        "toy",
+        make_cfg(tmp_path, "train.epochs=3", name="other"),
+        resume=str(tmp_path / "run" / "checkpoints" / "epoch-0001.pt"),
+    )
     assert again.resumed_from.name == "epoch-0001.pt" and again.global_step == 24
 
 
 def test_nonfinite_steps_are_skipped_then_abort(tmp_path):
-    result = train("faulty_toy", make_cfg(tmp_path, "train.epochs=1", "task.nan_steps=[3]", name="one", task="faulty_toy"))
+    result = train(
+        "faulty_toy", make_cfg(tmp_path, "train.epochs=1", "task.nan_steps=[3]", name="one", task="faulty_toy")
+    )
     assert result.status == "finished" and final_state(tmp_path / "one")["progress"]["skipped_steps"] == 1
     assert "non-finite loss at step 3" in (tmp_path / "one" / "train.log").read_text()
     with pytest.raises(TrainingDiverged, match=r"non-finite loss for 3 steps in a row \(train.max_nonfinite=3\)"):
-        train("faulty_toy", make_cfg(tmp_path, "train.max_nonfinite=3", "task.nan_steps=[2,3,4,5]", name="many", task="faulty_toy"))
+        train(
+            "faulty_toy",
+            make_cfg(tmp_path, "train.max_nonfinite=3", "task.nan_steps=[2,3,4,5]", name="many", task="faulty_toy"),
+        )
     assert json.loads((tmp_path / "many" / "run.json").read_text())["status"] == "failed"
 
 
@@ -129,8 +138,17 @@ def test_accumulation_matches_one_big_batch(tmp_path):
 
 def test_loader_workers_give_the_same_run(tmp_path):
     train("toy", make_cfg(tmp_path, "train.epochs=2", name="w0"))
-    train("toy", make_cfg(tmp_path, "train.epochs=2", "data.num_workers=2", "data.persistent_workers=true",
-                          "data.worker_timeout_s=60", name="w2"))
+    train(
+        "toy",
+        make_cfg(
+            tmp_path,
+            "train.epochs=2",
+            "data.num_workers=2",
+            "data.persistent_workers=true",
+            "data.worker_timeout_s=60",
+            name="w2",
+        ),
+    )
     assert_same_tensors(final_state(tmp_path / "w0")["model"], final_state(tmp_path / "w2")["model"])
 
 
@@ -153,8 +171,18 @@ def test_devices_and_optional_wandb_fail_clearly(tmp_path):
 
 def test_cli_dry_run_prints_the_plan(tmp_path):
     out = run_cli(
-        "train", "toy", "--config", TINY, "--dry-run", "--nproc", "2", f"run.dir={tmp_path / 'x'}",
-        "data.global_batch=16", "data.micro_batch=2", "optim.lr_scaling=linear", "optim.base_batch=8",
+        "train",
+        "toy",
+        "--config",
+        TINY,
+        "--dry-run",
+        "--nproc",
+        "2",
+        f"run.dir={tmp_path / 'x'}",
+        "data.global_batch=16",
+        "data.micro_batch=2",
+        "optim.lr_scaling=linear",
+        "optim.base_batch=8",
     )
     assert out.exit_code == 0, out.output
     text = out.output
@@ -203,7 +231,9 @@ def test_rank0_section_shares_results_and_failures_without_collectives():
 
     thread = threading.Thread(target=rank0, args=(lambda: {"val_loss": 0.25},))
     thread.start()
-    assert rank0_section(env1, "evaluating", lambda: pytest.fail("rank 1 must not run it"), timeout_s=5) == {"val_loss": 0.25}
+    assert rank0_section(env1, "evaluating", lambda: pytest.fail("rank 1 must not run it"), timeout_s=5) == {
+        "val_loss": 0.25
+    }
     thread.join()
     assert results["rank0"] == {"val_loss": 0.25}
 
@@ -253,9 +283,21 @@ def test_train_state_is_the_checkpoint_progress_layout_and_tracks_the_best_once(
     from pointforge.train.state import BestMetric, MetricWindow, TrainState
 
     # A checkpoint's "progress" as the engine has always written it.
-    old = {"epoch": 3, "step_in_epoch": 2, "global_step": 26, "samples_seen": 208, "nonfinite_streak": 1, "skipped_steps": 4,
-           "best_metric": "val_loss", "best_mode": "min", "best_value": 0.5, "best_step": 16, "global_batch": 8,
-           "steps_per_epoch": 8, "world_size": 2}
+    old = {
+        "epoch": 3,
+        "step_in_epoch": 2,
+        "global_step": 26,
+        "samples_seen": 208,
+        "nonfinite_streak": 1,
+        "skipped_steps": 4,
+        "best_metric": "val_loss",
+        "best_mode": "min",
+        "best_value": 0.5,
+        "best_step": 16,
+        "global_batch": 8,
+        "steps_per_epoch": 8,
+        "world_size": 2,
+    }
     state = TrainState.from_progress(old)
     assert state.state_dict() == old  # same keys, same values: old files load, new files read the same
     assert state.best.summary() == {"metric": "val_loss", "value": 0.5, "step": 16}

@@ -32,8 +32,9 @@ TINY = TOY_TINY
 REFERENCE = ["task.dropout=0.2", "train.epochs=3", "data.global_batch=8", "log.every_steps=1", "task.eval_on=rank0"]
 
 
-
-def torchrun_job(tmp_path: Path, name: str, overrides: list[str], *, resume: str | None = None, task: str = "toy") -> Job:
+def torchrun_job(
+    tmp_path: Path, name: str, overrides: list[str], *, resume: str | None = None, task: str = "toy"
+) -> Job:
     cmd = torchrun_command(task, TINY, [*QUIET, *overrides])
     if resume:
         cmd += ["--resume", resume]
@@ -41,8 +42,21 @@ def torchrun_job(tmp_path: Path, name: str, overrides: list[str], *, resume: str
 
 
 def launcher_job(tmp_path: Path, name: str, overrides: list[str], *, max_restarts: int = 0) -> Job:
-    cmd = [sys.executable, "-m", "pointforge.cli.train", "train", "toy", "--config", str(TINY), "--nproc", "2",
-           "--max-restarts", str(max_restarts), *QUIET, *overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pointforge.cli.train",
+        "train",
+        "toy",
+        "--config",
+        str(TINY),
+        "--nproc",
+        "2",
+        "--max-restarts",
+        str(max_restarts),
+        *QUIET,
+        *overrides,
+    ]
     return Job(cmd, tmp_path / "logs", name)
 
 
@@ -107,8 +121,20 @@ def test_two_ranks_equal_one_rank_with_double_batch(tmp_path):
     ranks must agree to stop after that step, save, and exit 0.
     """
     common = ["data.global_batch=8", "task.dropout=0.0", "sched.name=constant"]
-    out = run_to_end(torchrun_job(tmp_path, "ddp", [*common, "data.micro_batch=2", "task.sigterm_at_step=5",
-                                                     "task.sigterm_rank=1", f"run.dir={tmp_path / 'ddp'}"], task="faulty_toy"))
+    out = run_to_end(
+        torchrun_job(
+            tmp_path,
+            "ddp",
+            [
+                *common,
+                "data.micro_batch=2",
+                "task.sigterm_at_step=5",
+                "task.sigterm_rank=1",
+                f"run.dir={tmp_path / 'ddp'}",
+            ],
+            task="faulty_toy",
+        )
+    )
     assert "global 8 = 2 rank(s) × 2 per device × 2 accumulation steps" in out and "world size       2 (gloo)" in out
     status = run_json(tmp_path / "ddp")
     assert status["status"] == "stopped" and status["global_step"] == 6, status
@@ -121,8 +147,12 @@ def test_two_ranks_equal_one_rank_with_double_batch(tmp_path):
 
 
 def test_uneven_batches_fail_fast_with_the_divergence_message(tmp_path):
-    job = torchrun_job(tmp_path, "uneven", ["train.epochs=3", "task.drop_batches_on_rank=1",
-                                            "task.drop_from_epoch=1", f"run.dir={tmp_path / 'run'}"], task="faulty_toy")
+    job = torchrun_job(
+        tmp_path,
+        "uneven",
+        ["train.epochs=3", "task.drop_batches_on_rank=1", "task.drop_from_epoch=1", f"run.dir={tmp_path / 'run'}"],
+        task="faulty_toy",
+    )
     try:
         code = job.wait(60)
         out = job.output()
@@ -135,9 +165,20 @@ def test_uneven_batches_fail_fast_with_the_divergence_message(tmp_path):
 
 
 def test_stalled_rank_ends_the_job_within_the_timeout_naming_it(tmp_path):
-    job = torchrun_job(tmp_path, "stall", ["train.epochs=2", "dist.timeout_s=3", "log.every_steps=1",
-                                           "task.stall_rank=1", "task.stall_step=3", "task.stall_s=5",
-                                           f"run.dir={tmp_path / 'run'}"], task="faulty_toy")
+    job = torchrun_job(
+        tmp_path,
+        "stall",
+        [
+            "train.epochs=2",
+            "dist.timeout_s=3",
+            "log.every_steps=1",
+            "task.stall_rank=1",
+            "task.stall_step=3",
+            "task.stall_s=5",
+            f"run.dir={tmp_path / 'run'}",
+        ],
+        task="faulty_toy",
+    )
     try:
         code = job.wait(60)
         out = job.output()
@@ -145,7 +186,9 @@ def test_stalled_rank_ends_the_job_within_the_timeout_naming_it(tmp_path):
         job.stop()
     assert code != 0
     assert "rank 0 failed while training (epoch 0, step 3)" in out, out[-3000:]
-    assert re.search(r"rank 0 \(pid \d+ on \S+\): in backward \(gradient all-reduce\) at epoch 0, step 3", out), out[-3000:]
+    assert re.search(r"rank 0 \(pid \d+ on \S+\): in backward \(gradient all-reduce\) at epoch 0, step 3", out), out[
+        -3000:
+    ]
     assert re.search(r"rank 1 \(pid \d+ on \S+\): in training_step \(forward\) at epoch 0, step 3 for [3-9] s", out)
     status = run_json(tmp_path / "run")
     assert status["status"] == "failed" and "rank 0 failed while training" in status["error"]
@@ -176,11 +219,19 @@ def test_sigterm_saves_exits_zero_and_resume_matches_uninterrupted(tmp_path, ref
 
 def test_killed_rank_restarts_and_resumes_under_max_restarts(tmp_path, reference_run):
     run_dir = tmp_path / "run"
-    job = launcher_job(tmp_path, "kill", [*REFERENCE, "task.step_delay_s=0.1", "ckpt.every_steps=2",
-                                          f"run.dir={run_dir}"], max_restarts=1)
+    job = launcher_job(
+        tmp_path,
+        "kill",
+        [*REFERENCE, "task.step_delay_s=0.1", "ckpt.every_steps=2", f"run.dir={run_dir}"],
+        max_restarts=1,
+    )
     try:
-        wait_for(lambda: (run_dir / "checkpoints" / "latest.pt").exists() and logged_step(run_dir) >= 5,
-                 60, job, "a checkpoint at step 4")
+        wait_for(
+            lambda: (run_dir / "checkpoints" / "latest.pt").exists() and logged_step(run_dir) >= 5,
+            60,
+            job,
+            "a checkpoint at step 4",
+        )
         victim = json.loads((run_dir / "ranks" / "rank1.json").read_text())["pid"]
         os.kill(victim, signal.SIGKILL)
         code = job.wait(120)

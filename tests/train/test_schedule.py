@@ -20,7 +20,9 @@ def test_plan_splits_global_batch():
 
 
 def test_plan_errors_name_nearest_valid_sizes():
-    with pytest.raises(ConfigError, match=r"global_batch=10 cannot be split evenly over 4 devices.*global_batch=8 or 12"):
+    with pytest.raises(
+        ConfigError, match=r"global_batch=10 cannot be split evenly over 4 devices.*global_batch=8 or 12"
+    ):
         plan_batches(10, 4)
     with pytest.raises(ConfigError, match=r"micro_batch=3 does not divide the per-device batch 8.*micro_batch=2 or 4"):
         plan_batches(16, 2, micro_batch=3)
