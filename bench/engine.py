@@ -36,7 +36,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from _common import machine, print_table, write_json  # noqa: E402
-from pointforge.config import load_train_config  # noqa: E402
+from pointforge.tasks.configs import load_train_config  # noqa: E402
 from pointforge.tasks.toy import ToyTask  # noqa: E402
 from pointforge.train.data import derive_seed, seed_everything  # noqa: E402
 from pointforge.train.engine import train  # noqa: E402

@@ -632,7 +632,7 @@ _MOVED = {"load_train_config": "pointforge.tasks.configs", "train_config_from_di
 
 
 def __getattr__(name: str) -> Any:
-    """Keep ``from pointforge.config import load_train_config`` (and ``train_config_from_dict``) working."""
+    """Keep ``from pointforge.tasks.configs import load_train_config`` (and ``train_config_from_dict``) working."""
     home = _MOVED.get(name)
     if home is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

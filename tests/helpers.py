@@ -35,7 +35,7 @@ QUIET = ["log.progress=off", "log.tensorboard=false", "perf.threads=1"]
 
 def quiet_config(task: str, config: str | os.PathLike, *overrides: str):
     """The resolved training config of ``config`` for ``task`` with :data:`QUIET` and ``overrides``."""
-    from pointforge.config import load_train_config
+    from pointforge.tasks.configs import load_train_config
 
     return load_train_config(task, config, [*QUIET, *overrides])
 

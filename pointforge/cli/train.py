@@ -23,6 +23,7 @@ import typer
 
 from pointforge.cli.entry import hard_exit, run
 from pointforge.errors import ConfigError
+from pointforge.formats import format_bytes
 
 ckpt_app = typer.Typer(help="Inspect and convert checkpoints.", no_args_is_help=True, add_completion=False)
 
@@ -53,7 +54,7 @@ def train_command(
     ),
 ) -> None:
     """Train TASK on one device, or data-parallel under torchrun / --nproc."""
-    from pointforge.config import load_train_config
+    from pointforge.tasks.configs import load_train_config
     from pointforge.train.dist import DistributedFailure
     from pointforge.train.engine import TrainingDiverged, dry_run_plan, train
 
@@ -118,7 +119,7 @@ def ckpt_inspect(
         if not files:
             raise ConfigError(f"{path} holds no checkpoints (looked in {path / 'checkpoints'})")
         for file in files:
-            typer.echo(f"{file}  ({_size(file.stat().st_size)})")
+            typer.echo(f"{file}  ({format_bytes(file.stat().st_size)})")
         return
     info = inspect_checkpoint(path, trust=trust)
     if as_json:
@@ -126,7 +127,7 @@ def ckpt_inspect(
     else:
         for key, value in info.items():
             if key == "size_bytes":
-                key, value = "size", _size(value)
+                key, value = "size", format_bytes(value)
             elif isinstance(value, dict):
                 value = (
                     ", ".join(f"{k} {v:.5g}" if isinstance(v, float) else f"{k} {v}" for k, v in value.items()) or "-"
@@ -138,14 +139,6 @@ def ckpt_inspect(
             typer.echo(f"{key:20s} {value}")
     if not info["complete"]:
         sys.exit(1)
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"
 
 
 @ckpt_app.command("remap")

@@ -37,7 +37,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -218,7 +218,7 @@ def _train_phases(out: Path, s: DemoSettings, prepared: Path, log: Callable[[str
         status = _train_side_by_side(
             jobs, run_dirs, minutes, progress=(lambda d, n, info: progress("train", d, n, info)) if progress else None
         )
-        snapshot = {"minutes": round(fraction * s.minutes, 3)}
+        snapshot: dict[str, Any] = {"minutes": round(fraction * s.minutes, 3)}
         for name in run_dirs:
             src = Path(status[name].get("last_checkpoint") or run_dirs[name] / "checkpoints" / "latest.pt")
             dst = out / "checkpoints" / f"{name}-{fraction * s.minutes:.2f}min.pt"

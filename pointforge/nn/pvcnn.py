@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from pointforge.errors import ConfigError, DataError
 from pointforge.nn import pvops
+from pointforge.nn.presets import preset
 
 __all__ = [
     "ConvStage",
@@ -322,10 +323,7 @@ PRESETS: dict[str, Any] = {"paper": _paper, "small": _small, "tiny": _tiny}
 
 def get_preset(name: str) -> PVCNN2Config:
     """The named preset's configuration (``paper``, ``small`` or ``tiny``)."""
-    try:
-        return PRESETS[name]()
-    except KeyError:
-        raise ConfigError(f"unknown PVCNN2 preset {name!r}; choose one of {', '.join(PRESETS)}") from None
+    return preset("PVCNN2", PRESETS, name)
 
 
 def resolve_config(config: PVCNN2Config | str | Mapping) -> PVCNN2Config:

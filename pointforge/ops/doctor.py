@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from pointforge.errors import UserError
+from pointforge.formats import format_bytes
 from pointforge.ops.host import GpuInventory, format_gpu_list, gpu_inventory, port_free, port_owner
 
 OK, WARNING, FAILURE = "ok", "warning", "failure"
@@ -59,14 +60,6 @@ class DoctorReport:
         n = self.counts()
         lines.append(f"{n[OK]} ok, {n[WARNING]} warning(s), {n[FAILURE]} failure(s)")
         return "\n".join(lines)
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TB"
 
 
 # --------------------------------------------------------------------------- software
@@ -397,13 +390,11 @@ def check_disk(
         )
     _total, free = space
     if checkpoint_bytes is None:
-        return Check(name, OK, f"{_size(free)} free for {run_dir} (checkpoint size unknown)")
+        return Check(name, OK, f"{format_bytes(free)} free for {run_dir} (checkpoint size unknown)")
     # latest + best + keep_last periodic copies, and one temporary file while a new one is written
     files = 2 + max(keep_last, 0) + 1
     need = files * checkpoint_bytes
-    detail = (
-        f"{_size(free)} free for {run_dir}; checkpoints need about {_size(need)} ({files} × {_size(checkpoint_bytes)})"
-    )
+    detail = f"{format_bytes(free)} free for {run_dir}; checkpoints need about {format_bytes(need)} ({files} × {format_bytes(checkpoint_bytes)})"
     if free < need:
         return Check(name, FAILURE, detail, "free disk space, lower ckpt.keep_last, or put run.dir on a larger disk")
     if free < 2 * need:
@@ -454,10 +445,10 @@ def check_shm(
     per_batch = batch_bytes if batch_bytes is not None else FALLBACK_BATCH_BYTES
     # Twice the batches in flight: the copy being handed over and the next one being filled.
     need = 2 * nproc * num_workers * prefetch_factor * per_batch
-    how = f"{nproc} process(es) × {num_workers} worker(s) × {prefetch_factor} batches × {_size(per_batch)}" + (
+    how = f"{nproc} process(es) × {num_workers} worker(s) × {prefetch_factor} batches × {format_bytes(per_batch)}" + (
         "" if batch_bytes is not None else " (assumed)"
     )
-    detail = f"{_size(total)} ({_size(free)} free); DataLoader workers need about {_size(need)} ({how}, ×2)"
+    detail = f"{format_bytes(total)} ({format_bytes(free)} free); DataLoader workers need about {format_bytes(need)} ({how}, ×2)"
     if free < need:
         return Check(
             name,
@@ -829,8 +820,8 @@ def _load_config(
     """(task, config, the config check) for ``--config``/``--task``; all None when neither is given."""
     if config is None and task is None:
         return None, None, None
-    from pointforge.config import load_train_config
     from pointforge.tasks import get_task
+    from pointforge.tasks.configs import load_train_config
 
     task_name = task or _task_from_config(config)
     try:
@@ -869,8 +860,8 @@ def _plan_checks(
     disk_space: tuple[int, int] | None,
 ) -> list[Check]:
     """The plan's own problems (or its summary), then every job's config checks."""
-    from pointforge.config import load_train_config
     from pointforge.tasks import get_task
+    from pointforge.tasks.configs import load_train_config
 
     if launch_plan.problems:
         checks = [

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from pointforge.atomic import atomic_write_json, atomic_write_text
-from pointforge.config import load_train_config, load_yaml
+from pointforge.config import load_yaml
 from pointforge.errors import CheckpointError, ConfigError, DeviceError, UserError
 from pointforge.ops.host import (
     FAKE_GPUS_ENV,
@@ -75,6 +75,7 @@ from pointforge.ops.runs import (
     read_launch,
     run_state,
 )
+from pointforge.tasks.configs import load_train_config
 from pointforge.train import checkpoint as ckpt_io
 from pointforge.train.launch import package_root, torchrun_command, worker_args, worker_pythonpath  # noqa: F401
 from pointforge.train.schedule import plan_batches

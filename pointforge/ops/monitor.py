@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from pointforge.errors import DataError
+from pointforge.formats import format_bytes
 from pointforge.ops.host import GpuInventory, format_gpu_list, gpu_inventory
 from pointforge.ops.runs import CONSOLE_LOG, RunState, find_run_dirs, run_state, tail_lines
 from pointforge.train.tracking import format_duration
@@ -95,17 +96,6 @@ def job_of_pid(runs: Iterable[RunState], pid: int) -> str | None:
 # --------------------------------------------------------------------------- formatting
 
 
-def _bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    size = float(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if size < 1024 or unit == "TB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} TB"
-
-
 def _age(seconds: float | None) -> str:
     if seconds is None:
         return "-"
@@ -151,7 +141,7 @@ def run_row(run: RunState) -> dict[str, str]:
         "speed": speed,
         "ETA": format_duration(run.eta_s) if run.eta_s is not None else "-",
         "checkpoint": checkpoint,
-        "disk": _bytes(run.disk_bytes),
+        "disk": format_bytes(run.disk_bytes),
         "devices": devices,
         "updated": _age(run.updated_age_s),
     }

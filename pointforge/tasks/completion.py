@@ -104,9 +104,8 @@ class SyntheticSection:
     points: int = 4096  # surface points kept per volume when preparing
     split: str = "0.5,0.25,0.25"  # train, val, test ratios, grouped by skull
 
-    # Called by PCDiffConfig.validate rather than as `validate`: the config
-    # loader reads an optional section by trying it and, on any error, reports
-    # only that the section did not fit; checking afterwards keeps the detail.
+    # Called by PCDiffConfig.validate, which checks the optional sections
+    # together with the keys that depend on them.
     def check(self, prefix: str) -> None:
         if not 2 <= self.skulls <= 1000:
             raise ConfigError(
@@ -197,7 +196,14 @@ class PCDiffConfig:
         if self.n_implant is None:
             self.n_implant = implant
 
+    @property
+    def points(self) -> tuple[int, int]:
+        """``(n_skull, n_implant)``; ``__post_init__`` has filled in the preset's for null."""
+        assert self.n_skull is not None and self.n_implant is not None
+        return self.n_skull, self.n_implant
+
     def validate(self, prefix: str) -> None:
+        n_skull, n_implant = self.points
         if self.synthetic is not None:
             self.synthetic.check(f"{prefix}.synthetic")
         if self.frame is not None:
@@ -206,14 +212,14 @@ class PCDiffConfig:
                 raise ConfigError(
                     f"config key '{prefix}.rotate_degrees' must be 0 with '{prefix}.frame' (the atlas frame assumes aligned skulls)"
                 )
-        if self.n_skull < 1 or self.n_implant < 1:
+        if n_skull < 1 or n_implant < 1:
             raise ConfigError(
                 f"config keys '{prefix}.n_skull' and '{prefix}.n_implant' must be at least 1, got {self.n_skull} and {self.n_implant}"
             )
         need = get_preset(self.model).min_points
-        if self.n_skull + self.n_implant < need:
+        if n_skull + n_implant < need:
             raise ConfigError(
-                f"config keys '{prefix}.n_skull' + '{prefix}.n_implant' = {self.n_skull + self.n_implant} points, "
+                f"config keys '{prefix}.n_skull' + '{prefix}.n_implant' = {n_skull + n_implant} points, "
                 f"but PVCNN2 preset '{self.model}' needs at least {need}"
             )
         if not 0.0 <= self.rotate_degrees <= 180.0:
@@ -248,7 +254,7 @@ def build_model(cfg: PCDiffConfig, atlas: torch.Tensor | None = None) -> nn.Modu
     frame's atlas when configured (the upstream configuration is the bare PVCNN2)."""
     preset = get_preset(cfg.model)
     if cfg.condition_mark:
-        net: nn.Module = MarkConditioning(PVCNN2(replace(preset, extra_feature_channels=1)), cfg.n_implant)
+        net: nn.Module = MarkConditioning(PVCNN2(replace(preset, extra_feature_channels=1)), cfg.points[1])
     else:
         net = PVCNN2(preset)
     return net if cfg.frame is None else FramedDenoiser(net, atlas)
@@ -345,6 +351,8 @@ class PCDiffDataset(CompletionDataset):
         return item
 
     def _framed(self, index: int) -> dict:
+        frame = self.frame
+        assert frame is not None  # only called with a frame
         case = self.cases[index]
         rng = self._rng(index)
         skull = np.asarray(self.data.points(case.defective), dtype=np.float64)
@@ -358,10 +366,10 @@ class PCDiffDataset(CompletionDataset):
             center = np.asarray(implant_all, dtype=np.float64).mean(axis=0)
         else:
             if case.case_id not in self._centers:
-                self._centers[case.case_id] = atlas_center(self.atlas, skull, self.spacing(index).numpy(), self.frame)
+                self._centers[case.case_id] = atlas_center(self.atlas, skull, self.spacing(index).numpy(), frame)
             center = self._centers[case.case_id]
         cond, norm = frame_condition(
-            skull, center, self.n_skull, self.frame, rng, half_extent=self.half_extent, jitter=self.atlas is None
+            skull, center, self.n_skull, frame, rng, half_extent=self.half_extent, jitter=self.atlas is None
         )
         return {
             "points": torch.from_numpy(norm.apply(np.concatenate([cond, implant]))),
@@ -447,7 +455,9 @@ class CompletionTask(Task):
     def build_datasets(self, cfg: PCDiffConfig) -> tuple[Dataset, Dataset | None]:
         root = ensure_prepared_dataset(cfg.data_root, cfg.synthetic)
         prepared = PreparedDataset(root)
-        common = dict(n_skull=cfg.n_skull, n_implant=cfg.n_implant, half_extent=HALF_EXTENT, frame=cfg.frame)
+        common: dict[str, Any] = dict(
+            n_skull=cfg.n_skull, n_implant=cfg.n_implant, half_extent=HALF_EXTENT, frame=cfg.frame
+        )
         train = PCDiffDataset(
             prepared, cfg.train_split, rotate_degrees=cfg.rotate_degrees, seed=cfg.data_seed, **common
         )
@@ -477,12 +487,12 @@ class CompletionTask(Task):
 
     def training_step(self, model: nn.Module, batch: Any, ctx: StepContext):
         x0 = batch["points"].transpose(1, 2)  # [B, 3, n_skull + n_implant]
-        return diffusion_loss(model, self.schedule, x0, self.cfg.n_implant, weighting=self.cfg.diffusion.loss_weighting)
+        return diffusion_loss(model, self.schedule, x0, self.cfg.points[1], weighting=self.cfg.diffusion.loss_weighting)
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, loader, ctx: EvalContext) -> dict[str, float]:
         cfg = self.cfg
-        n_skull, n_implant = cfg.n_skull, cfg.n_implant
+        n_skull, n_implant = cfg.points
         generator = torch.Generator().manual_seed(cfg.eval.seed)  # CPU: the same noise on any device
         sums: dict[str, float] = {}
         count = 0

@@ -38,8 +38,8 @@ class FrameSection:
     radius_mm: float = 10.0  # missing points of every atlas skull within this radius agree on the defect
     atlas_points: int = 2000  # surface points kept per atlas skull
 
-    # `check`, not `validate`: the config loader reports only "did not fit" for an
-    # optional section whose validate fails; PCDiffConfig.validate calls this instead.
+    # Called by PCDiffConfig.validate, which checks the optional sections
+    # together with the keys that depend on them (rotate_degrees with a frame).
     def check(self, prefix: str) -> None:
         for key in ("scale", "gap_mm", "radius_mm"):
             if not getattr(self, key) > 0:
@@ -116,6 +116,8 @@ class FramedDenoiser(nn.Module):
     The buffer takes the saved shape when a checkpoint is loaded, so a model
     built without data (inference) receives the training run's atlas.
     """
+
+    atlas_mm: torch.Tensor
 
     def __init__(self, net: nn.Module, atlas: torch.Tensor | None = None):
         super().__init__()

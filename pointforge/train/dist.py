@@ -34,6 +34,10 @@ from typing import Any, Callable, Iterator, TypeVar
 import torch
 import torch.distributed as dist
 
+from pointforge.devices import (
+    resolve_device as _resolve_device,
+    visible_devices,  # noqa: F401  (re-exported: the engine's error messages use it)
+)
 from pointforge.errors import ConfigError, DataError, DeviceError
 
 T = TypeVar("T")
@@ -50,51 +54,9 @@ class DistributedFailure(RuntimeError):
 # --------------------------------------------------------------------------- devices
 
 
-def visible_devices() -> str:
-    """Human-readable list of the CUDA devices this process can see."""
-    if not torch.cuda.is_available():
-        return "none (no CUDA device is visible)"
-    names = [f"cuda:{i} ({torch.cuda.get_device_name(i)})" for i in range(torch.cuda.device_count())]
-    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
-    suffix = f"; CUDA_VISIBLE_DEVICES={mask}" if mask is not None else ""
-    return ", ".join(names) + suffix
-
-
 def resolve_device(requested: str, *, local_rank: int, world_size: int) -> torch.device:
-    """The device this rank trains on, or DeviceError listing the visible ones."""
-    text = (requested or "auto").strip().lower()
-    cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if text == "cpu":
-        return torch.device("cpu")
-    if text == "auto":
-        if cuda_count == 0:
-            return torch.device("cpu")
-        text = "cuda"
-    if text == "cuda":
-        if cuda_count == 0:
-            raise DeviceError(
-                f"run.device=cuda but no CUDA device is visible (visible: {visible_devices()}); use run.device=cpu or run.device=auto"
-            )
-        if local_rank >= cuda_count:
-            raise DeviceError(
-                f"this process has LOCAL_RANK={local_rank} but only {cuda_count} CUDA device(s) are visible "
-                f"({visible_devices()}); start at most {cuda_count} processes per node"
-            )
-        return torch.device("cuda", local_rank)
-    if text.startswith("cuda:"):
-        try:
-            index = int(text.split(":", 1)[1])
-        except ValueError:
-            raise ConfigError(f"run.device={requested!r} is not a device; use auto, cpu, cuda or cuda:N") from None
-        if world_size > 1:
-            raise DeviceError(
-                f"run.device={requested} pins one device, but this run has {world_size} ranks; "
-                "use run.device=cuda (each rank takes cuda:LOCAL_RANK) and choose devices with CUDA_VISIBLE_DEVICES"
-            )
-        if index >= cuda_count:
-            raise DeviceError(f"run.device={requested} does not exist; visible devices: {visible_devices()}")
-        return torch.device("cuda", index)
-    raise ConfigError(f"run.device={requested!r} is not a device; use auto, cpu, cuda or cuda:N")
+    """The device this rank trains on (:func:`pointforge.devices.resolve_device`, the one resolver)."""
+    return _resolve_device(requested, local_rank=local_rank, world_size=world_size, setting="run.device")
 
 
 # --------------------------------------------------------------------------- environment

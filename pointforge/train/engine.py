@@ -42,6 +42,7 @@ from pointforge import __version__
 from pointforge.atomic import atomic_write_json
 from pointforge.config import TrainConfig, save_yaml, to_dict
 from pointforge.errors import CheckpointError, ConfigError, DeviceError, UserError
+from pointforge.formats import json_safe
 from pointforge.train import checkpoint as ckpt_io
 from pointforge.train.data import (
     EpochBatches,
@@ -1002,7 +1003,7 @@ def _jsonable(metrics: Mapping[str, Any]) -> dict[str, Any]:
             number = float(value)
         except (TypeError, ValueError):
             continue
-        out[name] = number if math.isfinite(number) else str(number)
+        out[name] = json_safe(number)  # the project's one NaN policy: null
     return out
 
 

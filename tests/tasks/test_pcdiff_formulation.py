@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from pointforge.config import load_train_config
 from pointforge.data.frames import LocalFrame, estimate_implant_center, nearest_indices
 from pointforge.errors import ConfigError
 from pointforge.nn.diffusion import (
@@ -22,6 +21,7 @@ from pointforge.nn.diffusion import (
 )
 from pointforge.nn.placement import condition_use, placement_metrics
 from pointforge.tasks.completion_frame import FramedDenoiser, FrameSection, frame_condition
+from pointforge.tasks.configs import load_train_config
 from tests.helpers import CONFIGS as REPO_CONFIGS
 
 CONFIGS = REPO_CONFIGS / "pcdiff"

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pointforge.config import load_train_config
 from pointforge.errors import CheckpointError, ConfigError, DeviceError, UserError
+from pointforge.tasks.configs import load_train_config
 from pointforge.train import checkpoint as ck
 from pointforge.train.engine import TrainingDiverged, train
 from tests.helpers import TOY_TINY, quiet_config, run_cli

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pointforge.config import load_train_config
+from pointforge.tasks.configs import load_train_config
 from pointforge.train import checkpoint as ck
 from pointforge.train.engine import train
 from tests.helpers import QUIET, TOY_TINY, Job, run_to_end, torchrun_command
