@@ -64,40 +64,9 @@ def launch_command(
     """
     from pointforge.ops import launch as ops
 
-    plan_file: Optional[Path] = None
-    overrides: list[str] = []
-    for item in args or []:
-        if "=" in item:
-            overrides.append(item)
-        elif plan_file is None:
-            plan_file = Path(item)
-        else:
-            raise ConfigError(f"two plan files given ({plan_file} and {item}); give one plan, or --job flags")
-
-    spec = None
-    if plan_file is not None:
-        spec = ops.load_plan(plan_file)
-        if job:
-            raise ConfigError("give either a plan file or --job flags, not both")
-    elif job:
-        spec = ops.PlanSpec(jobs=[ops.parse_job_flag(j) for j in job])
-    if spec is not None:
-        if runs_dir is not None:
-            spec.runs_dir = str(runs_dir)
-        if session:
-            spec.session = session
-
+    spec, overrides = _plan_spec(args, job, runs_dir, session)
     if stop is not None:
-        refs = ops.jobs_in(spec, [] if spec is not None else [runs_dir or ops.DEFAULT_RUNS_DIR])
-        results = ops.stop_jobs(
-            refs, stop, now=now, wait_s=0.0 if now else wait, on_result=lambda r: typer.echo(r.message)
-        )
-        if wait and not now:
-            for result in results:
-                if result.action != "not running":
-                    typer.echo(result.message)
-        if any("still running" in r.message for r in results):
-            raise typer.Exit(1)
+        _stop(spec, stop, runs_dir, now=now, wait=wait)
         return
 
     if spec is None:
@@ -114,6 +83,54 @@ def launch_command(
     if dry_run:
         typer.echo("\ndry run: nothing started")
         return
+    _say_started(plan, started, spec, tmux=tmux)
+
+
+def _plan_spec(args, job, runs_dir, session):
+    """The plan (from a plan file or --job flags, or None) and the key=value overrides among ``args``."""
+    from pointforge.ops import launch as ops
+
+    plan_file: Optional[Path] = None
+    overrides: list[str] = []
+    for item in args or []:
+        if "=" in item:
+            overrides.append(item)
+        elif plan_file is None:
+            plan_file = Path(item)
+        else:
+            raise ConfigError(f"two plan files given ({plan_file} and {item}); give one plan, or --job flags")
+    spec = None
+    if plan_file is not None:
+        spec = ops.load_plan(plan_file)
+        if job:
+            raise ConfigError("give either a plan file or --job flags, not both")
+    elif job:
+        spec = ops.PlanSpec(jobs=[ops.parse_job_flag(j) for j in job])
+    if spec is not None:
+        if runs_dir is not None:
+            spec.runs_dir = str(runs_dir)
+        if session:
+            spec.session = session
+    return spec, overrides
+
+
+def _stop(spec, stop: str, runs_dir, *, now: bool, wait: float) -> None:
+    """--stop: SIGTERM (or kill with --now) the named jobs and wait; exit 1 if one is still running."""
+    from pointforge.ops import launch as ops
+
+    refs = ops.jobs_in(spec, [] if spec is not None else [runs_dir or ops.DEFAULT_RUNS_DIR])
+    results = ops.stop_jobs(refs, stop, now=now, wait_s=0.0 if now else wait, on_result=lambda r: typer.echo(r.message))
+    if wait and not now:
+        for result in results:
+            if result.action != "not running":
+                typer.echo(result.message)
+    if any("still running" in r.message for r in results):
+        raise typer.Exit(1)
+
+
+def _say_started(plan, started, spec, *, tmux: bool) -> None:
+    from pointforge.ops import launch as ops
+
     typer.echo("")
     for launched in started:
         where = f"pid {launched.pid}" if launched.pid else "pid not known yet"

@@ -506,73 +506,71 @@ def _metric_cell(stats: dict | None, metric: str) -> str:
     return f"{m['mean']:.{digits}f} ± {m['std']:.{digits}f} (median {m['median']:.{digits}f})"
 
 
-def _tables(summary: dict, curve: list[dict], baseline_eval) -> dict[str, tuple[list[str], list[list[str]]]]:
+Table = tuple[list[str], list[list[str]]]
+
+
+def _tables(summary: dict, curve: list[dict], baseline_eval) -> dict[str, Table]:
+    """Every table of the report, by name."""
+    return {
+        "by_class": _by_class_table(summary),
+        "curve": _curve_table(summary, curve),
+        "cases": _cases_table(curve[-1], baseline_eval),
+        "stages": _stages_table(curve[-1]),
+        "demo_times": (
+            ["demo stage", "seconds"],
+            [[k.removesuffix("_s"), f"{v:.1f}"] for k, v in summary["timings_s"].items()],
+        ),
+        "limits": _limits_table(summary),
+    }
+
+
+def _by_class_table(summary: dict) -> Table:
     pipe, base = summary["pipeline"], summary["baseline"]
     groups = [g for g in pipe if g != "all"] + ["all"]
-    by_class = (
-        [
-            "defect class",
-            "n",
-            "PCDiff DSC",
-            "baseline DSC",
-            "PCDiff bDSC",
-            "baseline bDSC",
-            "PCDiff HD95 (mm)",
-            "baseline HD95 (mm)",
-        ],
-        [
-            [
-                g,
-                str(pipe[g]["dsc"]["n"]),
-                _metric_cell(pipe[g], "dsc"),
-                _metric_cell(base.get(g), "dsc"),
-                _metric_cell(pipe[g], "bdsc"),
-                _metric_cell(base.get(g), "bdsc"),
-                _metric_cell(pipe[g], "hd95"),
-                _metric_cell(base.get(g), "hd95"),
-            ]
-            for g in groups
-        ],
-    )
-    curve_rows = [
-        [
-            f"{c['minutes']:g}",
-            str(c["steps"].get("pcdiff")),
-            str(c["steps"].get("voxelizer")),
-            _fmt(_mean_dsc(c["evaluation"], summary["cases"])),
-            _fmt(p.get("centroid_error"), 1),
-            _fmt(p.get("spread_ratio"), 2),
-            _fmt(c["evaluation"].summary.get("all", {}).get("bdsc", {}).get("mean")),
-            _fmt(c["evaluation"].summary.get("all", {}).get("hd95", {}).get("mean"), 2),
-            str(len(c["failed"])),
-        ]
-        for c, p in zip(curve, (k["placement"] for k in summary["curve"]))
+    headers = ["defect class", "n", "PCDiff DSC", "baseline DSC", "PCDiff bDSC", "baseline bDSC"]
+    headers += ["PCDiff HD95 (mm)", "baseline HD95 (mm)"]
+    rows = [
+        [g, str(pipe[g]["dsc"]["n"])]
+        + [_metric_cell(stats, m) for m in ("dsc", "bdsc", "hd95") for stats in (pipe[g], base.get(g))]
+        for g in groups
     ]
-    curve_table = (
-        [
-            "training min",
-            "PCDiff steps",
-            "voxelizer steps",
-            "mean DSC (failed = 0)",
-            "centroid error (mm)",
-            "spread ratio",
-            "mean bDSC",
-            "mean HD95 (mm)",
-            "failed cases",
-        ],
-        curve_rows,
-    )
+    return headers, rows
+
+
+def _curve_table(summary: dict, curve: list[dict]) -> Table:
+    headers = ["training min", "PCDiff steps", "voxelizer steps", "mean DSC (failed = 0)", "centroid error (mm)"]
+    headers += ["spread ratio", "mean bDSC", "mean HD95 (mm)", "failed cases"]
+    rows = []
+    for c, p in zip(curve, (k["placement"] for k in summary["curve"])):
+        everything = c["evaluation"].summary.get("all", {})
+        rows.append(
+            [
+                f"{c['minutes']:g}",
+                str(c["steps"].get("pcdiff")),
+                str(c["steps"].get("voxelizer")),
+                _fmt(_mean_dsc(c["evaluation"], summary["cases"])),
+                _fmt(p.get("centroid_error"), 1),
+                _fmt(p.get("spread_ratio"), 2),
+                _fmt(everything.get("bdsc", {}).get("mean")),
+                _fmt(everything.get("hd95", {}).get("mean"), 2),
+                str(len(c["failed"])),
+            ]
+        )
+    return headers, rows
+
+
+def _cases_table(final: dict, baseline_eval) -> Table:
+    headers = ["case", "PCDiff DSC", "baseline DSC", "PCDiff bDSC", "PCDiff HD95 (mm)", "implant cm³"]
+    headers += ["mean agreement", "STL watertight"]
     base_rows = {r["case_id"]: r for r in baseline_eval.rows}
-    final = curve[-1]
-    case_rows = []
+    rows = []
     for row in final["evaluation"].rows:
         report = _case_report(final["root"] / row["case_id"])
-        b = base_rows.get(row["case_id"], {})
-        case_rows.append(
+        rows.append(
             [
                 row["case_id"],
                 _fmt(row.get("dsc")),
-                _fmt(b.get("dsc")),
+                _fmt(base_rows.get(row["case_id"], {}).get("dsc")),
                 _fmt(row.get("bdsc")),
                 _fmt(row.get("hd95"), 2),
                 _fmt((report.get("implant") or {}).get("volume_cm3"), 2),
@@ -580,41 +578,19 @@ def _tables(summary: dict, curve: list[dict], baseline_eval) -> dict[str, tuple[
                 "yes" if (report.get("mesh") or {}).get("watertight") else "no",
             ]
         )
-    for case_id, message in final["failed"].items():
-        case_rows.append([case_id, "failed: " + message, "", "", "", "", "", ""])
-    cases = (
-        [
-            "case",
-            "PCDiff DSC",
-            "baseline DSC",
-            "PCDiff bDSC",
-            "PCDiff HD95 (mm)",
-            "implant cm³",
-            "mean agreement",
-            "STL watertight",
-        ],
-        case_rows,
-    )
+    rows += [[case_id, "failed: " + message, "", "", "", "", "", ""] for case_id, message in final["failed"].items()]
+    return headers, rows
+
+
+def _stages_table(final: dict) -> Table:
     stage_sums: dict[str, list[float]] = {}
     for row in final["evaluation"].rows:
         for k, v in (_case_report(final["root"] / row["case_id"]).get("timings_s") or {}).items():
             stage_sums.setdefault(k, []).append(v)
-    stages = (
+    return (
         ["generation stage", "mean s per case"],
         [[k.removesuffix("_s"), f"{sum(v) / len(v):.2f}"] for k, v in stage_sums.items()],
     )
-    demo_times = (
-        ["demo stage", "seconds"],
-        [[k.removesuffix("_s"), f"{v:.1f}"] for k, v in summary["timings_s"].items()],
-    )
-    return {
-        "by_class": by_class,
-        "curve": curve_table,
-        "cases": cases,
-        "stages": stages,
-        "demo_times": demo_times,
-        "limits": _limits_table(summary),
-    }
 
 
 def _limits_table(summary: dict) -> tuple[list[str], list[list[str]]]:
@@ -693,8 +669,18 @@ def _html_table(headers: list[str], rows: list[list[str]]) -> str:
 def _write_report(out: Path, summary: dict, curve: list[dict], baseline_eval, base_root: Path) -> tuple[Path, Path]:
     tables = _tables(summary, curve, baseline_eval)
     _curve_plot(out / "curve.png", summary)
-    final = curve[-1]
-    previews = []
+    previews = _previews(curve[-1], out)
+    intro, verdict = _intro_and_verdict(summary)
+    sections = _sections(verdict)
+    commands = _reproduce_commands()
+    md_path = _write_markdown(out, intro, sections, tables, previews, commands)
+    html_path = _write_html(out, intro, sections, tables, previews, commands)
+    return md_path, html_path
+
+
+def _previews(final: dict, out: Path) -> list[tuple[str, str]]:
+    """One preview per defect class (the first case of each), as (caption, path relative to ``out``)."""
+    previews: list[tuple[str, str]] = []
     seen = set()
     for row in final["evaluation"].rows:
         if row["defect"] in seen:
@@ -703,6 +689,10 @@ def _write_report(out: Path, summary: dict, curve: list[dict], baseline_eval, ba
         if path.is_file():
             seen.add(row["defect"])
             previews.append((f"{row['case_id']} (DSC {_fmt(row.get('dsc'))})", os.path.relpath(path, out)))
+    return previews
+
+
+def _intro_and_verdict(summary: dict) -> tuple[str, str]:
     s = summary["settings"]
     pipe, base = summary["curve"][-1]["dsc_mean"], summary["baseline_dsc_mean"]
     verdict = (
@@ -728,7 +718,12 @@ def _write_report(out: Path, summary: dict, curve: list[dict], baseline_eval, ba
         + (f" {s['steps']} steps" if s["steps"] else "")
         + ". Every number below was computed in this run."
     )
-    sections = [
+    return intro, verdict
+
+
+def _sections(verdict: str) -> list[tuple[str, str | None, str | None]]:
+    """The report's sections: (title, table name or None, text or None)."""
+    return [
         ("Result", None, verdict),
         (
             "Which stage limits the result",
@@ -744,8 +739,9 @@ def _write_report(out: Path, summary: dict, curve: list[dict], baseline_eval, ba
         ("Where the time goes", "stages", None),
         ("Demo stages", "demo_times", None),
     ]
-    commands = _reproduce_commands()
 
+
+def _write_markdown(out: Path, intro: str, sections, tables, previews, commands) -> Path:
     md = ["# pointforge demo report", "", intro, ""]
     for title, key, text in sections:
         md += [f"## {title}", ""]
@@ -762,6 +758,10 @@ def _write_report(out: Path, summary: dict, curve: list[dict], baseline_eval, ba
     md_path = out / "report.md"
     atomic_write_text(md_path, "\n".join(md) + "\n")
 
+    return md_path
+
+
+def _write_html(out: Path, intro: str, sections, tables, previews, commands) -> Path:
     style = (
         "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
         "table{border-collapse:collapse;margin:0.5em 0 1.5em}td,th{border:1px solid #ccc;padding:4px 8px;"
@@ -787,4 +787,4 @@ def _write_report(out: Path, summary: dict, curve: list[dict], baseline_eval, ba
     parts.append("</body></html>")
     html_path = out / "report.html"
     atomic_write_text(html_path, "\n".join(parts))
-    return md_path, html_path
+    return html_path

@@ -250,6 +250,50 @@ def _proposals(
     return np.asarray(implants, dtype=np.float64)
 
 
+def _work_surface(defective: Volume, options: GenerateOptions, notes: list[str]):
+    """The volume the networks see (isotropic), its input-index scale, and its surface points."""
+    work, scale = _isotropic(defective)
+    if scale is not None:
+        notes.append(
+            f"resampled to isotropic {work.spacing[0]:g} mm voxels {work.shape} for the networks; outputs mapped back"
+        )
+    return work, scale, surface_points(work.data, int(options.surface_points), seed=int(options.seed))
+
+
+def _voxelize(dense, skull_pts, work: Volume, models: Models, options: GenerateOptions, rng, progress) -> list:
+    """One completed-skull volume per proposal: a fresh skull subsample plus the proposal, through the voxelizer.
+
+    The skull part has ``voxelizer n_points - n_implant`` points (at least PCDiff's ``n_skull``), so the
+    voxelizer sees as many points as it was trained on.
+    """
+    n_vox_skull = max(int(models.voxelizer_config.task.n_points) - dense.shape[1], models.pcdiff.config.n_skull)
+    completed = []
+    for k, proposal in enumerate(dense):
+        take = rng.choice(len(skull_pts), size=min(n_vox_skull, len(skull_pts)), replace=False)
+        points = np.concatenate([skull_pts[take], proposal], axis=0)
+        vol = points_to_volume(
+            models.voxelizer, points, work, resolution=options.voxel_resolution, device=models.device
+        )
+        completed.append(vol.data)
+        if progress:
+            progress("voxelize", k + 1, len(dense))
+    return completed
+
+
+def _postprocess(completed: list, dense: np.ndarray, work: Volume, scale, defective: Volume):
+    """The voted implant, each proposal's own implant and their agreement, on the input's grid."""
+    implant, _ = implant_from_proposals(completed, work.data, dense.reshape(-1, 3), spacing=work.spacing)
+    own = [
+        implant_from_proposals([c], work.data, p, dilate=0, spacing=work.spacing)[0] for c, p in zip(completed, dense)
+    ]
+    agreement = cast(np.ndarray, np.mean(own, axis=0, dtype=np.float32)) if own else np.zeros(work.shape, np.float32)
+    implant = _to_input_grid(implant, scale, defective.shape, binary=True)
+    own = [_to_input_grid(m, scale, defective.shape, binary=True) for m in own]
+    agreement = _to_input_grid(agreement, scale, defective.shape, binary=False)
+    implant &= ~defective.data  # resampling back must not put implant voxels into bone
+    return implant, own, agreement
+
+
 def generate_implant(
     defective: Volume,
     models: Models,
@@ -283,12 +327,7 @@ def generate_implant(
     rng = np.random.default_rng(int(options.seed))
 
     t = time.perf_counter()
-    work, scale = _isotropic(defective)
-    if scale is not None:
-        notes.append(
-            f"resampled to isotropic {work.spacing[0]:g} mm voxels {work.shape} for the networks; outputs mapped back"
-        )
-    skull_pts = surface_points(work.data, int(options.surface_points), seed=int(options.seed))
+    work, scale, skull_pts = _work_surface(defective, options, notes)
     timings["surface_s"] = time.perf_counter() - t
     say(f"surface: {len(skull_pts)} points on the defective skull ({timings['surface_s']:.1f} s)")
 
@@ -309,30 +348,12 @@ def generate_implant(
         dense = _inside_volume(np.stack([upsample_points(models.upsampler, p) for p in implants]), work.shape, notes)
         timings["upsample_s"] = time.perf_counter() - t
         t = time.perf_counter()
-    n_vox_skull = max(int(models.voxelizer_config.task.n_points) - dense.shape[1], cfg.n_skull)
-    completed = []
-    for k, proposal in enumerate(dense):
-        take = rng.choice(len(skull_pts), size=min(n_vox_skull, len(skull_pts)), replace=False)
-        points = np.concatenate([skull_pts[take], proposal], axis=0)
-        vol = points_to_volume(
-            models.voxelizer, points, work, resolution=options.voxel_resolution, device=models.device
-        )
-        completed.append(vol.data)
-        if progress:
-            progress("voxelize", k + 1, len(dense))
+    completed = _voxelize(dense, skull_pts, work, models, options, rng, progress)
     timings["voxelize_s"] = time.perf_counter() - t
     say(f"voxelize: {len(completed)} completed skulls ({timings['voxelize_s']:.1f} s)")
 
     t = time.perf_counter()
-    implant, _ = implant_from_proposals(completed, work.data, dense.reshape(-1, 3), spacing=work.spacing)
-    own = [
-        implant_from_proposals([c], work.data, p, dilate=0, spacing=work.spacing)[0] for c, p in zip(completed, dense)
-    ]
-    agreement = cast(np.ndarray, np.mean(own, axis=0, dtype=np.float32)) if own else np.zeros(work.shape, np.float32)
-    implant = _to_input_grid(implant, scale, defective.shape, binary=True)
-    own = [_to_input_grid(m, scale, defective.shape, binary=True) for m in own]
-    agreement = _to_input_grid(agreement, scale, defective.shape, binary=False)
-    implant &= ~defective.data  # resampling back must not put implant voxels into bone
+    implant, own, agreement = _postprocess(completed, dense, work, scale, defective)
     timings["postprocess_s"] = time.perf_counter() - t
     if not implant.any():
         raise DataError(

@@ -546,59 +546,12 @@ def check_resume(
     resume: str, *, run_dir: str | os.PathLike | None, task: Any = None, cfg: Any = None, nproc: int | None = None
 ) -> list[Check]:
     """The checkpoint a run would resume from: readable, ours, same task, weights that fit the config's model."""
-    import torch
-
-    from pointforge.ops.checkpoints import inspect_checkpoint
-    from pointforge.train import checkpoint as ckpt_io
-
     name = "resume"
-    if resume == "auto":
-        if run_dir is None:
-            return [
-                Check(
-                    name,
-                    WARNING,
-                    "--resume auto without a config or run dir: nothing to look in",
-                    "give --config (its run.dir) or a checkpoint path",
-                )
-            ]
-        candidates = ckpt_io.resume_candidates(run_dir)
-        if not candidates:
-            return [Check(name, OK, f"--resume auto: {run_dir} holds no checkpoint yet; the run starts from scratch")]
-        path = candidates[0]
-    else:
-        path = Path(resume)
-    try:
-        info = inspect_checkpoint(path)
-    except UserError as err:
-        return [Check(name, FAILURE, str(err), "check the path, or use --resume auto")]
-    if not info["complete"]:
-        return [
-            Check(
-                name,
-                FAILURE,
-                info["problem"],
-                "resume from an earlier checkpoint (pointforge ckpt inspect RUN_DIR lists them); --resume auto skips damaged ones",
-            )
-        ]
-    if info["resumable"] != "yes":
-        return [
-            Check(
-                name,
-                FAILURE,
-                f"{path}: {info['resumable']}",
-                "a run resumes only from a pointforge training checkpoint; to start from these weights, load them into a new run",
-            )
-        ]
-    checks = [
-        Check(
-            name,
-            OK,
-            f"{path}: task {info['task']}, epoch {info['epoch']}, step {info['global_step']}, "
-            f"written by {info['world_size']} process(es), saved on {', '.join(info['saved_devices'])}",
-        )
-    ]
-    if cfg is None or task is None:
+    path, early = _resume_path(resume, run_dir)
+    if path is None:
+        return early
+    checks, info = _checkpoint_checks(path)
+    if info is None or cfg is None or task is None:
         return checks
     if info["task"] != task.name:
         checks.append(
@@ -610,44 +563,10 @@ def check_resume(
             )
         )
         return checks
-    ckpt = ckpt_io.load_checkpoint(path)
-    weights = ckpt_io.strip_prefixes(ckpt_io.model_weights(ckpt))
-    try:
-        task.configure(cfg.task)
-        with torch.device("meta"):
-            expected = {k: tuple(v.shape) for k, v in task.build_model(cfg.task).state_dict().items()}
-    except Exception as err:
-        checks.append(
-            Check(
-                name,
-                WARNING,
-                f"could not build the config's model to compare ({type(err).__name__}: {err})",
-                "check the task config",
-            )
-        )
+    fit = _weights_fit(path, task, cfg)
+    checks.append(fit)
+    if fit.status != OK:
         return checks
-    missing = [k for k in expected if k not in weights]
-    unexpected = [k for k in weights if k not in expected]
-    shapes = [k for k in expected if k in weights and tuple(weights[k].shape) != expected[k]]
-    if missing or unexpected or shapes:
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} missing (e.g. {missing[0]})")
-        if unexpected:
-            parts.append(f"{len(unexpected)} unexpected (e.g. {unexpected[0]})")
-        if shapes:
-            k = shapes[0]
-            parts.append(f"{len(shapes)} of another shape (e.g. {k}: {tuple(weights[k].shape)} vs {expected[k]})")
-        checks.append(
-            Check(
-                name,
-                FAILURE,
-                "the checkpoint's weights do not fit the config's model: " + "; ".join(parts),
-                "use the config the checkpoint was trained with (pointforge ckpt inspect shows it)",
-            )
-        )
-        return checks
-    checks.append(Check(name, OK, f"weights fit the config's model ({len(expected)} tensors)"))
     if nproc and info.get("world_size") and info["world_size"] != nproc:
         checks.append(
             Check(
@@ -659,6 +578,106 @@ def check_resume(
             )
         )
     return checks
+
+
+def _resume_path(resume: str, run_dir: str | os.PathLike | None) -> tuple[Path | None, list[Check]]:
+    """The checkpoint ``--resume`` names (None with the checks that end the matter)."""
+    from pointforge.train import checkpoint as ckpt_io
+
+    name = "resume"
+    if resume != "auto":
+        return Path(resume), []
+    if run_dir is None:
+        return None, [
+            Check(
+                name,
+                WARNING,
+                "--resume auto without a config or run dir: nothing to look in",
+                "give --config (its run.dir) or a checkpoint path",
+            )
+        ]
+    candidates = ckpt_io.resume_candidates(run_dir)
+    if not candidates:
+        return None, [Check(name, OK, f"--resume auto: {run_dir} holds no checkpoint yet; the run starts from scratch")]
+    return candidates[0], []
+
+
+def _checkpoint_checks(path: Path) -> tuple[list[Check], dict | None]:
+    """Whether ``path`` is a complete, resumable pointforge checkpoint; its inspection when it is."""
+    from pointforge.ops.checkpoints import inspect_checkpoint
+
+    name = "resume"
+    try:
+        info = inspect_checkpoint(path)
+    except UserError as err:
+        return [Check(name, FAILURE, str(err), "check the path, or use --resume auto")], None
+    if not info["complete"]:
+        return [
+            Check(
+                name,
+                FAILURE,
+                info["problem"],
+                "resume from an earlier checkpoint (pointforge ckpt inspect RUN_DIR lists them); --resume auto skips damaged ones",
+            )
+        ], None
+    if info["resumable"] != "yes":
+        return [
+            Check(
+                name,
+                FAILURE,
+                f"{path}: {info['resumable']}",
+                "a run resumes only from a pointforge training checkpoint; to start from these weights, load them into a new run",
+            )
+        ], None
+    return [
+        Check(
+            name,
+            OK,
+            f"{path}: task {info['task']}, epoch {info['epoch']}, step {info['global_step']}, "
+            f"written by {info['world_size']} process(es), saved on {', '.join(info['saved_devices'])}",
+        )
+    ], info
+
+
+def _weights_fit(path: Path, task: Any, cfg: Any) -> Check:
+    """Whether the checkpoint's weights fit the model the config builds (built on the meta device: no memory)."""
+    import torch
+
+    from pointforge.train import checkpoint as ckpt_io
+
+    name = "resume"
+    ckpt = ckpt_io.load_checkpoint(path)
+    weights = ckpt_io.strip_prefixes(ckpt_io.model_weights(ckpt))
+    try:
+        task.configure(cfg.task)
+        with torch.device("meta"):
+            expected = {k: tuple(v.shape) for k, v in task.build_model(cfg.task).state_dict().items()}
+    except Exception as err:
+        return Check(
+            name,
+            WARNING,
+            f"could not build the config's model to compare ({type(err).__name__}: {err})",
+            "check the task config",
+        )
+    missing = [k for k in expected if k not in weights]
+    unexpected = [k for k in weights if k not in expected]
+    shapes = [k for k in expected if k in weights and tuple(weights[k].shape) != expected[k]]
+    if not (missing or unexpected or shapes):
+        return Check(name, OK, f"weights fit the config's model ({len(expected)} tensors)")
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} missing (e.g. {missing[0]})")
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected (e.g. {unexpected[0]})")
+    if shapes:
+        k = shapes[0]
+        parts.append(f"{len(shapes)} of another shape (e.g. {k}: {tuple(weights[k].shape)} vs {expected[k]})")
+    return Check(
+        name,
+        FAILURE,
+        "the checkpoint's weights do not fit the config's model: " + "; ".join(parts),
+        "use the config the checkpoint was trained with (pointforge ckpt inspect shows it)",
+    )
 
 
 # --------------------------------------------------------------------------- the whole run

@@ -708,97 +708,17 @@ def start_plan(plan: LaunchPlan, *, tmux: bool = False, monitor_every: float = 1
     plan.check()
     base = dict(os.environ)
     if tmux:
-        if shutil.which("tmux") is None:
-            raise ConfigError(
-                "--tmux: tmux is not installed; install it (e.g. apt-get install tmux) or leave out --tmux to run the jobs detached"
-            )
-        if tmux_session_exists(plan.session, base):
-            raise ConfigError(
-                f"--tmux: a tmux session named {plan.session} already exists; close it (tmux kill-session -t {plan.session}) or pass --session NAME"
-            )
+        _check_tmux(plan, base)
     started: list[Started] = []
     try:
         for index, job in enumerate(plan.jobs):
-            job.run_dir.mkdir(parents=True, exist_ok=True)
-            script = job.run_dir / LAUNCH_SH
-            atomic_write_text(script, job_script(job, plan.cwd))
-            script.chmod(0o755)
-            with_pid = job.run_dir / LAUNCH_PID
-            with_pid.unlink(missing_ok=True)
-            mode = "tmux" if tmux else "detached"
-            atomic_write_json(
-                job.run_dir / LAUNCH_JSON,
-                job.record(mode=mode, session=plan.session if tmux else None, plan=plan.source, faked=plan.faked),
-            )
+            script, with_pid = _write_job_files(plan, job, tmux)
             if tmux:
-                window = ["-n", job.name, "-c", str(plan.cwd), f"bash {shlex.quote(str(script))}"]
-                first = (
-                    ["new-session", "-d", "-s", plan.session]
-                    if index == 0
-                    else ["new-window", "-d", "-t", f"={plan.session}:"]
-                )
-                # In one tmux command, so the window cannot end before it is told to stay open.
-                result = _tmux(
-                    [
-                        *first,
-                        *window,
-                        ";",
-                        "set-window-option",
-                        "-t",
-                        f"={plan.session}:{job.name}",
-                        "remain-on-exit",
-                        "on",
-                    ],
-                    base,
-                )
-                if result.returncode != 0:
-                    raise ConfigError(
-                        f"tmux could not start job {job.name}: {result.stderr.strip() or result.stdout.strip()}"
-                    )
-                started.append(Started(job.name, job.run_dir, None, "tmux"))
+                started.append(_start_in_tmux(plan, job, index, script, base))
             else:
-                with open(job.run_dir / CONSOLE_LOG, "ab") as log:
-                    proc = subprocess.Popen(
-                        ["bash", str(script)],
-                        cwd=str(plan.cwd),
-                        env=base,
-                        stdin=subprocess.DEVNULL,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
-                # The script records the same pid (it execs torchrun); writing it now
-                # leaves no moment in which the job looks gone.
-                atomic_write_text(with_pid, f"{proc.pid}\n", durable=False)
-                started.append(Started(job.name, job.run_dir, proc.pid, "detached"))
+                started.append(_start_detached(plan, job, script, with_pid, base))
         if tmux:
-            dirs = " ".join(shlex.quote(str(j.run_dir)) for j in plan.jobs)
-            monitor = (
-                f"env PYTHONPATH={shlex.quote(plan.jobs[0].env_set['PYTHONPATH'])} {shlex.quote(sys.executable)} "
-                f"-m pointforge.cli.monitor {dirs} --watch {monitor_every:g}"
-            )
-            result = _tmux(
-                [
-                    "new-window",
-                    "-d",
-                    "-t",
-                    f"={plan.session}:",
-                    "-n",
-                    "monitor",
-                    "-c",
-                    str(plan.cwd),
-                    monitor,
-                    ";",
-                    "set-window-option",
-                    "-t",
-                    f"={plan.session}:monitor",
-                    "remain-on-exit",
-                    "on",
-                ],
-                base,
-            )
-            if result.returncode != 0:
-                raise ConfigError(f"tmux could not open the monitor window: {result.stderr.strip()}")
+            _open_monitor_window(plan, base, monitor_every)
             for item in started:
                 item.pid = wait_for_pid(item.run_dir, timeout_s=30)
     except BaseException:
@@ -808,6 +728,102 @@ def start_plan(plan: LaunchPlan, *, tmux: bool = False, monitor_every: float = 1
                 _signal(pid, signal.SIGTERM)
         raise
     return started
+
+
+def _check_tmux(plan: LaunchPlan, base: dict[str, str]) -> None:
+    if shutil.which("tmux") is None:
+        raise ConfigError(
+            "--tmux: tmux is not installed; install it (e.g. apt-get install tmux) or leave out --tmux to run the jobs detached"
+        )
+    if tmux_session_exists(plan.session, base):
+        raise ConfigError(
+            f"--tmux: a tmux session named {plan.session} already exists; close it (tmux kill-session -t {plan.session}) or pass --session NAME"
+        )
+
+
+def _write_job_files(plan: LaunchPlan, job, tmux: bool) -> tuple[Path, Path]:
+    """The job's launch script and launch record in its run dir; the pid file path (cleared)."""
+    job.run_dir.mkdir(parents=True, exist_ok=True)
+    script = job.run_dir / LAUNCH_SH
+    atomic_write_text(script, job_script(job, plan.cwd))
+    script.chmod(0o755)
+    with_pid = job.run_dir / LAUNCH_PID
+    with_pid.unlink(missing_ok=True)
+    mode = "tmux" if tmux else "detached"
+    atomic_write_json(
+        job.run_dir / LAUNCH_JSON,
+        job.record(mode=mode, session=plan.session if tmux else None, plan=plan.source, faked=plan.faked),
+    )
+    return script, with_pid
+
+
+def _start_in_tmux(plan: LaunchPlan, job, index: int, script: Path, base: dict[str, str]) -> Started:
+    window = ["-n", job.name, "-c", str(plan.cwd), f"bash {shlex.quote(str(script))}"]
+    first = ["new-session", "-d", "-s", plan.session] if index == 0 else ["new-window", "-d", "-t", f"={plan.session}:"]
+    # In one tmux command, so the window cannot end before it is told to stay open.
+    result = _tmux(
+        [
+            *first,
+            *window,
+            ";",
+            "set-window-option",
+            "-t",
+            f"={plan.session}:{job.name}",
+            "remain-on-exit",
+            "on",
+        ],
+        base,
+    )
+    if result.returncode != 0:
+        raise ConfigError(f"tmux could not start job {job.name}: {result.stderr.strip() or result.stdout.strip()}")
+    return Started(job.name, job.run_dir, None, "tmux")
+
+
+def _start_detached(plan: LaunchPlan, job, script: Path, with_pid: Path, base: dict[str, str]) -> Started:
+    with open(job.run_dir / CONSOLE_LOG, "ab") as log:
+        proc = subprocess.Popen(
+            ["bash", str(script)],
+            cwd=str(plan.cwd),
+            env=base,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    # The script records the same pid (it execs torchrun); writing it now
+    # leaves no moment in which the job looks gone.
+    atomic_write_text(with_pid, f"{proc.pid}\n", durable=False)
+    return Started(job.name, job.run_dir, proc.pid, "detached")
+
+
+def _open_monitor_window(plan: LaunchPlan, base: dict[str, str], monitor_every: float) -> None:
+    dirs = " ".join(shlex.quote(str(j.run_dir)) for j in plan.jobs)
+    monitor = (
+        f"env PYTHONPATH={shlex.quote(plan.jobs[0].env_set['PYTHONPATH'])} {shlex.quote(sys.executable)} "
+        f"-m pointforge.cli.monitor {dirs} --watch {monitor_every:g}"
+    )
+    result = _tmux(
+        [
+            "new-window",
+            "-d",
+            "-t",
+            f"={plan.session}:",
+            "-n",
+            "monitor",
+            "-c",
+            str(plan.cwd),
+            monitor,
+            ";",
+            "set-window-option",
+            "-t",
+            f"={plan.session}:monitor",
+            "remain-on-exit",
+            "on",
+        ],
+        base,
+    )
+    if result.returncode != 0:
+        raise ConfigError(f"tmux could not open the monitor window: {result.stderr.strip()}")
 
 
 def wait_for_pid(run_dir: Path, timeout_s: float) -> int | None:
