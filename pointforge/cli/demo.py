@@ -68,7 +68,7 @@ def demo(
         "to run on instead of synthetic skulls (--skulls and --size then do not apply).",
     ),
 ) -> None:
-    """The whole system on synthetic data: data → training → implants → evaluation against a baseline → report."""
+    """The whole system on synthetic data (or your own, --data): data → training → implants → evaluation against a baseline and an oracle → report."""
     from pointforge.implant.demo import DemoSettings, _fmt, run_demo
 
     settings = DemoSettings(
