@@ -34,22 +34,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import machine, print_table, write_json
 from pointforge.data.skulls import PreparedDataset
+from pointforge.implant.demo import placement_rows
 from pointforge.implant.generate import GenerateOptions, generate_folder, load_models
-from pointforge.nn.placement import condition_use, placement_metrics
+from pointforge.nn.placement import condition_use
 from pointforge.tasks.completion import HALF_EXTENT, PCDiffDataset
 
 PLACEMENT_KEYS = ("centroid_error", "spread_ratio", "pred_to_true", "true_to_pred")
-
-
-def _placement(data: PreparedDataset, cases, out: Path) -> list[dict]:
-    rows = []
-    for case in cases:
-        spacing = np.asarray(data.meta(case.defective)["spacing"], dtype=np.float64)
-        true = torch.from_numpy(np.asarray(data.points(case.implant), dtype=np.float64) * spacing)[None]
-        pred = np.load(out / case.case_id / "proposals" / "points.npy").astype(np.float64) * spacing
-        found = placement_metrics(torch.from_numpy(pred), true.expand(len(pred), -1, -1))
-        rows.append({"case": case.case_id, **{k: float(v.mean()) for k, v in found.items()}})
-    return rows
 
 
 def _condition_use(loaded, data: PreparedDataset, split: str) -> dict[str, float]:
@@ -101,7 +91,7 @@ def main() -> None:
         options = GenerateOptions(ensemble=args.ensemble, sampler=args.sampler, steps=args.steps, seed=0)
         result = generate_folder(args.data, out, models, options, split=args.split)
         seconds = time.perf_counter() - started
-        rows = _placement(data, [c for c in cases if c.case_id not in result.failed], out)
+        rows = placement_rows(data, out, cases)  # failed cases have no points and no row
         scores = _dsc(out, Path(args.truth), [c.case_id for c in cases]) if args.truth else {}
     for row in rows:
         row.update(scores.get(row["case"], {}))

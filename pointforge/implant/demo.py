@@ -307,10 +307,10 @@ def _run_oracle(dataset: PreparedDataset, out: Path, snapshot: dict, s: DemoSett
         )
 
 
-def placement_summary(dataset: PreparedDataset, root: Path, cases) -> dict[str, float]:
-    """Mean placement of the generated points (mm) over the cases generated under ``root``
-    (:func:`pointforge.nn.placement.placement_metrics`, each case's proposals averaged)."""
-    found: dict[str, list[float]] = {}
+def placement_rows(dataset: PreparedDataset, root: Path, cases) -> list[dict]:
+    """Per case generated under ``root``: the placement of its generated points (mm) against the true
+    implant points (:func:`pointforge.nn.placement.placement_metrics`, the case's proposals averaged)."""
+    rows = []
     for case in cases:
         path = root / case.case_id / "proposals" / "points.npy"
         if not path.is_file():
@@ -318,9 +318,15 @@ def placement_summary(dataset: PreparedDataset, root: Path, cases) -> dict[str, 
         spacing = np.asarray(dataset.meta(case.defective)["spacing"], dtype=np.float64)
         pred = torch.from_numpy(np.load(path).astype(np.float64) * spacing)
         true = torch.from_numpy(np.asarray(dataset.points(case.implant), dtype=np.float64) * spacing)
-        for name, values in placement_metrics(pred, true[None].expand(len(pred), -1, -1)).items():
-            found.setdefault(name, []).append(float(values.mean()))
-    return {name: float(np.mean(v)) for name, v in found.items()}
+        found = placement_metrics(pred, true[None].expand(len(pred), -1, -1))
+        rows.append({"case": case.case_id, **{name: float(values.mean()) for name, values in found.items()}})
+    return rows
+
+
+def placement_summary(dataset: PreparedDataset, root: Path, cases) -> dict[str, float]:
+    """The means of :func:`placement_rows` over the cases."""
+    rows = placement_rows(dataset, root, cases)
+    return {name: float(np.mean([r[name] for r in rows])) for name in (rows[0] if rows else {}) if name != "case"}
 
 
 def _summary(

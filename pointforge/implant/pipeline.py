@@ -1,6 +1,6 @@
 """Defective skull in, implant out, in memory: the PCDiff pipeline for one case.
 
-Stages (REFERENCE.md, "post-processing"), each timed:
+Stages (the PCDiff paper's pipeline, Friedrich et al., MICCAI 2023), each timed:
 
 1. **surface** — the defective skull's surface (marching cubes at 0.5, area-uniform
    samples, :func:`~pointforge.data.surface.surface_points`) in voxel-index
@@ -8,8 +8,10 @@ Stages (REFERENCE.md, "post-processing"), each timed:
    isotropic voxels of its finest spacing, as ``pointforge data prepare`` does for
    training; every output is mapped back to the input's grid at the end.
 2. **sample** — :func:`~pointforge.inference.pcdiff.complete`: the conditioning
-   subsample, the same normalisation as in training, ``n`` implant proposals in
-   one batched pass of the chosen sampler, mapped back to voxel coordinates.
+   subsample, the same normalisation as in training (for a model trained with
+   ``task.frame``, the frame its atlas estimates around the defect), ``n``
+   implant proposals in one batched pass of the chosen sampler, mapped back to
+   voxel coordinates.
 3. **voxelize** — per proposal, the voxelizer (Shape-as-Points + DPSR,
    :func:`~pointforge.inference.voxelizer.points_to_volume`) turns a fresh
    subsample of the defective skull's surface plus the proposal's implant points
