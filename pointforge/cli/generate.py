@@ -32,11 +32,17 @@ def generate(
         None, "--upsample", help="Optional upsampler checkpoint: densify each proposal before voxelising."
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="One case: replace an existing --out folder."),
+    components: float = typer.Option(
+        0.2,
+        "--components",
+        help="Clean-up keeps every implant component of at least this fraction of the largest "
+        "(1: the largest only, as upstream; 0.2 keeps both plates of a bilateral defect).",
+    ),
 ) -> None:
     """Design an implant: PCDiff proposals → voxelizer → vote → clean-up → NRRD/NIfTI, STL, uncertainty, preview, report."""
     from pointforge.implant.generate import GenerateOptions, generate_case, generate_folder, load_models
 
-    options = GenerateOptions(ensemble=ensemble, sampler=sampler, steps=steps, seed=seed)
+    options = GenerateOptions(ensemble=ensemble, sampler=sampler, steps=steps, seed=seed, components=components)
     options.validate()
     if defective.is_dir():
         from pointforge.implant.generate import cases_of

@@ -135,6 +135,10 @@ class GenerateOptions:
     surface_points: int = 50_000  # defective-skull surface samples the conditioning is drawn from
     voxel_resolution: int | None = None  # DPSR solve grid; the voxelizer's training resolution when None
     subsample: str = "random"  # how the conditioning points are drawn: random (as in training) or fps
+    # Clean-up keeps every component of at least this fraction of the largest (1: the largest only, upstream's
+    # chain). Safe below 1 because the candidate is already cut to the generated points' neighbourhood; 0.2
+    # keeps both plates of a bilateral defect (docs/pcdiff.md, "Where the implant goes").
+    components: float = 0.2
 
     def validate(self) -> None:
         if isinstance(self.ensemble, bool) or not isinstance(self.ensemble, int) or self.ensemble < 1:
@@ -145,6 +149,8 @@ class GenerateOptions:
             raise ConfigError(f"--steps must be a positive integer, got {self.steps}")
         if self.surface_points < 1000:
             raise ConfigError(f"surface_points must be at least 1000, got {self.surface_points}")
+        if not 0 < self.components <= 1:
+            raise ConfigError(f"--components must be a fraction in (0, 1], got {self.components}")
         if self.subsample not in ("random", "fps"):
             raise ConfigError(f"subsample must be random or fps, got {self.subsample!r}")
 
@@ -282,11 +288,13 @@ def _voxelize(dense, skull_pts, work: Volume, models: Models, options: GenerateO
     return completed
 
 
-def _postprocess(completed: list, dense: np.ndarray, work: Volume, scale, defective: Volume):
+def _postprocess(completed: list, dense: np.ndarray, work: Volume, scale, defective: Volume, components: float):
     """The voted implant, each proposal's own implant and their agreement, on the input's grid."""
-    implant, _ = implant_from_proposals(completed, work.data, dense.reshape(-1, 3), spacing=work.spacing)
+    sp = work.spacing
+    implant, _ = implant_from_proposals(completed, work.data, dense.reshape(-1, 3), spacing=sp, components=components)
     own = [
-        implant_from_proposals([c], work.data, p, dilate=0, spacing=work.spacing)[0] for c, p in zip(completed, dense)
+        implant_from_proposals([c], work.data, p, dilate=0, spacing=sp, components=components)[0]
+        for c, p in zip(completed, dense)
     ]
     agreement = cast(np.ndarray, np.mean(own, axis=0, dtype=np.float32)) if own else np.zeros(work.shape, np.float32)
     implant = _to_input_grid(implant, scale, defective.shape, binary=True)
@@ -355,7 +363,7 @@ def generate_implant(
     say(f"voxelize: {len(completed)} completed skulls ({timings['voxelize_s']:.1f} s)")
 
     t = time.perf_counter()
-    implant, own, agreement = _postprocess(completed, dense, work, scale, defective)
+    implant, own, agreement = _postprocess(completed, dense, work, scale, defective, options.components)
     timings["postprocess_s"] = time.perf_counter() - t
     if not implant.any():
         raise DataError(

@@ -23,6 +23,16 @@ fixed 3³ chain, 0.93 with r = 0 (bilateral cases lose one of their two plates
 to the largest-component step either way). Without ``spacing`` the fixed
 voxel chain runs (r = 1), as before.
 
+Components. Upstream keeps the largest connected component, which drops one
+plate of a bilateral defect. ``components`` < 1 keeps every component of at
+least that fraction of the largest; the PCDiff pipeline uses 0.2 (its
+candidate is already cut to the generated points' neighbourhood, so no
+stray bone elsewhere survives). Measured on the demo's 30-minute models, 10
+test and 10 validation cases: mean DSC 0.701 → 0.745 and 0.798 → 0.844,
+bilateral cases 0.55 → 0.76; the same for 0.1 to 0.4. The mean-skull baseline
+keeps 1: its candidate is the whole registered skull minus the defective one,
+and 0.2 lets its misfit slivers through (test DSC 0.788 → 0.651).
+
 All morphology runs inside the bounding box of the candidate implant plus a
 margin, so a 512³ case costs what its implant costs, not what its volume costs.
 The result is identical to running on the full volume as long as the margin
@@ -97,14 +107,20 @@ def _crop_apply(mask: np.ndarray, fn, *, margin: int = _MARGIN) -> np.ndarray:
     return out
 
 
-def largest_component(mask: np.ndarray) -> np.ndarray:
-    """The largest 26-connected component (empty stays empty)."""
+def largest_component(mask: np.ndarray, fraction: float = 1.0) -> np.ndarray:
+    """The largest 26-connected component (empty stays empty).
+
+    ``fraction`` < 1 keeps every component of at least that fraction of the
+    largest one's voxels: both plates of a bilateral defect, not the bigger one.
+    """
     labels, n = ndimage.label(mask, structure=_CUBE)
     if n <= 1:
         return mask.astype(bool)
     sizes = np.bincount(labels.ravel())
     sizes[0] = 0
-    return labels == int(np.argmax(sizes))
+    if fraction >= 1.0:
+        return labels == int(np.argmax(sizes))
+    return np.isin(labels, np.flatnonzero(sizes >= fraction * sizes.max()))
 
 
 def near_points(shape: tuple[int, ...], points_vox: np.ndarray, radius_factor: float = 1.1) -> np.ndarray:
@@ -125,25 +141,29 @@ def near_points(shape: tuple[int, ...], points_vox: np.ndarray, radius_factor: f
     return out
 
 
-def clean_implant(mask: np.ndarray, radius: int = 1) -> np.ndarray:
+def clean_implant(mask: np.ndarray, radius: int = 1, components: float = 1.0) -> np.ndarray:
     """Opening, largest component, median, closing, hole filling, largest component.
 
     ``radius`` 1 is upstream's chain (3³ cube, 3³ median); ``r`` uses
     (2r+1)³; 0 keeps only the largest component and the hole filling.
+    ``components`` < 1 keeps every component of at least that fraction of the
+    largest (:func:`largest_component`); 1 is upstream's largest only.
     """
     if isinstance(radius, bool) or not isinstance(radius, (int, np.integer)) or radius < 0:
         raise DataError(f"radius must be a non-negative integer, got {radius!r}")
+    if not 0 < components <= 1:
+        raise DataError(f"components must be a fraction in (0, 1], got {components!r}")
     cube = _cube(int(radius))
 
     def steps(m: np.ndarray) -> np.ndarray:
         if radius > 0:
             m = ndimage.binary_opening(m, cube)
-        m = largest_component(m)
+        m = largest_component(m, components)
         if radius > 0:
             m = ndimage.median_filter(m.astype(np.uint8), size=2 * radius + 1, mode="constant") > 0
             m = ndimage.binary_closing(m, cube)
         m = ndimage.binary_fill_holes(m)
-        return largest_component(m)
+        return largest_component(m, components)
 
     return _crop_apply(mask, steps, margin=max(_MARGIN, 4 * int(radius) + 2))
 
@@ -156,14 +176,16 @@ def implant_from_proposals(
     dilate: int | None = None,
     radius_factor: float = 1.1,
     spacing=None,
+    components: float = 1.0,
 ) -> tuple[np.ndarray, Vote]:
     """The full upstream chain. ``proposals`` are completed-skull masks (inside = 1).
 
     With the grid's ``spacing`` (mm) every one-voxel operation is scaled to
     keep upstream's size in millimetres (module docs); without it, upstream's
     voxel sizes. ``dilate`` (each proposal, before the vote) defaults to that
-    same radius. Returns the implant mask and the vote (its agreement map is
-    the uncertainty).
+    same radius. ``components`` is :func:`clean_implant`'s (1: the largest
+    component only, as upstream). Returns the implant mask and the vote (its
+    agreement map is the uncertainty).
     """
     radius = 1 if spacing is None else morphology_radius(spacing)
     dilate = radius if dilate is None else dilate
@@ -173,4 +195,4 @@ def implant_from_proposals(
         raise DataError(f"proposals have shape {vote.mask.shape}, the defective skull {defective.shape}")
     candidate = vote.mask & ~defective
     candidate &= near_points(defective.shape, implant_points_vox, radius_factor)
-    return clean_implant(candidate, radius), vote
+    return clean_implant(candidate, radius, components), vote

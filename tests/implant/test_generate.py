@@ -290,6 +290,7 @@ def test_wrong_options_are_config_errors(models, tmp_path):
         (GenerateOptions(ensemble=0), "--ensemble"),
         (GenerateOptions(sampler="euler"), "unknown sampler"),
         (GenerateOptions(sampler="ddpm", steps=10), "ddpm runs all"),
+        (GenerateOptions(components=1.5), "--components must be a fraction"),
     ):
         with pytest.raises(ConfigError, match=message):
             generate_case(tmp_path / "nothing.nrrd", tmp_path / "out", models, options)

@@ -109,3 +109,17 @@ def test_the_chain_keeps_upstreams_sizes_in_millimetres():
     assert np.array_equal(fine, voxel)
     with pytest.raises(DataError, match="radius must be a non-negative integer"):
         pp.clean_implant(plate, radius=-1)
+
+
+def test_components_keeps_both_plates_of_a_bilateral_defect():
+    m = np.zeros((40, 40, 40), bool)
+    m[5:15, 5:35, 18:21] = True  # left plate, 900 voxels
+    m[25:33, 5:35, 18:21] = True  # right plate, 720 voxels
+    m[37, 37, 37] = True  # a speck
+    assert np.array_equal(pp.largest_component(m), m & (np.arange(40) < 20)[:, None, None])
+    both = pp.largest_component(m, 0.2)
+    assert both[10, 20, 19] and both[30, 20, 19] and not both[37, 37, 37]
+    assert np.array_equal(pp.clean_implant(m, 0, components=0.2), both)
+    assert pp.clean_implant(m, 0).sum() == 900  # upstream's chain keeps the larger plate only
+    with pytest.raises(DataError, match="components must be a fraction"):
+        pp.clean_implant(m, 0, components=0.0)
