@@ -185,6 +185,7 @@ class PCDiffConfig:
     rotate_degrees: float = 0.0  # training augmentation: random rotation within ± this about each axis
     data_seed: int = 0  # per-item subsampling and rotation: seeded by (data_seed, epoch, index)
     condition_mark: bool = False  # an input channel marking the skull points (1) and the implant's (0)
+    mirror: bool = False  # training augmentation: half the examples mirrored left-right (array axis 0)
     frame: FrameSection | None = None  # diffuse in a local frame around the implant (completion_frame)
     diffusion: DiffusionSection = field(default_factory=DiffusionSection)
     eval: EvalSection = field(default_factory=EvalSection)
@@ -311,7 +312,11 @@ def ensure_prepared_dataset(
 class PCDiffDataset(CompletionDataset):
     """:class:`CompletionDataset` items plus ``spacing`` [3] (mm per voxel of the case's points).
 
-    ``max_cases`` keeps the first cases in ``cases.csv`` order.
+    ``max_cases`` keeps the first cases in ``cases.csv`` order. ``mirror``
+    (training augmentation) mirrors half the items left-right: array axis 0
+    negated in the normalised coordinates, so about the skull's mid-plane, or
+    about the frame's centre with ``frame``; drawn by its own seed, so the
+    subsampling is the same with and without it.
     """
 
     def __init__(
@@ -322,9 +327,11 @@ class PCDiffDataset(CompletionDataset):
         max_cases: int | None = None,
         frame: FrameSection | None = None,
         atlas: torch.Tensor | None = None,
+        mirror: bool = False,
         **kwargs: Any,
     ):
         super().__init__(root, split, **kwargs)
+        self.mirror = bool(mirror)
         if max_cases is not None:
             self.cases = self.cases[:max_cases]
         self._spacing: dict[str, torch.Tensor] = {}
@@ -348,6 +355,10 @@ class PCDiffDataset(CompletionDataset):
     def __getitem__(self, index: int) -> dict:
         item = super().__getitem__(index) if self.frame is None else self._framed(index)
         item["spacing"] = self.spacing(index)
+        if self.mirror and np.random.default_rng([self.seed, self.epoch, index, 1]).uniform() < 0.5:
+            points = item["points"].clone()
+            points[:, 0] = -points[:, 0]
+            item["points"] = points
         return item
 
     def _framed(self, index: int) -> dict:
@@ -459,7 +470,12 @@ class CompletionTask(Task):
             n_skull=cfg.n_skull, n_implant=cfg.n_implant, half_extent=HALF_EXTENT, frame=cfg.frame
         )
         train = PCDiffDataset(
-            prepared, cfg.train_split, rotate_degrees=cfg.rotate_degrees, seed=cfg.data_seed, **common
+            prepared,
+            cfg.train_split,
+            rotate_degrees=cfg.rotate_degrees,
+            seed=cfg.data_seed,
+            mirror=cfg.mirror,
+            **common,
         )
         val = None
         if cfg.val_split is not None and prepared.split(cfg.val_split):

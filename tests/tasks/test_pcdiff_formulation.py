@@ -288,6 +288,32 @@ def test_framed_run_logs_placement_and_its_checkpoint_places_implants_alone(tmp_
     assert np.linalg.norm(implants.mean(axis=(0, 1)) - true_center) < np.linalg.norm(box_center - true_center)
 
 
+def test_mirror_flips_half_the_training_items_left_right_and_nothing_else(tmp_path_factory):
+    from pointforge.tasks.completion import CompletionTask, PCDiffDataset, SyntheticSection, ensure_prepared_dataset
+
+    root = ensure_prepared_dataset(
+        tmp_path_factory.getbasetemp() / "pcdiff-synthetic",
+        SyntheticSection(skulls=4, size=64, seed=0, points=4096, split="0.5,0.25,0.25"),
+    )
+    kw = dict(n_skull=512, n_implant=128, half_extent=3.0, frame=FrameSection(), seed=3)
+    plain, mirrored = PCDiffDataset(root, "train", **kw), PCDiffDataset(root, "train", mirror=True, **kw)
+    flips = []
+    for epoch in range(4):
+        plain.set_epoch(epoch)
+        mirrored.set_epoch(epoch)
+        for i in range(len(plain)):
+            a, b = plain[i]["points"], mirrored[i]["points"]
+            assert torch.equal(a[:, 1:], b[:, 1:])  # the same subsample and frame either way
+            assert torch.equal(b[:, 0], a[:, 0]) or torch.equal(b[:, 0], -a[:, 0])
+            flips.append(bool(torch.equal(b[:, 0], -a[:, 0])))
+    assert 0.2 < np.mean(flips) < 0.8
+    # Only the training split is mirrored.
+    cfg = load_train_config("pcdiff", CONFIGS / "demo.yaml", [f"task.data_root={root}"])
+    assert cfg.task.mirror
+    train_set, val_set = CompletionTask().build_datasets(cfg.task)
+    assert train_set.mirror and (val_set is None or not val_set.mirror)
+
+
 def test_upstream_import_refuses_a_config_with_another_formulation(tmp_path):
     from pointforge.nn.pvcnn import PVCNN2
     from pointforge.ops.pcdiff_import import import_pcdiff_checkpoint
