@@ -25,15 +25,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pointforge.errors import UserError
+from pointforge.errors import ConfigError, UserError
 
 LOCK_FILE = "train.lock"
 
 __all__ = ["LOCK_FILE", "RunDirInUse", "RunDirLock", "lock_holder", "in_use_message"]
 
 
-class RunDirInUse(UserError):
-    """Another live process holds the run directory's lock."""
+class RunDirInUse(ConfigError):
+    """Another live process holds the run directory's lock (run.dir names a directory in use)."""
 
 
 def _describe(holder: dict[str, Any] | None) -> str:
