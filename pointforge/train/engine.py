@@ -41,6 +41,7 @@ from torch import nn
 from pointforge import __version__
 from pointforge.atomic import atomic_write_json
 from pointforge.config import TrainConfig, save_yaml, to_dict
+from pointforge.devices import available_memory_bytes
 from pointforge.errors import CheckpointError, ConfigError, DataError, DeviceError, DiskFullError, UserError
 from pointforge.formats import format_bytes, json_safe
 from pointforge.train import checkpoint as ckpt_io
@@ -363,6 +364,7 @@ class _Trainer:
                 check = getattr(dataset, "check_files", None)
                 if callable(check):
                     check()
+            self._check_memory()
             if env.is_main:
                 self._check_disk()
         except UserError as err:
@@ -370,7 +372,29 @@ class _Trainer:
         found = [p for p in all_gather_objects(env, problem) if p is not None]
         if found:
             kind, message = found[0]
-            raise {"DataError": DataError, "DiskFullError": DiskFullError}.get(kind, UserError)(message)
+            kinds = {"DataError": DataError, "DiskFullError": DiskFullError, "ConfigError": ConfigError}
+            raise kinds.get(kind, UserError)(message)
+
+    def _check_memory(self) -> None:
+        """Refuse a micro-batch the task estimates to need more than this device has, naming the largest that fits."""
+        task, cfg, micro = self.task, self.cfg, self.batch.micro_batch
+        need = task.memory_estimate(cfg.task, micro)
+        if need is None:
+            return
+        free = available_memory_bytes(self.device)
+        if need <= free:
+            return
+        fits = next((m for m in range(micro - 1, 0, -1) if (task.memory_estimate(cfg.task, m) or 0) <= free), 0)
+        said = (
+            f"a training step on {micro} sample(s) per device needs about {format_bytes(need)} on {self.device}, "
+            f"more than the {format_bytes(free)} available"
+        )
+        if fits:
+            raise ConfigError(
+                f"{said}; set data.micro_batch={fits} (gradient accumulation keeps data.global_batch="
+                f"{cfg.data.global_batch}) or use more devices"
+            )
+        raise ConfigError(f"{said} even for one sample; lower the task's point count or grid resolution")
 
     def _check_disk(self) -> None:
         """Refuse a run whose checkpoints will not fit on the run dir's disk; warn when less than twice that is free."""

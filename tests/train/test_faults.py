@@ -282,3 +282,41 @@ def test_a_deleted_point_file_stops_training_before_the_first_step(tmp_path, pre
     )
     assert not (run_dir / "checkpoints").exists() and snapshot(prepared_copy) == before
     assert isinstance(DataError("x"), UserError)
+
+
+# --------------------------------------------------------------------------- requests too large for memory
+
+
+def test_a_micro_batch_too_large_for_the_device_is_refused_with_the_largest_that_fits(tmp_path, monkeypatch):
+    from pointforge.errors import ConfigError
+    from pointforge.tasks.toy import ToyTask
+    from pointforge.train import engine
+
+    gib = 2**30
+    monkeypatch.setattr(ToyTask, "memory_estimate", lambda self, cfg, micro_batch: micro_batch * 3 * gib)
+    monkeypatch.setattr(engine, "available_memory_bytes", lambda device: 10 * gib)
+    run_dir = tmp_path / "run"
+    with pytest.raises(ConfigError) as caught:
+        train("toy", make_cfg(run_dir))  # global_batch 8 on one device: 24 GiB
+    assert str(caught.value) == (
+        "a training step on 8 sample(s) per device needs about 24.0 GB on cpu, more than the 10.0 GB available; "
+        "set data.micro_batch=3 (gradient accumulation keeps data.global_batch=8) or use more devices"
+    )
+    assert not (run_dir / "checkpoints").exists()
+    assert train("toy", make_cfg(run_dir, "data.micro_batch=3", "data.global_batch=6")).status == "finished"
+    monkeypatch.setattr(engine, "available_memory_bytes", lambda device: gib)
+    with pytest.raises(ConfigError, match="even for one sample; lower the task's point count or grid resolution"):
+        train("toy", make_cfg(tmp_path / "other"))
+
+
+def test_the_voxelizer_estimates_its_training_step_from_the_dpsr_solve():
+    from pointforge.nn.dpsr import dpsr_memory_bytes
+    from pointforge.tasks.configs import load_train_config
+    from pointforge.tasks.voxelization import VoxelizationTask
+
+    cfg = load_train_config("voxelizer", TOY_TINY.parents[1] / "voxelizer" / "paper.yaml").task
+    task = VoxelizationTask()
+    one, two = task.memory_estimate(cfg, 1), task.memory_estimate(cfg, 2)
+    res = cfg.network().dpsr_res
+    assert one > dpsr_memory_bytes(res, cfg.n_points, batch=1, requires_grad=True) and two > one
+    assert one > 4 * 2**30  # a 512³ solve with gradients: GiBs, not MiBs
