@@ -307,6 +307,9 @@ def test_a_micro_batch_too_large_for_the_device_is_refused_with_the_largest_that
     monkeypatch.setattr(engine, "available_memory_bytes", lambda device: gib)
     with pytest.raises(ConfigError, match="even for one sample; lower the task's point count or grid resolution"):
         train("toy", make_cfg(tmp_path / "other"))
+    with pytest.raises(DataError, match="the training set has 64 samples, fewer than data.global_batch=128"):
+        train("toy", make_cfg(tmp_path / "third", "data.global_batch=128"))
+    assert not (tmp_path / "other" / "checkpoints").exists() and not (tmp_path / "third" / "checkpoints").exists()
 
 
 def test_the_voxelizer_estimates_its_training_step_from_the_dpsr_solve():
