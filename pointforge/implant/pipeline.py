@@ -228,11 +228,14 @@ def check_generate_memory(
     if fits(n):
         return
     need = generate_memory_bytes(models, options, shape, n)
-    said = (
-        f"{n} proposals of a {'x'.join(map(str, shape))} volume need about {format_bytes(need['device'])} on "
-        f"{models.device} and {format_bytes(need['host'])} of host memory, more than is available "
-        f"({format_bytes(budget['device'])} / {format_bytes(budget['host'])})"
-    )
+    volume = f"{n} proposals of a {'x'.join(map(str, shape))} volume need about"
+    if on_cpu:
+        said = f"{volume} {format_bytes(need['device'] + need['host'])}, more than the {format_bytes(budget['host'])} available"
+    else:
+        said = (
+            f"{volume} {format_bytes(need['device'])} on {models.device} and {format_bytes(need['host'])} of host "
+            f"memory, more than is available ({format_bytes(budget['device'])} / {format_bytes(budget['host'])})"
+        )
     lo, hi = 0, n  # fits(lo) or lo == 0; not fits(hi)
     while hi - lo > 1:
         mid = (lo + hi) // 2

@@ -426,9 +426,10 @@ class CheckpointFiles:
         free = disk_free_bytes(self.folder)
         what = "disk quota exceeded" if cause.errno == errno.EDQUOT else "no space left on the device"
         left = "unknown space" if free is None else format_bytes(free)
+        kept = "the previous checkpoints are intact" if self.latest.is_file() else "no checkpoint was written yet"
         return (
             f"{what} while writing checkpoint {target} ({left} free in {self.folder}); nothing partial was kept and "
-            f"the previous checkpoint is intact; free space or lower ckpt.keep_last (now {self.keep_last}) and continue "
+            f"{kept}; free space or lower ckpt.keep_last (now {self.keep_last}) and continue "
             "with --resume auto, or choose another run.dir and pass --resume with the last checkpoint"
         )
 

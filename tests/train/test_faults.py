@@ -186,6 +186,7 @@ def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(
     assert len(lines) == 1 and "Traceback" not in output, output
     assert "no space left on the device while writing checkpoint" in lines[0] and "free in" in lines[0]
     assert "lower ckpt.keep_last (now 2)" in lines[0] and "another run.dir" in lines[0]
+    assert "the previous checkpoints are intact" in lines[0]
     checkpoints = run_dir / "checkpoints"
     assert sorted(p.name for p in checkpoints.iterdir()) == ["best.pt", "epoch-0001.pt", "latest.pt"]  # no .tmp
     assert {k: v for k, v in snapshot(run_dir).items() if k.startswith("checkpoints")} == {
