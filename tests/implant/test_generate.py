@@ -342,7 +342,10 @@ def test_too_many_proposals_for_memory_are_refused_up_front_with_the_largest_tha
     out = tmp_path / "out"
     result = CliRunner().invoke(
         app,
-        ["generate", str(source), "--pcdiff", str(pc), "--voxelizer", str(vox), "--out", str(out), "-n", "10000000"],
+        [
+            *("generate", str(source), "--pcdiff", str(pc), "--voxelizer", str(vox), "--out", str(out)),
+            *("-n", "10000000", "--sampler", "ddpm"),
+        ],
     )
     assert isinstance(result.exception, ConfigError) and "\n" not in str(result.exception)
     assert "10000000 proposals of a" in str(result.exception) and "or fewer" in str(result.exception)
