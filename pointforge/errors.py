@@ -36,3 +36,7 @@ class CheckpointError(UserError):
 
 class DeviceError(UserError):
     """A requested device does not exist or cannot be used."""
+
+
+class DiskFullError(UserError):
+    """The disk (or a quota) filled up while pointforge was writing a file."""

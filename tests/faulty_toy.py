@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
+from torch.utils.data import Dataset
 
+from pointforge.errors import DataError
 from pointforge.tasks.base import StepContext
 from pointforge.tasks.toy import ToyConfig, ToyTask
 from pointforge.train.data import global_batches
@@ -39,11 +41,31 @@ class FaultyToyConfig(ToyConfig):
     stall_s: float = 120.0
     sigterm_at_step: int = -1  # this process sends itself SIGTERM during that global step
     sigterm_rank: int = 0
+    broken_index: int = -1  # reading this training sample raises a DataError (in a loader worker, with workers)
+
+
+class BrokenSample(Dataset):
+    """A dataset whose sample ``index`` cannot be read, as a file deleted mid-run would make it."""
+
+    def __init__(self, inner: Dataset, index: int):
+        self.inner, self.index = inner, index
+
+    def __len__(self) -> int:
+        return len(self.inner)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int):
+        if index == self.index:
+            raise DataError(f"sample {index}: its file is gone; re-run `pointforge data prepare`")
+        return self.inner[index]
 
 
 class FaultyToyTask(ToyTask):
     name = "faulty_toy"
     Config = FaultyToyConfig
+
+    def build_datasets(self, cfg):
+        train, val = super().build_datasets(cfg)
+        return (BrokenSample(train, cfg.broken_index) if cfg.broken_index >= 0 else train), val
 
     def batch_sampler(self, dataset, *, rank, world_size, micro_batch, accumulation, seed, epoch):
         cfg = self._cfg

@@ -218,15 +218,56 @@ class PreparedDataset:
             raise DataError(f"{path}: unreadable point file ({exc}); delete it and re-run prepare") from None
 
     def meta(self, rel: str) -> dict:
-        return json.loads(self.path(rel).with_suffix(".json").read_text())
+        path = self.path(rel).with_suffix(".json")
+        try:
+            return json.loads(path.read_text())
+        except FileNotFoundError:
+            raise DataError(f"{path}: missing; re-run `pointforge data prepare` to complete the dataset") from None
+        except ValueError as exc:
+            raise DataError(f"{path}: unreadable metadata ({exc}); delete it and re-run prepare") from None
 
     def complete_mask(self, case: PreparedCase) -> np.ndarray:
         if not case.complete_mask:
             raise DataError(f"case {case.case_id} has no complete skull; the voxelisation target needs one")
-        with np.load(self.path(case.complete_mask)) as z:
-            shape = tuple(int(s) for s in z["shape"])
-            bits = np.unpackbits(z["bits"], count=int(np.prod(shape)))
+        path = self.path(case.complete_mask)
+        try:
+            with np.load(path) as z:
+                shape = tuple(int(s) for s in z["shape"])
+                bits = np.unpackbits(z["bits"], count=int(np.prod(shape)))
+        except FileNotFoundError:
+            raise DataError(f"{path}: missing; re-run `pointforge data prepare` to complete the dataset") from None
+        except (ValueError, KeyError, OSError) as exc:
+            raise DataError(f"{path}: unreadable mask file ({exc}); delete it and re-run prepare") from None
         return bits.reshape(shape).astype(bool)
+
+    def check_files(
+        self, cases: list[PreparedCase], fields: tuple[str, ...], *, split: str, meta: bool = False
+    ) -> None:
+        """Stat every file ``cases`` name under ``fields`` (with ``meta``, the defective skull's .json too).
+
+        One ``stat`` per file, so a training run finds a deleted or emptied file
+        before its first step instead of in a loader worker hours later.
+        Raises DataError naming the first bad file and how many there are.
+        """
+        bad: list[Path] = []
+        for case in cases:
+            rels = [getattr(case, name) for name in fields if getattr(case, name)]
+            paths = [self.path(rel) for rel in rels]
+            if meta and case.defective:
+                paths.append(self.path(case.defective).with_suffix(".json"))
+            for path in paths:
+                try:
+                    empty = os.stat(path).st_size == 0
+                except OSError:
+                    empty = True
+                if empty:
+                    bad.append(path)
+        if bad:
+            more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+            raise DataError(
+                f"{bad[0]}{more}: missing or empty ({len(bad)} of the {split!r} split's files); "
+                "re-run `pointforge data prepare` with the same --out to complete the dataset"
+            )
 
 
 def write_manifest(root: Path, cases: list[PreparedCase]) -> None:
@@ -335,12 +376,17 @@ class CompletionDataset(_EpochSeeded):
         self.cases = self.data.split(split, require=("implant",))
         if not self.cases:
             raise DataError(f"{self.data.root}: the {split!r} split has no case with an implant")
+        self.split = split
         self.n_skull, self.n_implant = int(n_skull), int(n_implant)
         self.rotate_degrees = float(rotate_degrees)
         self.half_extent = float(half_extent)
 
     def __len__(self) -> int:
         return len(self.cases)
+
+    def check_files(self) -> None:
+        """DataError if a file this split reads is missing (the engine calls it before the first step)."""
+        self.data.check_files(self.cases, ("defective", "implant"), split=self.split, meta=True)
 
     def __getitem__(self, index: int) -> dict:
         case = self.cases[index]
@@ -486,6 +532,7 @@ class VoxelizationDataset(_EpochSeeded):
         self.cases = self.data.split(split, require=("implant", "complete_mask"))
         if not self.cases:
             raise DataError(f"{self.data.root}: the {split!r} split has no case with an implant and complete skull")
+        self.split = split
         if target_format not in ("indicator", "inside"):
             raise ConfigError(f"target_format must be 'indicator' or 'inside', got {target_format!r}")
         if int(repeats) < 1:
@@ -502,6 +549,10 @@ class VoxelizationDataset(_EpochSeeded):
 
     def __len__(self) -> int:
         return len(self.cases) * self.repeats
+
+    def check_files(self) -> None:
+        """DataError if a file this split reads is missing (the engine calls it before the first step)."""
+        self.data.check_files(self.cases, ("defective", "implant", "complete_mask"), split=self.split, meta=True)
 
     def inside(self, case: PreparedCase) -> np.ndarray:
         """The complete skull's inside grid at the dataset's resolution (bool, res³)."""

@@ -29,6 +29,7 @@ Writing a case's files is :mod:`pointforge.implant.writer`; a whole dataset,
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -41,15 +42,26 @@ import torch
 from pointforge.data.prepare import resample_isotropic
 from pointforge.data.surface import surface_points
 from pointforge.data.volumes import Volume
-from pointforge.devices import resolve_device
+from pointforge.devices import available_memory_bytes, resolve_device
 from pointforge.errors import ConfigError, DataError, UserError
+from pointforge.formats import format_bytes
 from pointforge.implant.postprocess import implant_from_proposals
 from pointforge.inference.pcdiff import LoadedPCDiff, complete, load_pcdiff
 from pointforge.inference.upsampler import load_upsampler, upsample_points
 from pointforge.inference.voxelizer import load_voxelizer, points_to_volume
 from pointforge.nn.diffusion import SAMPLER_NAMES, make_sampler
+from pointforge.nn.dpsr import dpsr_memory_bytes, normalize_resolution
+from pointforge.nn.pvcnn import FPLevel, PVCNN2Config, SALevel
 
-__all__ = ["Models", "load_models", "GenerateOptions", "Generated", "generate_implant"]
+__all__ = [
+    "Models",
+    "load_models",
+    "GenerateOptions",
+    "Generated",
+    "generate_implant",
+    "generate_memory_bytes",
+    "check_generate_memory",
+]
 
 _ISOTROPY_TOLERANCE = 1e-3
 
@@ -155,6 +167,90 @@ class GenerateOptions:
             raise ConfigError(f"subsample must be random or fps, got {self.subsample!r}")
 
 
+# --------------------------------------------------------------------------- memory
+
+
+def _pvcnn_bytes_per_cloud(model: torch.nn.Module, n_points: int) -> int:
+    """Activations of one cloud in one PVCNN2 forward pass (float32), summed over its stages.
+
+    Every stage's point features and voxel grid are counted, as if all were
+    alive at once (the skip connections keep most of them): an upper bound.
+    """
+    cfg = getattr(model, "config", None)
+    if not isinstance(cfg, PVCNN2Config):
+        return 0
+    total = 0
+    levels: list[SALevel | FPLevel] = [*cfg.sa_levels, *cfg.fp_levels]
+    for level in levels:
+        widths = list(level.mlp)
+        conv = level.conv
+        if conv is not None:
+            widths.append(conv.out_channels)
+            if conv.voxel_resolution:
+                total += conv.out_channels * conv.voxel_resolution**3 * 4 * 2
+        total += n_points * sum(widths) * 4 * 2
+    return total
+
+
+def generate_memory_bytes(models: Models, options: GenerateOptions, shape: tuple[int, ...], ensemble: int) -> dict:
+    """Estimated peak memory of one case with ``ensemble`` proposals: ``{"device": bytes, "host": bytes}``.
+
+    ``device`` (the models' device): PCDiff sampling all proposals in one batch,
+    plus one voxelizer DPSR solve at the chosen resolution (proposals are solved
+    one at a time). ``host`` (numpy): per proposal its completed skull, its own
+    implant and its row of the agreement stack (one byte per voxel each), plus
+    the vote's counts and agreement map (uint16, float32).
+    """
+    cfg = models.pcdiff.config
+    voxels = math.prod(shape)
+    res = normalize_resolution(options.voxel_resolution or models.voxelizer_config.task.network().dpsr_res)
+    solve = dpsr_memory_bytes(res, models.voxelizer_config.task.n_points) + math.prod(res) * 4
+    sample = ensemble * _pvcnn_bytes_per_cloud(models.pcdiff.model, cfg.n_skull + cfg.n_implant)
+    host = ensemble * 3 * voxels + voxels * (2 + 4 + 4)
+    return {"device": sample + solve, "host": host}
+
+
+def check_generate_memory(
+    models: Models, options: GenerateOptions, shape: tuple[int, ...], *, budget: dict | None = None
+) -> None:
+    """ConfigError before anything runs when ``options.ensemble`` proposals of a ``shape`` volume will not fit.
+
+    ``budget`` (``{"device": bytes, "host": bytes}``) stands in for what the
+    device and the host have available now. The message names the largest
+    ``--ensemble`` that fits, or says that one proposal does not.
+    """
+    on_cpu = models.device.type == "cpu"
+    if budget is None:
+        host = available_memory_bytes("cpu")
+        budget = {"device": host if on_cpu else available_memory_bytes(models.device), "host": host}
+
+    def fits(n: int) -> bool:
+        need = generate_memory_bytes(models, options, shape, n)
+        if on_cpu:
+            return need["device"] + need["host"] <= budget["host"]
+        return need["device"] <= budget["device"] and need["host"] <= budget["host"]
+
+    n = options.ensemble
+    if fits(n):
+        return
+    need = generate_memory_bytes(models, options, shape, n)
+    volume = f"{n} proposals of a {'x'.join(map(str, shape))} volume need about"
+    if on_cpu:
+        said = f"{volume} {format_bytes(need['device'] + need['host'])}, more than the {format_bytes(budget['host'])} available"
+    else:
+        said = (
+            f"{volume} {format_bytes(need['device'])} on {models.device} and {format_bytes(need['host'])} of host "
+            f"memory, more than is available ({format_bytes(budget['device'])} / {format_bytes(budget['host'])})"
+        )
+    lo, hi = 0, n  # fits(lo) or lo == 0; not fits(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    if lo:
+        raise ConfigError(f"{said}; use --ensemble {lo} or fewer")
+    raise ConfigError(f"{said} even for one proposal; use a lower voxelizer resolution or a machine with more memory")
+
+
 # --------------------------------------------------------------------------- the pipeline
 
 
@@ -184,6 +280,15 @@ def _isotropic(volume: Volume) -> tuple[Volume, np.ndarray | None]:
     mask, info = resample_isotropic(volume, iso)
     work = Volume(data=mask, spacing=(iso, iso, iso), origin=volume.origin, direction=volume.direction)
     return work, np.asarray(info["to_original_index_scale"], dtype=np.float64)
+
+
+def _work_shape(volume: Volume) -> tuple[int, ...]:
+    """The shape :func:`_isotropic` will give ``volume`` (without resampling it)."""
+    spacing = np.asarray(volume.spacing, dtype=np.float64)
+    if spacing.max() / spacing.min() <= 1 + _ISOTROPY_TOLERANCE:
+        return tuple(volume.shape)
+    extent = (np.asarray(volume.shape) - 1) * spacing
+    return tuple(int(n) for n in np.floor(extent / spacing.min() + 1e-6).astype(int) + 1)  # as resample_isotropic
 
 
 def _to_input_grid(
@@ -330,6 +435,7 @@ def generate_implant(
         raise DataError("the defective skull must be a 3-D binary (bool) volume; read it with read_binary_volume")
     if not defective.data.any():
         raise DataError("the defective skull volume is empty (no bone voxel)")
+    check_generate_memory(models, options, _work_shape(defective))
     timings: dict[str, float] = {}
     notes: list[str] = []
     cfg = models.pcdiff.config

@@ -42,7 +42,7 @@ from pointforge.devices import resolve_device
 from pointforge.errors import DataError
 from pointforge.inference.loading import LoadedModel, Weights, load_trained
 from pointforge.nn.knn import knn_graph
-from pointforge.nn.upsampler import NodeShuffleUpsampler
+from pointforge.nn.upsampler import NodeShuffleUpsampler, UpsamplerConfig
 
 __all__ = [
     "LoadedUpsampler",
@@ -109,6 +109,7 @@ def upsample_cloud(
     xyz = np.asarray(xyz, dtype=np.float64)
     if xyz.ndim != 2 or xyz.shape[1] != 3 or len(xyz) == 0:
         raise DataError(f"cloud to upsample must be a non-empty [N, 3] array, got shape {xyz.shape}")
+    check_upsample_memory(model.config, len(xyz), device)
     centred = torch.from_numpy(xyz - xyz.min(axis=0))
     edges = knn_graph(centred, model.config.k)
     norm = pair_normalization(xyz, normalization, edges.numpy())
@@ -190,4 +191,49 @@ def upsample_file(
     write_points(dst, PointCloud(xyz=dense, dtype=cloud.dtype, las=las))
     return UpsampleResult(
         input=src, output=dst, points_in=len(cloud), points_out=len(dense), seconds=time.perf_counter() - start
+    )
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def upsample_memory_bytes(config: UpsamplerConfig, n_points: int) -> int:
+    """Estimated peak memory of upsampling ``n_points`` at once (float32, no gradients).
+
+    Counted per input point, with ``e = 2k`` graph edges each (the symmetrised
+    kNN graph) and ``C = hidden``: the graph (int64) and the node features of
+    points and children; three E×C tensors alive at once in a point-transformer
+    block; the shuffle's keys and values (E×r·C each); and the refinement over
+    the children's ``r·e + r(r−1)`` edges per point (edge features and
+    messages, E×C each, and the int64 child graph). Measured on the CPU (peak
+    RSS growth, 50,000 points, tiny and small presets) it lies 5-10% above.
+    """
+    c, r, e = config.hidden, config.ratio, 2 * config.k
+    child_edges = r * e + r * (r - 1)
+    per_point = (
+        2 * e * 8  # the graph
+        + 8 * c * 4 * (1 + r)  # node features of the points and their children
+        + 3 * e * c * 4  # a point-transformer block's messages
+        + 2 * e * r * c * 4  # node shuffle attention
+        + child_edges * (2 * c * 4 + 2 * 8)  # refinement over the child graph
+    )
+    return int(n_points) * per_point
+
+
+def check_upsample_memory(
+    config: UpsamplerConfig, n_points: int, device: torch.device | str, *, budget: int | None = None
+) -> None:
+    """ConfigError before the network runs when ``n_points`` will not fit, naming the most points that do."""
+    from pointforge.devices import available_memory_bytes
+    from pointforge.errors import ConfigError
+    from pointforge.formats import format_bytes
+
+    need = upsample_memory_bytes(config, n_points)
+    budget = available_memory_bytes(device) if budget is None else budget
+    if need <= budget:
+        return
+    most = budget // max(upsample_memory_bytes(config, 1), 1)
+    raise ConfigError(
+        f"upsampling {n_points:,} points at once needs about {format_bytes(need)} on {torch.device(device)}, more than "
+        f"the {format_bytes(budget)} available; at most {most:,} points fit: split the cloud into parts of that size"
     )

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -40,6 +39,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
+from pointforge.devices import available_memory_bytes
 from pointforge.errors import ConfigError, DataError
 
 try:  # pocketfft: on a CPU its inverse real FFT is markedly faster than MKL's (bench/dpsr.py)
@@ -538,48 +538,6 @@ def dpsr_memory_bytes(
         return forward + points + filter_slab
     backward = 2 * batch * grid + grid + 3 * half
     return max(forward, backward) + points + filter_slab + _FIXED_OVERHEAD
-
-
-def _cgroup_headroom() -> int | None:
-    """Bytes left under this process's cgroup memory limit (containers), if there is one."""
-    for limit_file, usage_file in (
-        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
-    ):
-        try:
-            limit = open(limit_file).read().strip()
-            usage = int(open(usage_file).read().strip())
-        except (OSError, ValueError):
-            continue
-        if limit.isdigit() and int(limit) < 1 << 60:
-            return max(int(limit) - usage, 0)
-        return None
-    return None
-
-
-def available_memory_bytes(device: torch.device | str) -> int:
-    """Memory the device can still give: free plus cached on CUDA; on a CPU the
-    kernel's MemAvailable, or less when a container's cgroup limit is closer."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
-    available = None
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    available = int(line.split()[1]) * 1024
-                    break
-    except OSError:
-        pass
-    if available is None:
-        try:
-            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            available = 1 << 62
-    headroom = _cgroup_headroom()
-    return available if headroom is None else min(available, headroom)
 
 
 def _gib(n: float) -> str:

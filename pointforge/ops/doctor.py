@@ -359,8 +359,10 @@ def fs_space(path: str | os.PathLike) -> tuple[int, int] | None:
 
 
 def estimate_checkpoint_bytes(task: Any, cfg: Any) -> int | None:
-    """Size of one checkpoint: weights, optimizer moments, EMA (built on the meta device: no memory)."""
+    """Size of one checkpoint (the engine's own estimate, which it checks before training), on a meta-device model."""
     import torch
+
+    from pointforge.train.checkpoint import estimate_checkpoint_bytes as estimate
 
     try:
         task.configure(cfg.task)
@@ -369,18 +371,19 @@ def estimate_checkpoint_bytes(task: Any, cfg: Any) -> int | None:
                 model = task.build_model(cfg.task)
         except Exception:
             model = task.build_model(cfg.task)
-        state = model.state_dict()
-        weights = sum(t.numel() * t.element_size() for t in state.values())
-        params = sum(p.numel() * 4 for p in model.parameters())
+        return estimate(model, optimizer=cfg.optim.name, ema=bool(cfg.train.ema_decay))
     except Exception:
         return None
-    moments = {"adam": 2, "adamw": 2, "sgd": 1}.get(cfg.optim.name, 2)
-    ema = weights if cfg.train.ema_decay else 0
-    return int(weights + moments * params + ema + 2**20)
 
 
 def check_disk(
-    run_dir: str | os.PathLike, checkpoint_bytes: int | None, keep_last: int, *, space: tuple[int, int] | None = None
+    run_dir: str | os.PathLike,
+    checkpoint_bytes: int | None,
+    keep_last: int,
+    *,
+    space: tuple[int, int] | None = None,
+    every_epochs: int = 1,
+    epochs: int | None = None,
 ) -> Check:
     name = "disk"
     space = space if space is not None else fs_space(run_dir)
@@ -391,8 +394,9 @@ def check_disk(
     _total, free = space
     if checkpoint_bytes is None:
         return Check(name, OK, f"{format_bytes(free)} free for {run_dir} (checkpoint size unknown)")
-    # latest + best + keep_last periodic copies, and one temporary file while a new one is written
-    files = 2 + max(keep_last, 0) + 1
+    from pointforge.train.checkpoint import checkpoint_files_kept
+
+    files = checkpoint_files_kept(keep_last, every_epochs=every_epochs, epochs=epochs)
     need = files * checkpoint_bytes
     detail = f"{format_bytes(free)} free for {run_dir}; checkpoints need about {format_bytes(need)} ({files} × {format_bytes(checkpoint_bytes)})"
     if free < need:
@@ -495,6 +499,7 @@ def check_tmux(asked: bool) -> Check | None:
 def check_run_dir(run_dir: str | os.PathLike, *, resume: str | None) -> list[Check]:
     from pointforge.ops.runs import is_live, run_state
     from pointforge.train.checkpoint import resume_candidates
+    from pointforge.train.lock import in_use_message, lock_holder
 
     run_dir = Path(run_dir)
     checks = []
@@ -517,7 +522,17 @@ def check_run_dir(run_dir: str | os.PathLike, *, resume: str | None) -> list[Che
         )
         return checks
     state = run_state(run_dir, with_disk=False)
-    if is_live(state):
+    holder = lock_holder(run_dir)
+    if holder is not None:
+        checks.append(
+            Check(
+                "run dir",
+                FAILURE,
+                in_use_message(run_dir, holder).split("; ")[0],
+                "stop that job first or choose another run.dir",
+            )
+        )
+    elif is_live(state):
         checks.append(
             Check(
                 "run dir",
@@ -723,7 +738,19 @@ def _config_checks(
         ck_bytes = Path(resume).stat().st_size
     if ck_bytes is None:
         ck_bytes = estimate_checkpoint_bytes(task, cfg)
-    checks += named(_guard("disk", lambda: check_disk(cfg.run.dir, ck_bytes, cfg.ckpt.keep_last, space=disk_space)))
+    checks += named(
+        _guard(
+            "disk",
+            lambda: check_disk(
+                cfg.run.dir,
+                ck_bytes,
+                cfg.ckpt.keep_last,
+                space=disk_space,
+                every_epochs=cfg.ckpt.every_epochs,
+                epochs=cfg.train.epochs,
+            ),
+        )
+    )
     workers = cfg.data.num_workers
     if workers:
         from pointforge.train.schedule import plan_batches

@@ -78,6 +78,7 @@ from pointforge.ops.runs import (
 from pointforge.tasks.configs import load_train_config
 from pointforge.train import checkpoint as ckpt_io
 from pointforge.train.launch import package_root, torchrun_command, worker_args, worker_pythonpath  # noqa: F401
+from pointforge.train.lock import RunDirInUse, in_use_message, lock_holder
 from pointforge.train.schedule import plan_batches
 
 DEFAULT_RUNS_DIR = "runs"
@@ -554,10 +555,14 @@ def _check_run_dir(job: JobSpec, ctx: _Planning) -> Path:
         )
     ctx.dir_owner.setdefault(run_dir, job.name)
     state = run_state(run_dir, with_disk=False)
-    if is_live(state):
+    holder = lock_holder(run_dir)
+    if holder is not None:
+        # A training process holds the run dir (started by launch, train or torchrun): the same line train prints.
+        ctx.problems.append(RunDirInUse(f"{where}: {in_use_message(run_dir, holder)}"))
+    elif is_live(state):
         pid = state.job_pid or state.pid
         ctx.problems.append(
-            ConfigError(
+            RunDirInUse(
                 f"{where}: run dir {run_dir} is in use by a live job ({state.status}, pid {pid}); "
                 f"stop it first (pointforge launch --stop {state.name}) or choose another run_dir"
             )

@@ -30,6 +30,7 @@ augmentation.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -47,6 +48,7 @@ from pointforge.data.skulls import (
 )
 from pointforge.data.synthetic import MAX_SIZE, MIN_SIZE
 from pointforge.errors import ConfigError
+from pointforge.nn.dpsr import dpsr_memory_bytes
 from pointforge.nn.voxelizer import VoxelizerConfig, VoxelizerNet, indicator_target, psr_tanh_mse_loss
 from pointforge.tasks.base import EvalContext, StepContext, Task
 from pointforge.train.data import global_batches
@@ -224,6 +226,16 @@ class VoxelizationTask(Task):
         with torch.no_grad():
             train_iou = iou(out.psr <= 0, inside).mean()
         return loss, {"iou": train_iou}
+
+    def memory_estimate(self, cfg: VoxelizationTaskConfig, micro_batch: int) -> int:
+        """The DPSR solve with gradients (:func:`~pointforge.nn.dpsr.dpsr_memory_bytes`) plus the loss's grids.
+
+        Per sample the loss holds a bool inside grid and four float32 grids for
+        the backward pass (the target, tanh of prediction and target, their difference).
+        """
+        res = cfg.network().dpsr_res
+        solve = dpsr_memory_bytes(res, cfg.n_points, batch=micro_batch, requires_grad=True)
+        return solve + micro_batch * math.prod(res) * (1 + 4 * 4)
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, loader, ctx: EvalContext) -> dict[str, float]:

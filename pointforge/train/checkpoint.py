@@ -23,13 +23,16 @@ tagged ``cuda:7``.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import pickle
 import random
 import re
+import shutil
 import time
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -39,7 +42,8 @@ from torch import nn
 
 from pointforge import __version__
 from pointforge.atomic import atomic_writer
-from pointforge.errors import CheckpointError
+from pointforge.errors import CheckpointError, DiskFullError
+from pointforge.formats import format_bytes
 
 FORMAT = "pointforge.checkpoint"
 FORMAT_VERSION = 1
@@ -322,8 +326,72 @@ def find_resume_checkpoint(
     return None
 
 
+# --------------------------------------------------------------------------- disk space
+
+
+def estimate_checkpoint_bytes(model: nn.Module, *, optimizer: str = "adam", ema: bool = False) -> int:
+    """Size of one checkpoint of ``model``: weights, the optimizer's moments, EMA weights, 1 MiB for the rest.
+
+    Works on a model built on the meta device (shapes only), which is how
+    ``pointforge doctor`` sizes a run without building it.
+    """
+    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    params = sum(p.numel() * 4 for p in model.parameters())
+    moments = {"adam": 2, "adamw": 2, "sgd": 1}.get(optimizer, 2)
+    return int(weights + moments * params + (weights if ema else 0) + 2**20)
+
+
+def checkpoint_files_kept(keep_last: int, *, every_epochs: int = 1, epochs: int | None = None) -> int:
+    """The most checkpoint files a run holds at once.
+
+    ``latest``, ``best``, the periodic ``epoch-NNNN`` files (``ckpt.keep_last``
+    of them, or one per ``every_epochs`` epochs when ``keep_last`` is 0 = keep
+    all) and one temporary file while the next one is being written.
+    """
+    periodic = max(keep_last, 0)
+    if every_epochs <= 0:
+        periodic = 0
+    elif epochs is not None:
+        every = epochs // every_epochs
+        periodic = every if keep_last <= 0 else min(keep_last, every)
+    return 2 + periodic + 1
+
+
+def disk_free_bytes(path: str | os.PathLike) -> int | None:
+    """Free bytes on the filesystem holding ``path`` (or its nearest existing parent); None where unknown."""
+    probe = Path(path).absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        return shutil.disk_usage(probe).free
+    except OSError:
+        return None
+
+
+def disk_full_cause(err: BaseException) -> OSError | None:
+    """The "no space left" / "quota exceeded" OSError behind ``err``, if that is what it is.
+
+    ``torch.save`` reports a failed write as a RuntimeError ("unexpected pos
+    ...") whose context is the OSError, so the chain is followed.
+    """
+    seen: BaseException | None = err
+    for _ in range(8):
+        if seen is None:
+            return None
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 class CheckpointFiles:
-    """Names and retention of a run's checkpoints: ``latest``, periodic ``epoch-NNNN``, ``best``."""
+    """Names and retention of a run's checkpoints: ``latest``, periodic ``epoch-NNNN``, ``best``.
+
+    A write that fills the disk raises :class:`~pointforge.errors.DiskFullError`
+    (one line: which file, the free space, what to change) instead of torch's
+    traceback; the file being written is never left behind half-written (the
+    atomic writer removes its temporary file) and the previous one is untouched.
+    """
 
     def __init__(self, run_dir: str | os.PathLike, keep_last: int):
         self.folder = checkpoint_dir(run_dir)
@@ -341,7 +409,29 @@ class CheckpointFiles:
         return self.folder / f"epoch-{epoch:04d}.pt"
 
     def write_latest(self, state: Mapping[str, Any]) -> Path:
-        return save_checkpoint(self.latest, state)
+        with self._space_guard(self.latest):
+            return save_checkpoint(self.latest, state)
+
+    @contextlib.contextmanager
+    def _space_guard(self, target: Path) -> Iterator[None]:
+        try:
+            yield
+        except Exception as err:
+            cause = disk_full_cause(err)
+            if cause is None:
+                raise
+            raise DiskFullError(self.disk_full_message(target, cause)) from None
+
+    def disk_full_message(self, target: Path, cause: OSError) -> str:
+        free = disk_free_bytes(self.folder)
+        what = "disk quota exceeded" if cause.errno == errno.EDQUOT else "no space left on the device"
+        left = "unknown space" if free is None else format_bytes(free)
+        kept = "the previous checkpoints are intact" if self.latest.is_file() else "no checkpoint was written yet"
+        return (
+            f"{what} while writing checkpoint {target} ({left} free in {self.folder}); nothing partial was kept and "
+            f"{kept}; free space or lower ckpt.keep_last (now {self.keep_last}) and continue "
+            "with --resume auto, or choose another run.dir and pass --resume with the last checkpoint"
+        )
 
     def copy_to(self, source: Path, target: Path) -> Path:
         """Make ``target`` an atomic byte copy of ``source``.
@@ -349,7 +439,7 @@ class CheckpointFiles:
         A copy rather than a hard link: damage to one file (a truncation on a
         flaky disk) must not take its twin, the fallback, down with it.
         """
-        with open(source, "rb") as src, atomic_writer(target, "wb") as dst:
+        with self._space_guard(target), open(source, "rb") as src, atomic_writer(target, "wb") as dst:
             while chunk := src.read(1 << 24):
                 dst.write(chunk)
         return target

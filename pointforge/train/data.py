@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import random
+import re
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from pointforge.errors import DataError
+from pointforge.errors import DataError, UserError
 
 
 def derive_seed(*parts: int | str) -> int:
@@ -164,3 +165,44 @@ def move_to_device(batch: Any, device: torch.device, non_blocking: bool = False)
     if callable(to):
         return to(device)
     return batch
+
+
+# What torch's ExceptionWrapper makes of an error raised in a loader worker:
+# "Caught DataError in DataLoader worker process 1.\nOriginal Traceback (most recent call last): ..."
+_WORKER_ERROR = re.compile(r"^Caught (\w+) (in DataLoader worker process \d+)\.\nOriginal Traceback")
+
+
+def unwrap_worker_error(err: BaseException) -> BaseException | None:
+    """The error a DataLoader worker raised, as its own one-line message; None if ``err`` is not one.
+
+    torch re-raises a worker's exception with the worker's whole traceback as
+    its message. A :class:`~pointforge.errors.UserError` (a missing or broken
+    data file) gets its own line back, unchanged; any other error gets the
+    traceback's last line and says which worker raised it.
+    """
+    text = str(err)
+    match = _WORKER_ERROR.match(text)
+    if match is None:
+        return None
+    name, where = match.groups()
+    last = next((line for line in reversed(text.splitlines()) if line.strip()), "")
+    found = re.match(rf"^(?:[\w.]+\.)?{re.escape(name)}: (.*)$", last)
+    message = found.group(1) if found else last.strip()
+    if isinstance(err, UserError):
+        return type(err)(message)
+    try:
+        return type(err)(f"{message} (raised {where})")
+    except Exception:
+        return RuntimeError(f"{name}: {message} (raised {where})")
+
+
+@contextlib.contextmanager
+def worker_errors() -> Iterator[None]:
+    """Re-raise an error from a DataLoader worker as the worker's own one-line error (:func:`unwrap_worker_error`)."""
+    try:
+        yield
+    except Exception as err:
+        plain = unwrap_worker_error(err)
+        if plain is None:
+            raise
+        raise plain from None

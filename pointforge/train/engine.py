@@ -41,8 +41,9 @@ from torch import nn
 from pointforge import __version__
 from pointforge.atomic import atomic_write_json
 from pointforge.config import TrainConfig, save_yaml, to_dict
-from pointforge.errors import CheckpointError, ConfigError, DeviceError, UserError
-from pointforge.formats import json_safe
+from pointforge.devices import available_memory_bytes
+from pointforge.errors import CheckpointError, ConfigError, DataError, DeviceError, DiskFullError, UserError
+from pointforge.formats import format_bytes, json_safe
 from pointforge.train import checkpoint as ckpt_io
 from pointforge.train.data import (
     EpochBatches,
@@ -53,6 +54,7 @@ from pointforge.train.data import (
     move_to_device,
     seed_everything,
     shutdown_loader,
+    worker_errors,
 )
 from pointforge.train.dist import (
     DistEnv,
@@ -69,6 +71,7 @@ from pointforge.train.dist import (
     stop_signals,
 )
 from pointforge.train.ema import EMA
+from pointforge.train.lock import RunDirInUse, RunDirLock
 from pointforge.train.plan import RunPlan, best_rule, dry_run_plan, make_plan
 from pointforge.train.schedule import build_optimizer, build_scheduler, restore_scheduler
 from pointforge.train.state import BestMetric, MetricWindow, TrainState
@@ -178,6 +181,32 @@ class _Trainer:
     # ------------------------------------------------------------------ lifecycle
 
     def run(self) -> TrainResult:
+        self._lock_run_dir()
+        try:
+            return self._run_locked()
+        finally:
+            self.lock.release()
+
+    def _lock_run_dir(self) -> None:
+        """Rank 0 takes the run dir's lock before anything is written there; every rank learns if it could not.
+
+        Nothing is written before this (not even ``train.log``), so a refused
+        second job leaves the running job's files exactly as they were.
+        """
+        env = self.env
+        self.lock = RunDirLock(self.run_dir)
+        refusal = None
+        if env.is_main:
+            try:
+                self.lock.acquire()
+            except UserError as err:
+                refusal = (type(err).__name__, str(err))
+        refusal = broadcast_object(env, refusal)
+        if refusal is not None:
+            kind, message = refusal
+            raise (RunDirInUse if kind == "RunDirInUse" else UserError)(message)
+
+    def _run_locked(self) -> TrainResult:
         env = self.env
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.logs = LogSetup(self.run_dir, env.rank, console=self.console)
@@ -254,6 +283,7 @@ class _Trainer:
         if self.env.is_main:
             for line in self.plan.lines():
                 log.info(line)
+        self._preflight()
         self._resume()
         self._wrap_model()
         if self.env.is_main:
@@ -318,6 +348,76 @@ class _Trainer:
         self.scaler = torch.amp.GradScaler("cuda") if cfg.perf.amp == "fp16" else None
         self.ema = EMA(self.model, cfg.train.ema_decay) if cfg.train.ema_decay else None
         self.files = ckpt_io.CheckpointFiles(self.run_dir, cfg.ckpt.keep_last)
+
+    def _preflight(self) -> None:
+        """Faults found before the first step, not hours into the run: a dataset file gone, a disk too small.
+
+        Each rank stats its own datasets' files (on several nodes each may read
+        its own copy); rank 0 checks the run dir's free space. Every rank then
+        raises the first problem found anywhere, so none waits in a collective.
+        """
+        env = self.env
+        self.doing = "checking the dataset files and the disk"
+        problem: tuple[str, str] | None = None
+        try:
+            for dataset in (self.train_ds, self.val_ds):
+                check = getattr(dataset, "check_files", None)
+                if callable(check):
+                    check()
+            self._check_memory()
+            if env.is_main:
+                self._check_disk()
+        except UserError as err:
+            problem = (type(err).__name__, f"rank {env.rank}: {err}" if env.distributed else str(err))
+        found = [p for p in all_gather_objects(env, problem) if p is not None]
+        if found:
+            kind, message = found[0]
+            kinds = {"DataError": DataError, "DiskFullError": DiskFullError, "ConfigError": ConfigError}
+            raise kinds.get(kind, UserError)(message)
+
+    def _check_memory(self) -> None:
+        """Refuse a micro-batch the task estimates to need more than this device has, naming the largest that fits."""
+        task, cfg, micro = self.task, self.cfg, self.batch.micro_batch
+        need = task.memory_estimate(cfg.task, micro)
+        if need is None:
+            return
+        free = available_memory_bytes(self.device)
+        if need <= free:
+            return
+        fits = next((m for m in range(micro - 1, 0, -1) if (task.memory_estimate(cfg.task, m) or 0) <= free), 0)
+        said = (
+            f"a training step on {micro} sample(s) per device needs about {format_bytes(need)} on {self.device}, "
+            f"more than the {format_bytes(free)} available"
+        )
+        if fits:
+            raise ConfigError(
+                f"{said}; set data.micro_batch={fits} (gradient accumulation keeps data.global_batch="
+                f"{cfg.data.global_batch}) or use more devices"
+            )
+        raise ConfigError(f"{said} even for one sample; lower the task's point count or grid resolution")
+
+    def _check_disk(self) -> None:
+        """Refuse a run whose checkpoints will not fit on the run dir's disk; warn when less than twice that is free."""
+        cfg = self.cfg
+        size = ckpt_io.estimate_checkpoint_bytes(self.model, optimizer=cfg.optim.name, ema=bool(self.ema))
+        files = ckpt_io.checkpoint_files_kept(
+            cfg.ckpt.keep_last, every_epochs=cfg.ckpt.every_epochs, epochs=cfg.train.epochs
+        )
+        existing = sum(p.stat().st_size for p in ckpt_io.resume_candidates(self.run_dir))
+        need = max(files * size - existing, size)
+        free = ckpt_io.disk_free_bytes(self.run_dir)
+        if free is None:
+            return
+        detail = (
+            f"{format_bytes(free)} free for {self.run_dir}, its checkpoints need about {format_bytes(need)} more "
+            f"({files} files × {format_bytes(size)}, ckpt.keep_last={cfg.ckpt.keep_last})"
+        )
+        if free < need:
+            raise DiskFullError(
+                f"{detail}; free disk space, lower ckpt.keep_last, or choose a run.dir on a larger disk"
+            )
+        if free < 2 * need:
+            log.warning(f"{detail}: less than twice that is free; free disk space before a long run")
 
     def _wrap_model(self) -> None:
         """DDP and ``torch.compile`` around the bare model (which checkpoints and EMA keep using)."""
@@ -699,7 +799,8 @@ class _Trainer:
 
     def _next_batch(self, epoch: int, micro: int) -> Any:
         try:
-            batch = next(self.iterator)
+            with worker_errors():
+                batch = next(self.iterator)
         except StopIteration:
             raise RuntimeError(
                 f"the data loader on rank {self.env.rank} ran out after {micro} of {self.batch.accumulation} micro-batches in epoch {epoch}"
@@ -863,7 +964,8 @@ class _Trainer:
                         self.device.type, dtype=self.amp_dtype or torch.float32, enabled=self.amp_dtype is not None
                     ),
                 ):
-                    result = self.task.evaluate(model, loader, ctx) if n else {}
+                    with worker_errors():
+                        result = self.task.evaluate(model, loader, ctx) if n else {}
             finally:
                 model.train(was_training)
                 shutdown_loader(loader)

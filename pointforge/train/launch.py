@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import pointforge
+from pointforge.train.lock import RunDirInUse, in_use_message, lock_holder
 
 # What each rank runs: the `train` command with its own error handling and exit code.
 WORKER_MODULE = "pointforge.cli.train"
@@ -198,8 +199,15 @@ def pid_alive_since(pid: int | None, recorded_at: float | None, *, slack_s: floa
 
 
 def launch(worker: Sequence[str], *, nproc: int, max_restarts: int, run_dir: str | os.PathLike) -> int:
-    """Run torchrun with ``nproc`` workers; return its exit status (0 after a graceful stop)."""
+    """Run torchrun with ``nproc`` workers; return its exit status (0 after a graceful stop).
+
+    A run dir whose lock another job holds is refused here, before torchrun
+    starts (rank 0 would refuse it too, a few seconds later).
+    """
     run_dir = Path(run_dir)
+    holder = lock_holder(run_dir)
+    if holder is not None:
+        raise RunDirInUse(in_use_message(run_dir, holder))
     cmd = torchrun_command(worker, nproc=nproc, max_restarts=max_restarts)
     # A session of its own: the terminal's Ctrl-C reaches only us, and we decide
     # who gets which signal.

@@ -196,6 +196,14 @@ class Task:
     def parameters(self, model: nn.Module) -> Iterable[Any]:
         return model.parameters()
 
+    def memory_estimate(self, cfg: Any, micro_batch: int) -> int | None:
+        """Bytes one training step on ``micro_batch`` samples needs on its device, beyond the model; None: not estimated.
+
+        The engine refuses, before the first step, a micro-batch whose estimate
+        exceeds the device's available memory, naming the largest that fits.
+        """
+        return None
+
 
 def split_step_output(out: Any) -> tuple[torch.Tensor, Mapping[str, Any]]:
     """Normalise what ``training_step`` returned to ``(loss, metrics)``."""

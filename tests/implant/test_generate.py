@@ -318,3 +318,36 @@ def test_an_upsampler_densifies_each_proposal_before_voxelising(trained, tmp_pat
     assert report["mesh"]["watertight"]
     with pytest.raises(UserError, match="task 'pcdiff', not of task 'upsampler'"):
         load_models(pc, vox, device="cpu", upsample=pc)
+
+
+def test_too_many_proposals_for_memory_are_refused_up_front_with_the_largest_that_fits(trained, models, tmp_path):
+    from pointforge.errors import ConfigError
+    from pointforge.implant.pipeline import check_generate_memory, generate_memory_bytes
+
+    root, _, pc, vox = trained
+    _, source = a_test_case(root)
+    shape = read_volume(source).shape
+    options = GenerateOptions(ensemble=50, sampler="ddpm")
+    one, two = (generate_memory_bytes(models, options, shape, n) for n in (1, 2))
+    assert two["host"] - one["host"] == 3 * int(np.prod(shape))  # a byte per voxel: completed, own implant, agreement
+    assert two["device"] > one["device"]  # PCDiff samples every proposal in one batch
+    per = two["host"] + two["device"] - one["host"] - one["device"]
+    budget = {"device": 0, "host": one["host"] + one["device"] + 3 * per + 10}  # on the CPU both come from RAM
+    with pytest.raises(ConfigError) as caught:
+        check_generate_memory(models, options, shape, budget=budget)
+    assert str(caught.value).endswith("; use --ensemble 4 or fewer") and "50 proposals of a" in str(caught.value)
+    options.ensemble = 4
+    check_generate_memory(models, options, shape, budget=budget)  # fits: no error
+    with pytest.raises(ConfigError, match="even for one proposal"):
+        check_generate_memory(models, options, shape, budget={"device": 0, "host": 1000})
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        app,
+        [
+            *("generate", str(source), "--pcdiff", str(pc), "--voxelizer", str(vox), "--out", str(out)),
+            *("-n", "10000000", "--sampler", "ddpm"),
+        ],
+    )
+    assert isinstance(result.exception, ConfigError) and "\n" not in str(result.exception)
+    assert "10000000 proposals of a" in str(result.exception) and "or fewer" in str(result.exception)
+    assert not out.exists()
