@@ -490,12 +490,31 @@ class _Trainer:
                     f"checkpoint was written by {rng.get('world_size')} rank(s), this run has {env.world_size}: "
                     "weights, optimizer and schedule continue exactly, random streams are re-seeded"
                 )
+        self._refuse_nothing_left(path)
         self.last_saved_step = progress.global_step
         self.last_checkpoint = path
         self.resumed_from = path
         if env.is_main:
             log.info(
                 f"resumed from {path} at epoch {progress.epoch}, step {progress.global_step} (step {progress.step_in_epoch} of the epoch)"
+            )
+
+    def _refuse_nothing_left(self, path: Path) -> None:
+        """A checkpoint already at (or past) this config's length would "finish" at once without training."""
+        cfg, state = self.cfg, self.state
+        if state.epoch >= cfg.train.epochs:
+            raise ConfigError(
+                f"{path} has done {state.epoch} epoch(s) (step {state.global_step}) and train.epochs is "
+                f"{cfg.train.epochs}, so nothing is left to train; set train.epochs above {state.epoch} "
+                "(e.g. train.epochs="
+                + str(max(2 * state.epoch, state.epoch + 1))
+                + ") to train on, or choose a new run.dir"
+            )
+        if cfg.train.max_steps is not None and state.global_step >= self.total_steps:
+            raise ConfigError(
+                f"{path} is at step {state.global_step} and train.max_steps is {cfg.train.max_steps}, so nothing is left "
+                f"to train; set train.max_steps above {state.global_step} (or train.max_steps=null) to train on, "
+                "or choose a new run.dir"
             )
 
     # ------------------------------------------------------------------ the loop
