@@ -31,7 +31,7 @@ class _Plain:
     description: str
     total: float | None
     started: float = field(default_factory=time.monotonic)
-    said_at: float = 0.0
+    said_at: float | None = None  # when the last line was said (None: not yet, so the first update says one)
     finished: bool = False
     last: float = 0.0
 
@@ -84,7 +84,7 @@ class Bars:
             self.start(key, description or key, total)
         plain = self.plains[key]
         if completed < plain.last:  # the bar starts over (the next case's sampler steps): a new count
-            plain.started, plain.said_at, plain.finished = time.monotonic(), 0.0, False
+            plain.started, plain.said_at, plain.finished = time.monotonic(), None, False
             self.rich.reset(self.tasks[key])
         plain.last = completed
         plain.total = total if total is not None else plain.total
@@ -100,7 +100,7 @@ class Bars:
     def _say_plain(self, plain: _Plain, completed: float, detail: str) -> None:
         now = time.monotonic()
         done = bool(plain.total) and completed >= (plain.total or 0)
-        if plain.finished or (not done and now - plain.said_at < PLAIN_EVERY_S):
+        if plain.finished or (not done and plain.said_at is not None and now - plain.said_at < PLAIN_EVERY_S):
             return
         plain.said_at, plain.finished = now, done
         spent = now - plain.started
@@ -117,13 +117,12 @@ def progress_bar(description: str, total: int | None = None) -> Iterator[Callabl
     """One bar; yields ``advance(step=1, *, completed=None, total=None, detail=None)``."""
     with Bars() as bars:
         bars.start("main", description, total)
-        state = {"done": 0.0, "total": total}
+        done = [0.0]
 
         def advance(
             step: int = 1, *, completed: int | None = None, total: int | None = None, detail: str | None = None
         ) -> None:
-            state["done"] = completed if completed is not None else state["done"] + step
-            state["total"] = total if total is not None else state["total"]
-            bars.update("main", state["done"], total=state["total"], detail=detail)
+            done[0] = completed if completed is not None else done[0] + step
+            bars.update("main", done[0], total=total, detail=detail)
 
         yield advance

@@ -133,7 +133,7 @@ def _write_pictures(result: Generated, folder: Path, files: dict, title: str, js
                 cmap="plasma",
             ),
         ],
-        spacing=tuple(float(s) for s in ref.spacing),
+        spacing=(float(ref.spacing[0]), float(ref.spacing[1]), float(ref.spacing[2])),
         title=title,
     )
     layers = ViewLayers(ref, ref.data, result.implant, result.agreement, list(result.proposals), title)

@@ -500,21 +500,28 @@ class _Trainer:
             )
 
     def _refuse_nothing_left(self, path: Path) -> None:
-        """A checkpoint already at (or past) this config's length would "finish" at once without training."""
+        """A checkpoint past this config's length is refused: it would "finish" at once, untrained.
+
+        One exactly at the length (a finished run resumed as it was) finishes at
+        once, and says so in the log: that is what the config asks for.
+        """
         cfg, state = self.cfg, self.state
-        if state.epoch >= cfg.train.epochs:
+        if state.epoch > cfg.train.epochs:
             raise ConfigError(
-                f"{path} has done {state.epoch} epoch(s) (step {state.global_step}) and train.epochs is "
-                f"{cfg.train.epochs}, so nothing is left to train; set train.epochs above {state.epoch} "
-                "(e.g. train.epochs="
-                + str(max(2 * state.epoch, state.epoch + 1))
-                + ") to train on, or choose a new run.dir"
+                f"{path} has done {state.epoch} epochs (step {state.global_step}) but train.epochs is "
+                f"{cfg.train.epochs}: nothing is left to train; set train.epochs above {state.epoch} "
+                f"(e.g. train.epochs={2 * state.epoch}) to train on, or choose a new run.dir to start afresh"
             )
-        if cfg.train.max_steps is not None and state.global_step >= self.total_steps:
+        if cfg.train.max_steps is not None and state.global_step > cfg.train.max_steps:
             raise ConfigError(
-                f"{path} is at step {state.global_step} and train.max_steps is {cfg.train.max_steps}, so nothing is left "
-                f"to train; set train.max_steps above {state.global_step} (or train.max_steps=null) to train on, "
-                "or choose a new run.dir"
+                f"{path} is at step {state.global_step} but train.max_steps is {cfg.train.max_steps}: nothing is "
+                f"left to train; set train.max_steps above {state.global_step} (or train.max_steps=null) to train on, "
+                "or choose a new run.dir to start afresh"
+            )
+        if (state.epoch >= cfg.train.epochs or state.global_step >= self.total_steps) and self.env.is_main:
+            log.warning(
+                f"{path} already has the {state.global_step} steps ({state.epoch} epochs) this config asks for: "
+                "nothing is left to train; raise train.epochs (or train.max_steps) to train on"
             )
 
     # ------------------------------------------------------------------ the loop
