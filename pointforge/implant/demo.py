@@ -142,9 +142,9 @@ def _train_side_by_side(
     t0 = time.monotonic()
     try:
         while any(p.poll() is None for p in procs.values()):
-            if progress:
+            if progress:  # the budget counts from each process's first step: keep the bar short of full until they end
                 progress(
-                    min(time.monotonic() - t0, minutes * 60),
+                    min(time.monotonic() - t0, minutes * 60 * 0.99),
                     minutes * 60,
                     {n: _run_status(run_dirs[n]).get("global_step") for n in procs},
                 )
@@ -165,7 +165,10 @@ def _train_side_by_side(
             f"training {name} failed (exit {failed[name]}): {' | '.join(tail)}; "
             f"full log: {run_dirs[name].parent / f'{name}.log'}"
         )
-    return {n: _run_status(run_dirs[n]) for n in procs}
+    final = {n: _run_status(run_dirs[n]) for n in procs}
+    if progress:
+        progress(minutes * 60, minutes * 60, {n: final[n].get("global_step") for n in procs})
+    return final
 
 
 # --------------------------------------------------------------------------- the demo
