@@ -290,6 +290,8 @@ def _run_oracle(dataset: PreparedDataset, out: Path, snapshot: dict, s: DemoSett
     n_implant = models.pcdiff.config.n_implant
     rng = np.random.default_rng(s.seed)
     for k, case in enumerate(cases):
+        if progress and k == 0:
+            progress("oracle", 0, len(cases), None)
         meta = dataset.meta(case.implant)
         points = np.asarray(dataset.points(case.implant), dtype=np.float64)
         affine = (
@@ -460,6 +462,8 @@ def _run_baseline(prepared: Path, out: Path, progress=None) -> dict:
     seconds = []
     cases = data.split("test")
     for k, case in enumerate(cases):
+        if progress and k == 0:
+            progress("baseline", 0, len(cases), None)
         t = time.perf_counter()
         defective = read_binary_volume(data.meta(case.defective)["source"])
         implant = mean_skull_implant(defective, atlas)

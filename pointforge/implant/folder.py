@@ -99,6 +99,8 @@ def generate_folder(
     out = Path(out)
     viewer_js = Path(viewer_js) if viewer_js is not None else out / PLOTLY_JS
     result = FolderResult()
+    if progress:
+        progress(0, len(cases))  # the count starts now, not when the first case is done
     for k, case in enumerate(cases):
         target = out / case.case_id
         if case_done(target):
