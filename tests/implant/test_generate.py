@@ -321,5 +321,5 @@ def test_an_upsampler_densifies_each_proposal_before_voxelising(trained, tmp_pat
     assert report["models"]["upsampler"]["ratio"] == 2 and "upsample_s" in report["timings_s"]
     assert np.load(tmp_path / "case" / "proposals" / "points.npy").shape == (2, with_up.pcdiff.config.n_implant, 3)
     assert report["mesh"]["watertight"]
-    with pytest.raises(UserError, match="task 'pcdiff', not of task 'upsampler'"):
+    with pytest.raises(UserError, match="is a pcdiff checkpoint, given as --upsample; give it as --pcdiff"):
         load_models(pc, vox, device="cpu", upsample=pc)
