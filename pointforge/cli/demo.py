@@ -2,51 +2,59 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import typer
 
-if TYPE_CHECKING:
-    from rich.progress import TaskID
+from pointforge.cli.progress import Bars
+
+_STAGES = {
+    "prepare": "prepare skulls",
+    "generate": "generate implants (cases)",
+    "score": "score (cases)",
+    "oracle": "oracle (cases)",
+    "baseline": "baseline (cases)",
+}
 
 
 class _StageBars:
-    """One rich progress bar per demo stage, created when the stage first reports."""
+    """The demo's ``progress(stage, done, total, info)`` as bars: one per network while training
+    (seconds of the time budget, its step count, the time left), then one per stage counting cases."""
 
     def __init__(self) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            disable=not sys.stderr.isatty(),
-            console=Console(stderr=True),
-        )
-        self.tasks: dict[str, TaskID] = {}
+        self.bars = Bars()
+        self.count = 0
         self.current: str | None = None
+        self.train_done = -1.0
 
     def __enter__(self):
-        self.progress.__enter__()
+        self.bars.__enter__()
         return self
 
     def __exit__(self, *exc):
-        return self.progress.__exit__(*exc)
+        return self.bars.__exit__(*exc)
 
     def __call__(self, stage: str, done: float, total: float, info) -> None:
-        if stage != self.current or stage not in self.tasks:
-            self.tasks[stage] = self.progress.add_task(stage, total=total)
+        if stage == "train":
+            if done < self.train_done or self.current != "train":  # a new training phase
+                self.count += 1
+            self.current, self.train_done = "train", done
+            for name, step in (info or {}).items():
+                self.bars.update(
+                    f"{self.count} {name}",
+                    round(done),
+                    total=round(total),
+                    description=f"train {name}",
+                    detail=f"step {step if step is not None else '…'}",
+                )
+            return
+        if stage != self.current:
+            self.count += 1
             self.current = stage
-        description = stage
-        if stage == "train" and info:
-            description = (
-                "train (seconds; steps " + ", ".join(f"{k} {v}" for k, v in info.items() if v is not None) + ")"
-            )
-        self.progress.update(self.tasks[stage], completed=done, total=total, description=description)
+        description = _STAGES.get(stage, stage)
+        if stage == "generate" and info is not None:
+            description = f"generate with the {info:g}-min models (cases)"
+        self.bars.update(f"{self.count} {stage}", done, total=total, description=description)
 
 
 def demo(

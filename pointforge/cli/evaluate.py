@@ -17,31 +17,46 @@ def evaluate(
 ) -> None:
     """DSC, bDSC and HD95 per case and per defect class (AutoImplant definitions)."""
     from rich.console import Console
-    from rich.table import Table
 
-    from pointforge.implant.evaluate import METRICS, evaluate_predictions, write_reports
+    from pointforge.implant.evaluate import evaluate_predictions, write_reports
 
-    with progress_bar("evaluating") as advance:
+    with progress_bar("scoring cases") as advance:
         result = evaluate_predictions(
             pred, truth, margin_mm=margin_mm, progress=lambda done, total: advance(completed=done, total=total)
         )
     paths = write_reports(result, out or pred)
-    table = Table(title=f"{len(result.rows)} cases scored, {len(result.missing)} missing ({result.seconds:.1f} s)")
-    table.add_column("group")
-    table.add_column("n", justify="right")
-    for m in METRICS:
-        table.add_column(f"{m.upper()} mean ± sd [median]" + (" (mm)" if m.startswith("hd") else ""), justify="right")
-    for group, stats in result.summary.items():
-        table.add_row(
-            group,
-            str(stats["dsc"]["n"]),
-            *[f"{stats[m]['mean']:.3f} ± {stats[m]['std']:.3f} [{stats[m]['median']:.3f}]" for m in METRICS],
-        )
-    Console().print(table)
+    console = Console()
+    title = f"{len(result.rows)} cases scored, {len(result.missing)} missing ({result.seconds:.1f} s)"
+    console.print(summary_table(result.summary, "mean ± sd", title))
+    console.print(summary_table(result.summary, "median", "medians"))
     for row in result.rows:
         if row.get("error"):
             typer.secho(f"case {row['case_id']}: {row['error']}", err=True, fg=typer.colors.YELLOW)
     if result.missing:
         shown = ", ".join(result.missing[:8]) + (" ..." if len(result.missing) > 8 else "")
         typer.secho(f"no prediction for {len(result.missing)} case(s): {shown}", err=True, fg=typer.colors.YELLOW)
-    typer.echo(f"wrote {paths['csv']} and {paths['json']}")
+    typer.echo(f"wrote {paths['csv']} (per case, with HD) and {paths['json']}")
+
+
+def summary_table(summary: dict, what: str, title: str):
+    """One rich table per statistic (``mean ± sd`` or ``median``), so it fits 80 columns without wrapping."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("group")
+    table.add_column("n", justify="right")
+    metrics = (("dsc", "DSC", 3), ("bdsc", "bDSC", 3), ("hd95", "HD95 mm", 2))
+    for _, name, _ in metrics:
+        table.add_column(f"{name} {what}", justify="right", no_wrap=True)
+    for group, stats in summary.items():
+        cells = []
+        for key, _, digits in metrics:
+            m = stats[key]
+            if not m["n"]:
+                cells.append("–")
+            elif what == "median":
+                cells.append(f"{m['median']:.{digits}f}")
+            else:
+                cells.append(f"{m['mean']:.{digits}f} ± {m['std']:.{digits}f}")
+        table.add_row(group, str(stats["dsc"]["n"]), *cells)
+    return table

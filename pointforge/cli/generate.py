@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from pointforge.cli.progress import progress_bar
+from pointforge.cli.progress import Bars
 
 
 def generate(
@@ -38,8 +38,13 @@ def generate(
         help="Clean-up keeps every implant component of at least this fraction of the largest "
         "(1: the largest only, as upstream; 0.2 keeps both plates of a bilateral defect).",
     ),
+    label: float = typer.Option(
+        None,
+        "--label",
+        help="Foreground value of the written masks (default: the input's own, e.g. 255 for a 0/255 skull).",
+    ),
 ) -> None:
-    """Design an implant: PCDiff proposals → voxelizer → vote → clean-up → NRRD/NIfTI, STL, uncertainty, preview, report."""
+    """Design an implant: PCDiff proposals → voxelizer → vote → clean-up → NRRD/NIfTI, STL, uncertainty, preview, 3-D view, report."""
     from pointforge.implant.generate import GenerateOptions, generate_case, generate_folder, load_models
 
     options = GenerateOptions(ensemble=ensemble, sampler=sampler, steps=steps, seed=seed, components=components)
@@ -51,8 +56,13 @@ def generate(
     elif not defective.exists():
         raise typer.BadParameter(f"{defective}: no such file or folder", param_hint="DEFECTIVE")
     models = load_models(pcdiff, voxelizer, device=device, upsample=upsample)
-    if defective.is_dir():
-        with progress_bar(f"generating implants ({split} split)") as advance:
+    with Bars() as bars:
+
+        def on_step(stage: str, done: int, total: int) -> None:
+            what = {"sample": "sampler steps", "voxelize": "proposals voxelised"}.get(stage, stage)
+            bars.update(stage, done, total=total, description=what)
+
+        if defective.is_dir():
             result = generate_folder(
                 defective,
                 out,
@@ -60,28 +70,33 @@ def generate(
                 options,
                 split=split,
                 log=lambda msg: typer.secho(msg, err=True, fg=typer.colors.YELLOW),
-                progress=lambda done, total: advance(completed=done, total=total),
+                progress=lambda done, total: bars.update(
+                    "cases", done, total=total, description=f"cases ({split} split)"
+                ),
+                step_progress=on_step,
+                label=label,
             )
-        typer.echo(
-            f"{len(result.done)} generated, {len(result.skipped)} already done, {len(result.failed)} failed "
-            f"({result.seconds:.0f} s) → {out}"
-        )
-        for case_id, message in result.failed.items():
-            typer.secho(f"case {case_id}: {message}", err=True, fg=typer.colors.RED)
-        if result.failed:
-            raise typer.Exit(1)
+        else:
+            report = generate_case(
+                defective, out, models, options, overwrite=overwrite, log=typer.echo, progress=on_step, label=label
+            )
+    if defective.is_dir():
+        _say_folder(result, out)
         return
-    with progress_bar("sampling") as advance:
-
-        def on_progress(stage: str, done: int, total: int) -> None:
-            advance(completed=done, total=total)
-
-        report = generate_case(
-            defective, out, models, options, overwrite=overwrite, log=typer.echo, progress=on_progress
-        )
     mesh = report["mesh"]
     typer.echo(
         f"implant: {report['implant']['volume_cm3']:.2f} cm³, mesh {'watertight' if mesh['watertight'] else 'NOT watertight'}"
         f" ({mesh['components']} component{'s' if mesh['components'] != 1 else ''}), "
-        f"{report['timings_s']['total_s']:.1f} s → {out}"
+        f"{report['timings_s']['total_s']:.1f} s → {out} (3-D view: {out / 'view.html'})"
     )
+
+
+def _say_folder(result, out: Path) -> None:
+    typer.echo(
+        f"{len(result.done)} generated, {len(result.skipped)} already done, {len(result.failed)} failed "
+        f"({result.seconds:.0f} s) → {out} (3-D views: {out}/<case>/view.html)"
+    )
+    for case_id, message in result.failed.items():
+        typer.secho(f"case {case_id}: {message}", err=True, fg=typer.colors.RED)
+    if result.failed:
+        raise typer.Exit(1)

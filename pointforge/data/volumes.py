@@ -39,6 +39,7 @@ class Volume:
     direction: np.ndarray = field(default_factory=lambda: np.eye(3))
     header: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
+    foreground: float | None = None  # a binary mask's foreground value as read (e.g. 255), kept for writing outputs
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -114,7 +115,11 @@ def read_binary_volume(path: str | os.PathLike, *, allow_empty: bool = False) ->
     foreground voxel at all, raises DataError naming the file.
     """
     vol = read_volume(path)
-    vol.data = to_binary(vol.data, name=str(path))
+    raw = vol.data
+    vol.data = to_binary(raw, name=str(path))
+    if vol.data.any() and raw.dtype != bool:
+        value = raw.flat[int(np.argmax(vol.data))]  # the first foreground voxel: every one holds the same value
+        vol.foreground = int(value) if float(value).is_integer() else float(value)
     if not allow_empty and not vol.data.any():
         raise DataError(f"{path}: binary volume is empty (no foreground voxel); is this the right file?")
     return vol

@@ -27,7 +27,6 @@ nothing above it (the CLI's ``demo`` command only parses and prints).
 
 from __future__ import annotations
 
-import html
 import json
 import math
 import os
@@ -52,6 +51,8 @@ from pointforge.formats import json_safe
 from pointforge.implant.baseline import Atlas, mean_skull_implant
 from pointforge.implant.evaluate import evaluate_predictions, write_reports
 from pointforge.implant.generate import GenerateOptions, generate_case, generate_folder, load_models
+from pointforge.implant.report_page import CaseCard, relative, write_report_html
+from pointforge.implant.view import PLOTLY_JS
 from pointforge.nn.placement import placement_metrics
 
 REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -141,9 +142,9 @@ def _train_side_by_side(
     t0 = time.monotonic()
     try:
         while any(p.poll() is None for p in procs.values()):
-            if progress:
+            if progress:  # the budget counts from each process's first step: keep the bar short of full until they end
                 progress(
-                    min(time.monotonic() - t0, minutes * 60),
+                    min(time.monotonic() - t0, minutes * 60 * 0.99),
                     minutes * 60,
                     {n: _run_status(run_dirs[n]).get("global_step") for n in procs},
                 )
@@ -164,7 +165,10 @@ def _train_side_by_side(
             f"training {name} failed (exit {failed[name]}): {' | '.join(tail)}; "
             f"full log: {run_dirs[name].parent / f'{name}.log'}"
         )
-    return {n: _run_status(run_dirs[n]) for n in procs}
+    final = {n: _run_status(run_dirs[n]) for n in procs}
+    if progress:
+        progress(minutes * 60, minutes * 60, {n: final[n].get("global_step") for n in procs})
+    return final
 
 
 # --------------------------------------------------------------------------- the demo
@@ -262,9 +266,10 @@ def _generate_and_evaluate(
             options,
             split="test",
             log=log,
-            progress=(lambda d, n: progress("generate", d, n, None)) if progress else None,
+            progress=(lambda d, n: progress("generate", d, n, snap["minutes"])) if progress else None,
+            viewer_js=out / PLOTLY_JS,
         )
-        evaluation = evaluate_predictions(pred_root, raw, cases=case_ids)
+        evaluation = evaluate_predictions(pred_root, raw, cases=case_ids, progress=_scoring(progress))
         write_reports(evaluation, pred_root)
         curve.append(
             {
@@ -278,13 +283,15 @@ def _generate_and_evaluate(
     return curve
 
 
-def _run_oracle(dataset: PreparedDataset, out: Path, snapshot: dict, s: DemoSettings, cases) -> None:
+def _run_oracle(dataset: PreparedDataset, out: Path, snapshot: dict, s: DemoSettings, cases, progress=None) -> None:
     """Each test case's true implant points, as ``s.ensemble`` proposals, through the pipeline after PCDiff."""
     options = GenerateOptions(ensemble=s.ensemble, sampler=s.sampler, steps=s.steps, seed=s.seed)
     models = load_models(snapshot["pcdiff"]["checkpoint"], snapshot["voxelizer"]["checkpoint"], device=s.device)
     n_implant = models.pcdiff.config.n_implant
     rng = np.random.default_rng(s.seed)
-    for case in cases:
+    for k, case in enumerate(cases):
+        if progress and k == 0:
+            progress("oracle", 0, len(cases), None)
         meta = dataset.meta(case.implant)
         points = np.asarray(dataset.points(case.implant), dtype=np.float64)
         affine = (
@@ -304,7 +311,10 @@ def _run_oracle(dataset: PreparedDataset, out: Path, snapshot: dict, s: DemoSett
             options,
             proposals_mm=chosen,
             title=f"{case.case_id}: oracle (true implant points)",
+            viewer_js=out.parent / PLOTLY_JS,
         )
+        if progress:
+            progress("oracle", k + 1, len(cases), None)
 
 
 def placement_rows(dataset: PreparedDataset, root: Path, cases) -> list[dict]:
@@ -407,8 +417,8 @@ def run_demo(
     log(
         "[4/6] oracle: the true implant points through the same voxelizer and clean-up (what a perfect PCDiff would reach)"
     )
-    _run_oracle(dataset, out / "oracle", kept[-1], s, test_cases)
-    oracle_eval = evaluate_predictions(out / "oracle", raw, cases=case_ids)
+    _run_oracle(dataset, out / "oracle", kept[-1], s, test_cases, progress)
+    oracle_eval = evaluate_predictions(out / "oracle", raw, cases=case_ids, progress=_scoring(progress))
     write_reports(oracle_eval, out / "oracle")
     timings["oracle_s"] = time.perf_counter() - t
 
@@ -417,8 +427,8 @@ def run_demo(
         f"[5/6] baseline: the defect filled with the mean of the {len({c.skull_id for c in dataset.split('train')})} registered training skulls"
     )
     base_root = out / "baseline"
-    base_stats = _run_baseline(prepared, base_root)
-    baseline_eval = evaluate_predictions(base_root, raw, cases=case_ids)
+    base_stats = _run_baseline(prepared, base_root, progress)
+    baseline_eval = evaluate_predictions(base_root, raw, cases=case_ids, progress=_scoring(progress))
     write_reports(baseline_eval, base_root)
     timings["baseline_s"] = time.perf_counter() - t
 
@@ -441,17 +451,26 @@ def _mean_dsc(evaluation, case_ids: list[str]) -> float:
     return float(sum(v if v is not None and math.isfinite(v) else 0.0 for v in values) / max(len(values), 1))
 
 
-def _run_baseline(prepared: Path, out: Path) -> dict:
+def _scoring(progress):
+    return (lambda d, n: progress("score", d, n, None)) if progress else None
+
+
+def _run_baseline(prepared: Path, out: Path, progress=None) -> dict:
     """Mean-of-registered-training-skulls implants for the test split into ``out/<case_id>/implant.nrrd``."""
     data = PreparedDataset(prepared)
     atlas = Atlas.from_prepared(data, split="train")
     seconds = []
-    for case in data.split("test"):
+    cases = data.split("test")
+    for k, case in enumerate(cases):
+        if progress and k == 0:
+            progress("baseline", 0, len(cases), None)
         t = time.perf_counter()
         defective = read_binary_volume(data.meta(case.defective)["source"])
         implant = mean_skull_implant(defective, atlas)
         write_volume(out / case.case_id / "implant.nrrd", implant)
         seconds.append(time.perf_counter() - t)
+        if progress:
+            progress("baseline", k + 1, len(cases), None)
     return {"atlas_skulls": len(atlas), "seconds_per_case": round(sum(seconds) / max(len(seconds), 1), 2)}
 
 
@@ -666,12 +685,6 @@ def _md_table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def _html_table(headers: list[str], rows: list[list[str]]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
 def _write_report(out: Path, summary: dict, curve: list[dict], baseline_eval, base_root: Path) -> tuple[Path, Path]:
     tables = _tables(summary, curve, baseline_eval)
     _curve_plot(out / "curve.png", summary)
@@ -680,8 +693,25 @@ def _write_report(out: Path, summary: dict, curve: list[dict], baseline_eval, ba
     sections = _sections(verdict)
     commands = _reproduce_commands()
     md_path = _write_markdown(out, intro, sections, tables, previews, commands)
-    html_path = _write_html(out, intro, sections, tables, previews, commands)
+    cards = _cards(summary, curve[-1], baseline_eval, out)
+    html_path = write_report_html(out / "report.html", intro, sections, tables, cards, commands)
     return md_path, html_path
+
+
+def _cards(summary: dict, final: dict, baseline_eval, out: Path) -> list[CaseCard]:
+    """One gallery card per held-out case: its preview, scores and 3-D view (final models)."""
+    scores = {r["case_id"]: r.get("dsc") for r in final["evaluation"].rows}
+    base = {r["case_id"]: r.get("dsc") for r in baseline_eval.rows}
+    cards = []
+    for case_id in summary["cases"]:
+        folder = final["root"] / case_id
+        said = f"DSC {_fmt(scores.get(case_id))} (baseline {_fmt(base.get(case_id))})"
+        if case_id in final["failed"]:
+            said = f"failed: {final['failed'][case_id]}"
+        cards.append(
+            CaseCard(case_id, said, relative(folder / "preview.png", out), relative(folder / "view.html", out))
+        )
+    return cards
 
 
 def _previews(final: dict, out: Path) -> list[tuple[str, str]]:
@@ -759,38 +789,10 @@ def _write_markdown(out: Path, intro: str, sections, tables, previews, commands)
             md += ["![learning curve](curve.png)", ""]
     md += ["## Previews (final models)", ""]
     md += [f"**{caption}**\n\n![{caption}]({rel})\n" for caption, rel in previews]
+    md += ["Every case's turnable 3-D view (`view.html` in its folder) is linked from report.html.", ""]
     md += ["## Reproduce at full scale on GPUs", ""]
     md += [f"{what}:\n\n```\n{cmd}\n```\n" for what, cmd in commands]
     md_path = out / "report.md"
     atomic_write_text(md_path, "\n".join(md) + "\n")
 
     return md_path
-
-
-def _write_html(out: Path, intro: str, sections, tables, previews, commands) -> Path:
-    style = (
-        "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
-        "table{border-collapse:collapse;margin:0.5em 0 1.5em}td,th{border:1px solid #ccc;padding:4px 8px;"
-        "text-align:right}th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}"
-        "img{max-width:100%}pre{background:#f6f6f6;padding:0.6em;overflow-x:auto}"
-    )
-    parts = [
-        f"<!doctype html><html><head><meta charset='utf-8'><title>pointforge demo report</title>"
-        f"<style>{style}</style></head><body><h1>pointforge demo report</h1><p>{html.escape(intro)}</p>"
-    ]
-    for title, key, text in sections:
-        parts.append(f"<h2>{html.escape(title)}</h2>")
-        if text:
-            parts.append(f"<p><b>{html.escape(text)}</b></p>" if key is None else f"<p>{html.escape(text)}</p>")
-        if key:
-            parts.append(_html_table(*tables[key]))
-        if key == "curve":
-            parts.append("<img src='curve.png' alt='learning curve'>")
-    parts.append("<h2>Previews (final models)</h2>")
-    parts += [f"<h3>{html.escape(c)}</h3><img src='{html.escape(r)}' alt='{html.escape(c)}'>" for c, r in previews]
-    parts.append("<h2>Reproduce at full scale on GPUs</h2>")
-    parts += [f"<p>{html.escape(w)}:</p><pre>{html.escape(c)}</pre>" for w, c in commands]
-    parts.append("</body></html>")
-    html_path = out / "report.html"
-    atomic_write_text(html_path, "\n".join(parts))
-    return html_path

@@ -98,6 +98,8 @@ def evaluate_predictions(
     if not raw_cases:
         raise DataError(f"{truth_root}: no case with a ground-truth implant to evaluate against")
     result = Evaluation()
+    if progress:
+        progress(0, len(raw_cases))
     for k, case in enumerate(raw_cases):
         pred_path = find_prediction(pred_root, case.case_id)
         if pred_path is None:

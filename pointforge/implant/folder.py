@@ -14,6 +14,7 @@ from pointforge.atomic import atomic_write_text
 from pointforge.data.skulls import PreparedDataset, list_cases
 from pointforge.errors import ConfigError, DataError, UserError
 from pointforge.implant.pipeline import GenerateOptions, Models
+from pointforge.implant.view import PLOTLY_JS
 from pointforge.implant.writer import case_done, generate_case
 
 __all__ = ["FolderCase", "FolderResult", "cases_of", "generate_folder"]
@@ -79,18 +80,27 @@ def generate_folder(
     split: str = "test",
     log: Callable[[str], None] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    step_progress: Callable[[str, int, int], None] | None = None,
+    label: float | None = None,
+    viewer_js: str | os.PathLike | None = None,
 ) -> FolderResult:
     """Every case of ``root`` (see :func:`cases_of`) into ``out/<case_id>/``.
 
     Resumable: a case whose folder is complete is skipped. One failing case is
     logged and recorded and never stops the others. ``out/summary.json`` lists
-    what was done, skipped and failed (with the error).
+    what was done, skipped and failed (with the error). ``progress(done, total)``
+    counts cases, ``step_progress(stage, done, total)`` the steps within one
+    (:func:`~pointforge.implant.writer.generate_case`'s ``progress``). Every
+    case's view.html loads one plotly.js, ``viewer_js`` (default ``out/plotly.min.js``).
     """
     say = log or (lambda _msg: None)
     t0 = time.perf_counter()
     cases = cases_of(root, split)
     out = Path(out)
+    viewer_js = Path(viewer_js) if viewer_js is not None else out / PLOTLY_JS
     result = FolderResult()
+    if progress:
+        progress(0, len(cases))  # the count starts now, not when the first case is done
     for k, case in enumerate(cases):
         target = out / case.case_id
         if case_done(target):
@@ -104,6 +114,9 @@ def generate_folder(
                     options,
                     overwrite=target.exists(),
                     title=f"{case.case_id} ({case.defect})",
+                    progress=step_progress,
+                    label=label,
+                    viewer_js=viewer_js,
                 )
                 result.done.append(case.case_id)
             except Exception as err:  # noqa: BLE001 - one case must never stop the others

@@ -32,9 +32,10 @@ from __future__ import annotations
 import math
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, cast
+from typing import Any, Callable, Iterator, cast
 
 import numpy as np
 import torch
@@ -43,7 +44,7 @@ from pointforge.data.prepare import resample_isotropic
 from pointforge.data.surface import surface_points
 from pointforge.data.volumes import Volume
 from pointforge.devices import available_memory_bytes, resolve_device
-from pointforge.errors import ConfigError, DataError, UserError
+from pointforge.errors import CheckpointError, ConfigError, DataError, UserError
 from pointforge.formats import format_bytes
 from pointforge.implant.postprocess import implant_from_proposals
 from pointforge.inference.pcdiff import LoadedPCDiff, complete, load_pcdiff
@@ -52,6 +53,7 @@ from pointforge.inference.voxelizer import load_voxelizer, points_to_volume
 from pointforge.nn.diffusion import SAMPLER_NAMES, make_sampler
 from pointforge.nn.dpsr import dpsr_memory_bytes, normalize_resolution
 from pointforge.nn.pvcnn import FPLevel, PVCNN2Config, SALevel
+from pointforge.train.checkpoint import load_checkpoint
 
 __all__ = [
     "Models",
@@ -121,11 +123,14 @@ def load_models(
     for task, path in (("pcdiff", pcdiff), ("voxelizer", voxelizer), ("upsampler", upsample)):
         if path is not None and not Path(path).is_file():
             raise UserError(f"{path}: no such file; give a checkpoint written by `pointforge train {task}`")
-    loaded = load_pcdiff(pcdiff, dev)
-    vox_model, vox_cfg = load_voxelizer(voxelizer, dev)
+    with _named_flag(pcdiff, "pcdiff"):
+        loaded = load_pcdiff(pcdiff, dev)
+    with _named_flag(voxelizer, "voxelizer"):
+        vox_model, vox_cfg = load_voxelizer(voxelizer, dev)
     ups = None
     if upsample is not None:
-        ups = load_upsampler(upsample, dev)
+        with _named_flag(upsample, "upsampler"):
+            ups = load_upsampler(upsample, dev)
     return Models(
         pcdiff=loaded,
         voxelizer=vox_model,
@@ -136,6 +141,27 @@ def load_models(
         upsampler=ups,
         upsampler_path=None if upsample is None else str(upsample),
     )
+
+
+FLAGS = {"pcdiff": "--pcdiff", "voxelizer": "--voxelizer", "upsampler": "--upsample"}
+
+
+@contextmanager
+def _named_flag(path: str | os.PathLike, task: str) -> Iterator[None]:
+    """A checkpoint of another of the pipeline's tasks, given in the wrong place: name the flag it belongs to."""
+    try:
+        yield
+    except CheckpointError:
+        try:
+            written_by = load_checkpoint(path).get("task")
+        except UserError:
+            written_by = None
+        if written_by in FLAGS and written_by != task:
+            raise CheckpointError(
+                f"{path} is a {written_by} checkpoint, given as {FLAGS[task]}; give it as {FLAGS[written_by]}, "
+                f"and as {FLAGS[task]} a checkpoint written by `pointforge train {task}`"
+            ) from None
+        raise
 
 
 @dataclass

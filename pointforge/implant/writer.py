@@ -5,7 +5,9 @@ a folder under the final name is always complete (:func:`generate_case`).
 
 Outputs of one case (``EXT`` is the input's: NRRD in → NRRD out, NIfTI → NIfTI):
 
-* ``implant.EXT`` — bool mask on the input's grid with its exact shape, spacing,
+* ``implant.EXT`` — mask on the input's grid, written with the input's
+  foreground value (a 0/255 skull gives a 0/255 implant; ``label`` chooses
+  another; report.json's ``label`` says which) with its exact shape, spacing,
   origin, direction and kept header fields;
 * ``implant.stl`` — the implant surface in millimetres in the input's physical
   space (its affine), watertight, normals outward (voxels touching only along an
@@ -20,6 +22,9 @@ Outputs of one case (``EXT`` is the input's: NRRD in → NRRD out, NIfTI → NIf
 * ``completed_skull.EXT`` — defective skull ∪ implant;
 * ``preview.png`` — skull and implant from four surgical views, the implant
   coloured by agreement;
+* ``view.html`` — the same turnable in a web browser, offline, each proposal
+  switchable (:mod:`pointforge.implant.view`); it loads ``plotly.min.js`` from
+  beside it, or from the dataset's root in folder mode (one copy for all cases);
 * ``report.json`` — parameters, seed, models, timings per stage, implant volume,
   mesh checks, agreement statistics, versions.
 """
@@ -27,6 +32,7 @@ Outputs of one case (``EXT`` is the input's: NRRD in → NRRD out, NIfTI → NIf
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import shutil
@@ -39,12 +45,14 @@ import numpy as np
 import torch
 
 from pointforge import __version__
+from pointforge.atomic import atomic_write_text
 from pointforge.data.surface import make_well_composed
 from pointforge.data.volumes import read_binary_volume, volume_format, write_volume
 from pointforge.errors import UserError
 from pointforge.formats import json_safe
 from pointforge.implant.export import Layer, render_preview
 from pointforge.implant.pipeline import Generated, GenerateOptions, Models, _sampler, generate_implant
+from pointforge.implant.view import PLOTLY_JS, ViewLayers, view_html, write_plotly_js
 from pointforge.inference.voxelizer import field_to_mesh
 
 __all__ = ["REPORT", "write_case", "case_done", "generate_case"]
@@ -91,37 +99,27 @@ def _versions() -> dict:
     }
 
 
-def write_case(result: Generated, folder: Path, *, suffix: str, report: dict) -> dict:
-    """Write every output of one case into ``folder`` (which the caller renames into place);
-    returns ``report`` completed with what was written. The caller writes report.json last."""
-    t = time.perf_counter()
+def labelled(mask: np.ndarray, label: float) -> np.ndarray:
+    """``mask`` as 0/``label`` voxels, in the smallest unsigned type that holds ``label`` (float32 if not whole)."""
+    if float(label).is_integer() and 0 < label < 2**32:
+        dtype = np.min_scalar_type(int(label))
+        return mask.astype(dtype) * dtype.type(int(label))
+    return mask.astype(np.float32) * np.float32(label)
+
+
+def _write_volumes(result: Generated, folder: Path, files: dict, label: float) -> None:
     ref = result.defective
-    folder.mkdir(parents=True, exist_ok=True)
-    files: dict[str, Any] = {
-        "implant": f"implant{suffix}",
-        "uncertainty": f"uncertainty{suffix}",
-        "completed_skull": f"completed_skull{suffix}",
-        "mesh": "implant.stl",
-        "preview": "preview.png",
-        "proposals": [f"proposals/implant_{k}{suffix}" for k in range(len(result.proposals))],
-        "points": "proposals/points.npy",
-    }
-    write_volume(folder / files["implant"], ref.with_data(result.implant))
+    write_volume(folder / files["implant"], ref.with_data(labelled(result.implant, label)))
     for rel, mask in zip(files["proposals"], result.proposals):
-        write_volume(folder / rel, ref.with_data(mask))
+        write_volume(folder / rel, ref.with_data(labelled(mask, label)))
     np.save(folder / files["points"], result.implant_points)
     write_volume(folder / files["uncertainty"], ref.with_data(result.agreement.astype(np.float32)))
-    write_volume(folder / files["completed_skull"], ref.with_data(result.completed))
-    # A printable mesh must be a closed 2-manifold: implant voxels that touch only
-    # along an edge or at a corner give marching cubes non-manifold edges. The
-    # mesh is made from the implant with one voxel filled per such configuration
-    # (a handful, at the rim; counted in the report); the NRRD keeps the implant
-    # itself, disjoint from the skull.
-    solid = make_well_composed(result.implant.copy())
-    mesh = field_to_mesh(solid, ref)
-    mesh.export(folder / files["mesh"], file_type="stl")
-    sx, sy, sz = (float(s) for s in ref.spacing)
-    spacing = (sx, sy, sz)
+    write_volume(folder / files["completed_skull"], ref.with_data(labelled(result.completed, label)))
+
+
+def _write_pictures(result: Generated, folder: Path, files: dict, title: str, js_src: str) -> None:
+    """preview.png (four fixed views) and view.html (turnable, loading plotly.js from ``js_src``)."""
+    ref = result.defective
     render_preview(
         folder / files["preview"],
         [
@@ -135,35 +133,76 @@ def write_case(result: Generated, folder: Path, *, suffix: str, report: dict) ->
                 cmap="plasma",
             ),
         ],
-        spacing=spacing,
-        title=report.get("title", ""),
+        spacing=(float(ref.spacing[0]), float(ref.spacing[1]), float(ref.spacing[2])),
+        title=title,
     )
-    result.timings["write_s"] = time.perf_counter() - t
+    layers = ViewLayers(ref, ref.data, result.implant, result.agreement, list(result.proposals), title)
+    atomic_write_text(folder / files["view"], view_html(layers, js_src))
 
+
+def write_case(
+    result: Generated, folder: Path, *, suffix: str, report: dict, label: float = 1, js_src: str = PLOTLY_JS
+) -> dict:
+    """Write every output of one case into ``folder`` (which the caller renames into place);
+    returns ``report`` completed with what was written. The caller writes report.json last.
+
+    Masks are written as 0/``label``; view.html loads plotly.js from ``js_src``
+    (relative to the case's final folder; ``plotly.min.js``, the default, is
+    written into ``folder`` itself)."""
+    t = time.perf_counter()
+    ref = result.defective
+    folder.mkdir(parents=True, exist_ok=True)
+    files: dict[str, Any] = {
+        "implant": f"implant{suffix}",
+        "uncertainty": f"uncertainty{suffix}",
+        "completed_skull": f"completed_skull{suffix}",
+        "mesh": "implant.stl",
+        "preview": "preview.png",
+        "view": "view.html",
+        "proposals": [f"proposals/implant_{k}{suffix}" for k in range(len(result.proposals))],
+        "points": "proposals/points.npy",
+    }
+    _write_volumes(result, folder, files, label)
+    # A printable mesh must be a closed 2-manifold: implant voxels that touch only
+    # along an edge or at a corner give marching cubes non-manifold edges. The
+    # mesh is made from the implant with one voxel filled per such configuration
+    # (a handful, at the rim; counted in the report); the NRRD keeps the implant
+    # itself, disjoint from the skull.
+    solid = make_well_composed(result.implant.copy())
+    mesh = field_to_mesh(solid, ref)
+    mesh.export(folder / files["mesh"], file_type="stl")
+    if js_src == PLOTLY_JS:
+        write_plotly_js(folder / PLOTLY_JS)
+    _write_pictures(result, folder, files, report.get("title", ""), js_src)
+    result.timings["write_s"] = time.perf_counter() - t
+    report.update(_case_summary(result, files, mesh, solid))
+    return report
+
+
+def _case_summary(result: Generated, files: dict, mesh, solid: np.ndarray) -> dict:
+    ref = result.defective
+    spacing = [float(s) for s in ref.spacing]
     inside = result.agreement[result.implant]
     voxel_mm3 = float(np.prod(spacing))
-    report.update(
-        {
-            "outputs": files,
-            "timings_s": {k: round(v, 3) for k, v in result.timings.items()},
-            "implant": {
-                "voxels": int(result.implant.sum()),
-                "volume_cm3": round(int(result.implant.sum()) * voxel_mm3 / 1000.0, 3),
-                "shape": list(ref.shape),
-                "spacing_mm": list(spacing),
-                "origin_mm": [float(o) for o in ref.origin],
-            },
-            "mesh": {**_mesh_checks(mesh), "voxels_filled_for_manifold": int(solid.sum() - result.implant.sum())},
-            "agreement": {
-                "meaning": "fraction of proposals whose own implant contains the voxel",
-                "mean_in_implant": round(float(inside.mean()), 4) if inside.size else None,
-                "unanimous_fraction_in_implant": round(float((inside >= 1.0).mean()), 4) if inside.size else None,
-            },
-            "notes": result.notes,
-            "versions": _versions(),
-        }
-    )
-    return report
+    return {
+        "outputs": files,
+        "timings_s": {k: round(v, 3) for k, v in result.timings.items()},
+        "implant": {
+            "voxels": int(result.implant.sum()),
+            "volume_cm3": round(int(result.implant.sum()) * voxel_mm3 / 1000.0, 3),
+            "shape": list(ref.shape),
+            "spacing_mm": spacing,
+            "origin_mm": [float(o) for o in ref.origin],
+        },
+        "mesh": {**_mesh_checks(mesh), "voxels_filled_for_manifold": int(solid.sum() - result.implant.sum())},
+        "agreement": {
+            "meaning": "fraction of proposals whose own implant contains the voxel",
+            "mean_in_implant": round(float(inside.mean()), 4) if inside.size else None,
+            "unanimous_fraction_in_implant": round(float((inside >= 1.0).mean()), 4) if inside.size else None,
+        },
+        "notes": result.notes,
+        "versions": _versions(),
+    }
 
 
 def _partial_dir(out: Path) -> Path:
@@ -191,15 +230,21 @@ def generate_case(
     progress: Callable[[str, int, int], None] | None = None,
     title: str = "",
     proposals_mm: np.ndarray | None = None,
+    label: float | None = None,
+    viewer_js: str | os.PathLike | None = None,
 ) -> dict:
     """Generate the implant for the defective skull at ``input_path`` into the folder ``out``.
 
     All outputs are written into a hidden sibling folder that is renamed to
     ``out`` only once complete; a failure leaves ``out`` as it was. An existing
-    ``out`` is refused unless ``overwrite``. Returns the report.
+    ``out`` is refused unless ``overwrite``. Masks are written with ``label``
+    as foreground, by default the input's own foreground value. view.html loads
+    plotly.js from ``viewer_js`` (written there if missing; default: inside
+    ``out``). Returns the report.
     """
     options = options or GenerateOptions()
     options.validate()
+    _check_label(label)
     input_path, out = Path(input_path), Path(out)
     steps = getattr(_sampler(models, options), "num_steps", None)  # a sampler/steps mismatch fails before any work
     if out.exists() and not overwrite:
@@ -217,22 +262,47 @@ def generate_case(
         "seed": options.seed,
         "models": models.describe(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "label": _label_record(label, defective.foreground),
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_partials(out)
     partial = _partial_dir(out)
+    js_src = PLOTLY_JS
+    if viewer_js is not None:
+        js_src = Path(os.path.relpath(write_plotly_js(viewer_js).resolve(), out.resolve())).as_posix()
     try:
-        write_case(result, partial, suffix=suffix, report=report)
+        write_case(result, partial, suffix=suffix, report=report, label=report["label"]["value"], js_src=js_src)
         report["timings_s"]["total_s"] = round(time.perf_counter() - t0, 3)
         (partial / REPORT).write_text(json.dumps(json_safe(report), indent=1))
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            os.replace(out, old)
-            os.replace(partial, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(partial, out)
+        _move_into_place(partial, out)
     finally:
         if partial.exists():
             shutil.rmtree(partial, ignore_errors=True)
     return report
+
+
+def _move_into_place(partial: Path, out: Path) -> None:
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        os.replace(out, old)
+        os.replace(partial, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(partial, out)
+
+
+def _check_label(label: float | None) -> None:
+    if label is not None and not (isinstance(label, (int, float)) and math.isfinite(label) and label > 0):
+        raise UserError(f"--label must be a positive number (the value of implant voxels), got {label!r}")
+
+
+def _label_record(label: float | None, foreground: float | None) -> dict:
+    """The foreground value written into the masks, and where it came from."""
+    if label is not None:
+        value, source = label, "--label"
+    elif foreground is not None:
+        value, source = foreground, "the input's foreground value"
+    else:
+        value, source = 1, "default (the input is boolean)"
+    value = int(value) if float(value).is_integer() else float(value)
+    return {"value": value, "from": source, "applies_to": ["implant", "proposals", "completed_skull"]}

@@ -590,12 +590,38 @@ class _Trainer:
                     f"checkpoint was written by {rng.get('world_size')} rank(s), this run has {env.world_size}: "
                     "weights, optimizer and schedule continue exactly, random streams are re-seeded"
                 )
+        self._refuse_nothing_left(path)
         self.last_saved_step = progress.global_step
         self.last_checkpoint = path
         self.resumed_from = path
         if env.is_main:
             log.info(
                 f"resumed from {path} at epoch {progress.epoch}, step {progress.global_step} (step {progress.step_in_epoch} of the epoch)"
+            )
+
+    def _refuse_nothing_left(self, path: Path) -> None:
+        """A checkpoint past this config's length is refused: it would "finish" at once, untrained.
+
+        One exactly at the length (a finished run resumed as it was) finishes at
+        once, and says so in the log: that is what the config asks for.
+        """
+        cfg, state = self.cfg, self.state
+        if state.epoch > cfg.train.epochs:
+            raise ConfigError(
+                f"{path} has done {state.epoch} epochs (step {state.global_step}) but train.epochs is "
+                f"{cfg.train.epochs}: nothing is left to train; set train.epochs above {state.epoch} "
+                f"(e.g. train.epochs={2 * state.epoch}) to train on, or choose a new run.dir to start afresh"
+            )
+        if cfg.train.max_steps is not None and state.global_step > cfg.train.max_steps:
+            raise ConfigError(
+                f"{path} is at step {state.global_step} but train.max_steps is {cfg.train.max_steps}: nothing is "
+                f"left to train; set train.max_steps above {state.global_step} (or train.max_steps=null) to train on, "
+                "or choose a new run.dir to start afresh"
+            )
+        if (state.epoch >= cfg.train.epochs or state.global_step >= self.total_steps) and self.env.is_main:
+            log.warning(
+                f"{path} already has the {state.global_step} steps ({state.epoch} epochs) this config asks for: "
+                "nothing is left to train; raise train.epochs (or train.max_steps) to train on"
             )
 
     # ------------------------------------------------------------------ the loop

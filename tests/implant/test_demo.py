@@ -97,13 +97,13 @@ def _evaluation(values: dict[str, float | None]) -> Evaluation:
     return Evaluation(rows=rows, summary=summarise(rows))
 
 
-def test_the_report_counts_failures_as_zero_and_says_who_wins(tmp_path):
+def report_inputs(tmp_path: Path):
+    """A demo's results as the report writer takes them: (summary, curve, baseline evaluation), two cases,
+    random_1/001 failed; bilateral/001's case folder holds only a report.json under tmp_path/implants/final."""
     cases = ["bilateral/001", "random_1/001"]
     pipeline = _evaluation({"bilateral/001": 0.8})  # random_1 failed: no row at all
     baseline = _evaluation({"bilateral/001": 0.5, "random_1/001": 0.5})
     oracle = _evaluation({"bilateral/001": 0.9, "random_1/001": 0.7})
-    assert demo._mean_dsc(pipeline, cases) == pytest.approx(0.4)
-    assert demo._mean_dsc(baseline, cases) == pytest.approx(0.5)
     root = tmp_path / "implants" / "final"
     (root / "bilateral/001").mkdir(parents=True)
     (root / "bilateral/001" / "report.json").write_text(
@@ -153,6 +153,13 @@ def test_the_report_counts_failures_as_zero_and_says_who_wins(tmp_path):
         "oracle_dsc_mean": demo._mean_dsc(oracle, cases),
         "timings_s": {"data_s": 10.0, "total_s": 600.0},
     }
+    return summary, curve, baseline
+
+
+def test_the_report_counts_failures_as_zero_and_says_who_wins(tmp_path):
+    summary, curve, baseline = report_inputs(tmp_path)
+    assert summary["curve"][0]["dsc_mean"] == pytest.approx(0.4)
+    assert summary["baseline_dsc_mean"] == pytest.approx(0.5)
     md, page = demo._write_report(tmp_path, summary, curve, baseline, tmp_path / "baseline")
     text = md.read_text()
     assert "mean DSC of 0.400" in text and "against 0.500" in text and "does NOT beat the baseline" in text
@@ -166,3 +173,5 @@ def test_the_report_counts_failures_as_zero_and_says_who_wins(tmp_path):
     html_text = page.read_text()
     assert html_text.startswith("<!doctype html>") and "does NOT beat the baseline" in html_text
     assert "<img src='curve.png'" in html_text
+    assert "DSC 0.800 (baseline 0.500)" in html_text and "failed: no implant" in html_text  # one card per case
+    assert "no 3-D view" in html_text  # bilateral/001's folder here has a report.json but no view.html

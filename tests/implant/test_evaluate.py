@@ -1,5 +1,6 @@
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -8,7 +9,7 @@ from pointforge.data.volumes import read_binary_volume, write_volume
 from pointforge.errors import DataError
 from pointforge.implant.evaluate import evaluate_predictions, write_reports
 from pointforge.implant.metrics import evaluate_case
-from tests.helpers import write_raw_dataset
+from tests.helpers import run_cli, write_raw_dataset
 
 
 def test_evaluate_finds_predictions_in_every_layout_and_aggregates(tmp_path):
@@ -61,3 +62,22 @@ def test_evaluate_errors(tmp_path):
     truth = write_raw_dataset(tmp_path / "truth", "skullfix", n_skulls=1)
     with pytest.raises(DataError, match="no such folder"):
         evaluate_predictions(tmp_path / "nothing", truth)
+
+
+def test_the_printed_table_fits_80_columns_and_cases_are_counted(tmp_path, monkeypatch):
+    defects = ("bilateral", "frontoorbital", "parietotemporal", "random_1", "random_2")
+    truth = write_raw_dataset(tmp_path / "truth", "skullbreak", n_skulls=1, spacing=(0.4, 0.4, 0.4), defects=defects)
+    for d in defects:
+        t = read_binary_volume(truth / f"implant/{d}/000.nrrd")
+        write_volume(tmp_path / f"pred/{d}/000/implant.nrrd", t.with_data(np.roll(t.data, 1, axis=0)))
+    monkeypatch.setenv("COLUMNS", "80")
+    result = run_cli("evaluate", tmp_path / "pred", "--truth", truth)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    table = [line for line in lines if not line.startswith("wrote ")]  # the paths at the end are as long as they are
+    assert max(len(line) for line in table) <= 80, "\n".join(table)
+    for group in (*defects, "all"):
+        rows = [line for line in lines if f" {group} " in line]
+        assert len(rows) == 2, (group, rows)  # a mean ± sd row and a median row, each on one line
+        assert rows[0].count("±") == 3 and len(re.findall(r"\d+\.\d{2,3}", rows[1])) == 3, rows
+    assert "scoring cases: 0/5 (0%)" in result.output and "scoring cases: 5/5 (100%)" in result.output  # plain lines

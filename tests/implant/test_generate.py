@@ -96,7 +96,7 @@ def test_one_case_writes_every_output_on_the_input_geometry(trained, models, tmp
     case, source = a_test_case(root)
     src = read_volume(source)
     # A geometry nothing else has: the outputs must carry it over exactly.
-    moved = src.with_data(src.data)
+    moved = src.with_data(src.data.astype(bool).astype(np.uint8) * np.uint8(255))  # a 0/255 skull
     moved.origin = (-101.5, 7.25, 33.0)
     moved.direction = np.array([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])  # a mirroring one
     moved.header = {
@@ -120,6 +120,9 @@ def test_one_case_writes_every_output_on_the_input_geometry(trained, models, tmp
         np.testing.assert_allclose(vol.origin, defective.origin, err_msg=rel)
         np.testing.assert_allclose(vol.direction, defective.direction, err_msg=rel)
         assert vol.header["nrrd"].get("content") == "defective skull for the generate test", rel
+    for rel in ("implant.nrrd", "completed_skull.nrrd", "proposals/implant_0.nrrd"):  # 0/255 in, 0/255 out
+        assert set(np.unique(read_volume(out / rel).data)) == {0, 255}, rel
+    assert report["label"]["value"] == 255 and report["label"]["from"] == "the input's foreground value"
     implant = read_volume(out / "implant.nrrd").data.astype(bool)
     bone = defective.data.astype(bool)
     assert implant.any() and not (implant & bone).any()
@@ -139,6 +142,7 @@ def test_one_case_writes_every_output_on_the_input_geometry(trained, models, tmp
     assert abs(mesh.volume / 1000 - voxel_cm3) < 0.2 * voxel_cm3 + 1.0
 
     assert (out / "preview.png").stat().st_size > 10_000
+    assert 'src="plotly.min.js"' in (out / "view.html").read_text() and (out / "plotly.min.js").is_file()
     saved = json.loads((out / "report.json").read_text())
     assert saved == json.loads(json.dumps(report))
     assert saved["parameters"]["ensemble"] == 2 and saved["seed"] == 0
@@ -148,10 +152,10 @@ def test_one_case_writes_every_output_on_the_input_geometry(trained, models, tmp
     assert saved["versions"]["torch"] == torch.__version__
     assert saved["models"]["voxelizer"]["preset"] == "tiny"
 
-    # Same seed, same implant.
-    again = generate_case(defective_path, tmp_path / "again", models, FAST)
-    assert np.array_equal(read_volume(tmp_path / "again" / "implant.nrrd").data, read_volume(out / "implant.nrrd").data)
-    assert again["implant"] == report["implant"]
+    # Same seed, same implant; written as 0/1 when asked (--label 1).
+    again = generate_case(defective_path, tmp_path / "again", models, FAST, label=1)
+    assert np.array_equal(read_volume(tmp_path / "again" / "implant.nrrd").data, implant.astype(np.uint8))
+    assert again["implant"] == report["implant"] and again["label"]["from"] == "--label"
 
 
 def test_anisotropic_nifti_in_gives_nifti_out_on_its_own_grid(trained, models, tmp_path):
@@ -198,6 +202,8 @@ def test_folder_mode_is_resumable_and_one_bad_case_does_not_stop_the_rest(traine
     assert sorted(first.done) == sorted(c.case_id for c in cases[1:])
     assert not (out / cases[0].case_id).exists()
     assert all(case_done(out / c.case_id) for c in cases[1:])
+    assert (out / "plotly.min.js").is_file() and not list(out.glob("*/*/plotly.min.js"))  # one copy for all cases
+    assert 'src="../../plotly.min.js"' in (out / cases[1].case_id / "view.html").read_text()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["failed"] == first.failed
 
@@ -242,8 +248,8 @@ def test_bad_inputs_get_one_clear_line_and_leave_nothing(trained, tmp_path):
         (empty, pc, vox, "auto", "empty"),
         (tmp_path / "flat.nrrd", pc, vox, "auto", "expected a 3-D volume"),
         (source, tmp_path / "missing.pt", vox, "auto", "no such file"),
-        (source, vox, vox, "auto", "task 'voxelizer', not of task 'pcdiff'"),
-        (source, pc, pc, "auto", "task 'pcdiff', not of task 'voxelizer'"),
+        (source, vox, vox, "auto", "is a voxelizer checkpoint, given as --pcdiff; give it as --voxelizer"),
+        (source, pc, pc, "auto", "is a pcdiff checkpoint, given as --voxelizer; give it as --pcdiff"),
         (source, pc, vox, "cuda:7", "cuda:7 does not exist"),
     ]
     for k, (inp, p, v, device, message) in enumerate(cases):
@@ -316,7 +322,7 @@ def test_an_upsampler_densifies_each_proposal_before_voxelising(trained, tmp_pat
     assert report["models"]["upsampler"]["ratio"] == 2 and "upsample_s" in report["timings_s"]
     assert np.load(tmp_path / "case" / "proposals" / "points.npy").shape == (2, with_up.pcdiff.config.n_implant, 3)
     assert report["mesh"]["watertight"]
-    with pytest.raises(UserError, match="task 'pcdiff', not of task 'upsampler'"):
+    with pytest.raises(UserError, match="is a pcdiff checkpoint, given as --upsample; give it as --pcdiff"):
         load_models(pc, vox, device="cpu", upsample=pc)
 
 

@@ -94,7 +94,20 @@ def test_existing_run_dir_needs_resume(tmp_path):
     with pytest.raises(ConfigError, match="already holds checkpoints.*--resume auto"):
         train("toy", make_cfg(tmp_path, "train.epochs=1"))
     done = train("toy", make_cfg(tmp_path, "train.epochs=1"), resume="auto")
-    assert done.status == "finished" and done.global_step == 8  # nothing left to do
+    assert done.status == "finished" and done.global_step == 8  # nothing left to do, and the log says so
+    assert "nothing is left to train; raise train.epochs" in (tmp_path / "run" / "train.log").read_text()
+
+
+def test_resuming_past_the_configs_length_is_refused_saying_what_to_set(tmp_path):
+    train("toy", make_cfg(tmp_path, "train.epochs=2"))  # 8 steps an epoch
+    with pytest.raises(
+        ConfigError, match=r"has done 2 epochs \(step 16\) but train.epochs is 1: .*train.epochs above 2"
+    ):
+        train("toy", make_cfg(tmp_path, "train.epochs=1"), resume="auto")
+    with pytest.raises(ConfigError, match=r"at step 16 but train.max_steps is 10: .*train.max_steps above 16"):
+        train("toy", make_cfg(tmp_path, "train.epochs=5", "train.max_steps=10"), resume="auto")
+    more = train("toy", make_cfg(tmp_path, "train.epochs=3"), resume="auto")
+    assert more.status == "finished" and more.global_step == 24
 
 
 def test_resume_auto_skips_a_truncated_latest(tmp_path):

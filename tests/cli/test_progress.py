@@ -1,0 +1,46 @@
+"""Progress bars: plain lines off a terminal (throttled, one at the end, a new count when a bar starts over),
+and the demo's bars (one per network while training, then one per stage)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pointforge.cli import progress
+from pointforge.cli.demo import _StageBars
+
+
+@pytest.fixture
+def slow_plain(monkeypatch):
+    monkeypatch.setattr(progress, "PLAIN_EVERY_S", 1e9)  # nothing but the first and the last line of a count
+
+
+def test_plain_lines_say_how_far_and_the_time_left_without_flooding(slow_plain):
+    said: list[str] = []
+    with progress.Bars(plain=True, say=said.append) as bars:
+        for done in range(1, 11):
+            bars.update("cases", done, total=10, description="generate (cases)")
+        assert said[0].startswith("generate (cases): 1/10 (10%), 0:00:00 spent, ~") and "left" in said[0]
+        assert said[1].startswith("generate (cases): 10/10 (100%)") and len(said) == 2
+        bars.update("cases", 10, total=10)  # already said
+        bars.update("steps", 3, total=20, detail="step 3")
+        for done in (1, 20):  # the next case's steps: a new count, said again
+            bars.update("cases", done, total=20)
+    assert said[2].startswith("steps: step 3 (15%)")
+    assert said[3].startswith("generate (cases): 1/20 (5%)") and said[4].startswith("generate (cases): 20/20 (100%)")
+    assert len(said) == 5
+
+
+def test_demo_bars_one_per_network_while_training_then_per_stage(slow_plain, capsys):
+    with _StageBars() as bars:
+        bars.bars.plain = True
+        bars("train", 1, 60, {"pcdiff": 3, "voxelizer": None})
+        bars("train", 30, 60, {"pcdiff": 40, "voxelizer": 12})
+        bars("generate", 1, 2, 1.25)
+        bars("train", 1, 120, {"pcdiff": 41, "voxelizer": 13})  # the next phase
+        bars("score", 2, 2, None)
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("train pcdiff: step 3 (2%)") and err[1].startswith("train voxelizer: step … (2%)")
+    assert err[2].startswith("generate with the 1.25-min models (cases): 1/2 (50%)")
+    assert err[3].startswith("train pcdiff: step 41") and err[4].startswith("train voxelizer: step 13")
+    assert err[5].startswith("score (cases): 2/2 (100%)")
+    assert len(bars.bars.tasks) == 6  # two training phases × two networks, generate, score
