@@ -17,7 +17,7 @@ run: ``DIR/checkpoints/best.pt``; training minutes = its run.json's wall time)
 or ``--train CONFIG`` (trains it here first, in a subprocess, and also records
 the training's CPU minutes).
 
-    python bench/upsampler_quality.py --train configs/upsampler/small.yaml
+    python bench/upsampler_quality.py --train configs/upsampler/small.yaml [--set train.epochs=25]
     python bench/upsampler_quality.py --run runs/upsampler/small
 """
 
@@ -44,12 +44,22 @@ from pointforge.inference.upsampling_eval import COLUMNS, evaluate_upsampling
 REPO = Path(__file__).resolve().parent.parent
 
 
-def train(config: str, run_dir: Path) -> dict:
+def train(config: str, run_dir: Path, overrides: list[str]) -> dict:
     """Train in a subprocess; wall and CPU minutes (this process's children)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-m", "pointforge.cli", "train", "upsampler", "--config", config, f"run.dir={run_dir}"],
+        [
+            sys.executable,
+            "-m",
+            "pointforge.cli",
+            "train",
+            "upsampler",
+            "--config",
+            config,
+            f"run.dir={run_dir}",
+            *overrides,
+        ],
         check=True,
         cwd=REPO,
     )
@@ -94,13 +104,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1000, help="held-out seed (the presets train on seed 0)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--keep", type=Path, help="keep the pairs and predictions in this folder")
+    parser.add_argument("--set", nargs="*", default=[], help="config overrides for --train (key=value)")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="pf-quality-") as tmp:
         root = args.keep or Path(tmp)
         if args.train:
             run_dir = root / "run"
-            minutes = train(args.train, run_dir)
+            minutes = train(args.train, run_dir, args.set)
         else:
             run_dir, minutes = args.run, run_minutes(args.run)
         sizes = spread_sizes(args.pairs, args.min, args.max, seed=args.seed)
@@ -119,6 +130,7 @@ def main() -> None:
         "torch": torch.__version__,
         "run": str(run_dir),
         "training": minutes,
+        "overrides": args.set,
         "heldout": {"pairs": args.pairs, "min": args.min, "max": args.max, "seed": args.seed, "sizes": sizes},
         "summary": {m: r.summary for m, r in results.items()},
         "pairs": per_pair,
