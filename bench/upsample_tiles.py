@@ -93,6 +93,7 @@ def main() -> None:
     parser.add_argument("--tile-points", type=int, default=None, help="default: upsample_file's own")
     parser.add_argument("--ckpt", type=Path, help="an upsampler checkpoint (default: train the tiny preset here)")
     parser.add_argument("--work", type=Path, help="folder for the LAZ files (default: a temporary one beside this)")
+    parser.add_argument("--json-name", default="upsample_tiles", help="bench/results/<name>.json")
     parser.add_argument("--worker", choices=("make", "upsample"))
     parser.add_argument("--points", type=int)
     parser.add_argument("--input", type=Path)
@@ -121,7 +122,7 @@ def main() -> None:
             print(json.dumps(run), flush=True)
             src.unlink()
             dst.unlink()
-            write_json("upsample_tiles", record)  # after every size: a long run keeps what it measured
+            write_json(args.json_name, record)  # after every size: a long run keeps what it measured
     rows = [
         [r["points_in"], r["points_out"], r["tiles"], r["seconds"], r["cpu_seconds"], r["baseline_rss_mb"],
          r["peak_rss_mb"], r["output_mb"]]
