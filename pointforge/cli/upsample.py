@@ -24,7 +24,7 @@ def upsample(
         None,
         "--tile-points",
         help="Most points per tile, margins included (default 100,000, fewer when memory is short). "
-        "Larger clouds are upsampled tile by tile, in bounded memory.",
+        "Larger clouds are upsampled tile by tile.",
     ),
 ) -> None:
     """Densify INPUT by the checkpoint's ratio; coordinates stay in the input's frame (LAS keeps scales, offsets, CRS).

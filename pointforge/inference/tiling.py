@@ -1,4 +1,4 @@
-"""Upsample a cloud of any size in overlapping tiles, in bounded memory, without seams.
+"""Upsample a cloud of any size in overlapping tiles, one tile in the network at a time, without seams.
 
 The network sees a point's k-NN graph a few hops deep (``feature_layers``
 point-transformer blocks, the node shuffle, the refinement over the parents'
