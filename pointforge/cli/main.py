@@ -21,6 +21,7 @@ from pointforge.cli import (
 from pointforge.cli.demo import demo as demo_command
 from pointforge.cli.entry import run
 from pointforge.cli.evaluate import evaluate as evaluate_command
+from pointforge.cli.evaluate_upsampling import evaluate_upsampling as evaluate_upsampling_command
 from pointforge.cli.generate import generate as generate_command
 from pointforge.cli.upsample import upsample as upsample_command
 from pointforge.cli.view import view as view_command
@@ -59,6 +60,7 @@ _launch_cli.register(app)
 _monitor_cli.register(app)
 _doctor_cli.register(app)
 app.command("upsample")(upsample_command)
+app.command("evaluate-upsampling")(evaluate_upsampling_command)
 
 
 def main() -> None:

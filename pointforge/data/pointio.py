@@ -43,6 +43,8 @@ __all__ = [
     "count_points",
     "write_points",
     "atomic_write",
+    "las_geometry",
+    "las_header",
 ]
 
 POINT_SUFFIXES = (".npy", ".ply", ".las", ".laz")
@@ -305,24 +307,27 @@ def _read_las(path: Path) -> PointCloud:
         raise DataError(
             f"{path}: holds {len(las.points)} of the {header.point_count} points its header announces; the file is truncated"
         )
-    scales = np.asarray(header.scales, dtype=np.float64)
-    offsets = np.asarray(header.offsets, dtype=np.float64)
+    geometry = las_geometry(header)
     ints = np.stack([np.asarray(las.X), np.asarray(las.Y), np.asarray(las.Z)], axis=1).astype(np.float64)
-    xyz = ints * scales + offsets
+    xyz = ints * np.asarray(geometry.scales) + np.asarray(geometry.offsets)
+    return PointCloud(xyz=xyz, dtype=np.dtype(np.float64), las=geometry)
+
+
+def las_geometry(header: Any) -> LasGeometry:
+    """The :class:`LasGeometry` of a laspy header: scales, offsets, point format, version, CRS records."""
 
     def projection(records: Any) -> tuple:
         return tuple(v for v in (records or []) if getattr(v, "user_id", "") == "LASF_Projection")
 
-    geometry = LasGeometry(
-        scales=tuple(float(s) for s in scales),
-        offsets=tuple(float(o) for o in offsets),
+    return LasGeometry(
+        scales=tuple(float(s) for s in header.scales),
+        offsets=tuple(float(o) for o in header.offsets),
         point_format=int(header.point_format.id),
         version=str(header.version),
         crs_vlrs=projection(header.vlrs),
         crs_evlrs=projection(getattr(header, "evlrs", None)),
         wkt=bool(header.global_encoding.wkt),
     )
-    return PointCloud(xyz=xyz, dtype=np.dtype(np.float64), las=geometry)
 
 
 # --------------------------------------------------------------------------- writing
@@ -409,14 +414,21 @@ def _write_las(tmp: str, xyz: np.ndarray, geometry: LasGeometry, compress: bool,
             f"{path}: coordinates do not fit LAS 32-bit integers at scales {tuple(scales)} and offsets "
             f"{tuple(offsets)}; use a coarser scale or offsets near the data"
         )
+    las = laspy.LasData(las_header(geometry))
+    las.X, las.Y, las.Z = (ints[:, i].astype(np.int32) for i in range(3))
+    las.write(tmp, do_compress=compress)
+
+
+def las_header(geometry: LasGeometry) -> Any:
+    """A new laspy header carrying ``geometry`` (scales, offsets, point format, version, CRS records)."""
+    import laspy
+
     header = laspy.LasHeader(point_format=geometry.point_format, version=geometry.version)
-    header.scales = scales
-    header.offsets = offsets
+    header.scales = np.asarray(geometry.scales, dtype=np.float64)
+    header.offsets = np.asarray(geometry.offsets, dtype=np.float64)
     header.vlrs.extend(geometry.crs_vlrs)
     if geometry.crs_evlrs:
         header.evlrs = list(geometry.crs_evlrs)
     if geometry.wkt:
         header.global_encoding.wkt = True
-    las = laspy.LasData(header)
-    las.X, las.Y, las.Z = (ints[:, i].astype(np.int32) for i in range(3))
-    las.write(tmp, do_compress=compress)
+    return header

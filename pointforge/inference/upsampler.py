@@ -31,16 +31,19 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union, cast
+from typing import Callable, Optional, Union, cast
 
 import numpy as np
 import torch
 
-from pointforge.data.pairs import pair_normalization
+from pointforge.data.pairs import PairNormalization, pair_normalization
 from pointforge.data.pointio import LasGeometry, PointCloud, point_format, read_points, write_points
+from pointforge.data.pointstream import CloudSource, cloud_writer, open_cloud
 from pointforge.devices import resolve_device
 from pointforge.errors import DataError
 from pointforge.inference.loading import LoadedModel, Weights, load_trained
+from pointforge.inference.tiling import choose_tile_points, iter_tiles, tile_cloud, work_folder
+from pointforge.nn.dpsr import available_memory_bytes
 from pointforge.nn.knn import knn_graph
 from pointforge.nn.upsampler import NodeShuffleUpsampler, UpsamplerConfig
 
@@ -81,6 +84,7 @@ class UpsampleResult:
     points_in: int
     points_out: int
     seconds: float
+    tiles: int = 1
 
 
 def load_upsampler(
@@ -100,11 +104,13 @@ def upsample_cloud(
     *,
     normalization: str = "spacing",
     device: torch.device | str = "cpu",
+    norm: Optional[PairNormalization] = None,
 ) -> np.ndarray:
     """Upsample one cloud in source coordinates: float64 ``[N, 3]`` in, float64 ``[r·N, 3]`` out.
 
     Normalises as the training pairs are (:func:`pointforge.data.pairs.pair_normalization`),
-    builds the graph, runs the model in eval mode and maps the result back.
+    or by ``norm`` when given (a tile takes the whole cloud's scale), builds the
+    graph, runs the model in eval mode and maps the result back.
     """
     xyz = np.asarray(xyz, dtype=np.float64)
     if xyz.ndim != 2 or xyz.shape[1] != 3 or len(xyz) == 0:
@@ -112,7 +118,7 @@ def upsample_cloud(
     check_upsample_memory(model.config, len(xyz), device)
     centred = torch.from_numpy(xyz - xyz.min(axis=0))
     edges = knn_graph(centred, model.config.k)
-    norm = pair_normalization(xyz, normalization, edges.numpy())
+    norm = norm or pair_normalization(xyz, normalization, edges.numpy())
     was_training = model.training
     model.eval()
     try:
@@ -164,11 +170,18 @@ def upsample_file(
     model: Union[LoadedUpsampler, str, Path],
     *,
     device: str | torch.device = "auto",
+    tile_points: Optional[int] = None,
+    progress: Optional[Callable[[int, int], None]] = None,
 ) -> UpsampleResult:
     """Read ``input`` (npy/ply/las/laz), densify it, write ``output`` (any of those, atomically).
 
     ``model``: a loaded upsampler or a checkpoint path. Everything a user can
     get wrong (paths, suffixes, the checkpoint) is checked before the network runs.
+    A cloud of at most ``tile_points`` points (None: 100,000, or fewer when
+    memory is short; :func:`~pointforge.inference.tiling.choose_tile_points`)
+    is upsampled in one pass; a larger one in overlapping tiles, streamed from
+    and to disk (:mod:`pointforge.inference.tiling`), its points written tile by
+    tile. ``progress(done, total)`` is called after each tile.
     """
     src, dst = Path(input), Path(output)
     point_format(src)
@@ -181,17 +194,67 @@ def upsample_file(
         raise DataError(f"{dst} is a folder; give --out a file name ending in .npy, .ply, .las or .laz")
     upsampler = model if isinstance(model, LoadedUpsampler) else load_upsampler(model, device)
     start = time.perf_counter()
-    cloud = read_points(src)
-    if len(cloud) == 0:
+    source = open_cloud(src)
+    if source.count == 0:
         raise DataError(f"{src}: point cloud is empty; nothing to upsample")
-    dense = upsample_points(upsampler, cloud.xyz)
-    las = None
-    if out_format in ("las", "laz"):
-        las = cloud.las or LasGeometry.around(dense)
-    write_points(dst, PointCloud(xyz=dense, dtype=cloud.dtype, las=las))
+    config = cast(NodeShuffleUpsampler, upsampler.model).config
+    available = available_memory_bytes(upsampler.device)
+    budget = choose_tile_points(config.hidden, config.ratio, tile_points, available)
+    if source.count > budget:
+        tiles = _upsample_tiled(source, dst, upsampler, budget, progress)
+    else:
+        cloud = read_points(src)
+        dense = upsample_points(upsampler, cloud.xyz)
+        las = None
+        if out_format in ("las", "laz"):
+            las = cloud.las or LasGeometry.around(dense)
+        write_points(dst, PointCloud(xyz=dense, dtype=cloud.dtype, las=las))
+        tiles = 1
+        if progress is not None:
+            progress(1, 1)
     return UpsampleResult(
-        input=src, output=dst, points_in=len(cloud), points_out=len(dense), seconds=time.perf_counter() - start
+        input=src,
+        output=dst,
+        points_in=source.count,
+        points_out=source.count * config.ratio,
+        seconds=time.perf_counter() - start,
+        tiles=tiles,
     )
+
+
+def _upsample_tiled(
+    source: CloudSource,
+    dst: Path,
+    upsampler: LoadedUpsampler,
+    tile_points: int,
+    progress: Optional[Callable[[int, int], None]],
+) -> int:
+    """Tile, upsample tile by tile, append the core points' children to ``dst``; the number of tiles."""
+    net = cast(NodeShuffleUpsampler, upsampler.model).to(upsampler.device)
+    config = net.config
+
+    def run(xyz: np.ndarray, norm: PairNormalization) -> np.ndarray:
+        return upsample_cloud(net, xyz, norm=norm, device=upsampler.device)
+
+    with work_folder(dst) as folder:
+        tiled = tile_cloud(
+            source,
+            folder,
+            tile_points=tile_points,
+            k=config.k,
+            hops=config.feature_layers + 2,
+            normalization=upsampler.normalization,
+        )
+        las = None
+        if point_format(dst) in ("las", "laz"):
+            las = source.las or LasGeometry.around(tiled.bounds)
+        total = len(tiled.plan.tiles)
+        with cloud_writer(dst, source.count * config.ratio, dtype=source.dtype, las=las) as write:
+            for done, (_, children) in enumerate(iter_tiles(tiled, run, config.ratio), start=1):
+                write(children)
+                if progress is not None:
+                    progress(done, total)
+    return total
 
 
 # --------------------------------------------------------------------------- memory

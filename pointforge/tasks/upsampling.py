@@ -16,7 +16,9 @@ What this task hands the engine (see :mod:`pointforge.tasks.base`):
   exists for comparison;
 * loss: Chamfer distance between the predicted and the dense cloud, the mean
   over the clouds of the micro-batch, always computed in float32 (outside
-  autocast: nearest-neighbour search in bfloat16 would pick wrong neighbours);
+  autocast: nearest-neighbour search in bfloat16 would pick wrong neighbours),
+  plus ``task.surface_weight`` times the point-to-plane distance to the dense
+  cloud (:func:`pointforge.nn.losses.point_to_plane_distance`; 0 turns it off);
 * evaluation: per-cloud mean Chamfer on the validation pairs in normalised
   units (``val_chamfer``, what ``best.pt`` is chosen by), in source units
   (``val_chamfer_src``: squared metres for metric lidar; a pair's normalised
@@ -55,7 +57,7 @@ from torch.utils.data import Dataset
 from pointforge.data.batching import PairBatch, PointBudgetBatchSampler, collate_pairs
 from pointforge.data.pairs import PairEntry, UpsamplingPairs, read_manifest, spread_sizes, write_synthetic_pairs
 from pointforge.errors import ConfigError, DataError
-from pointforge.nn.losses import chamfer_distance
+from pointforge.nn.losses import chamfer_distance, point_to_plane_distance
 from pointforge.nn.upsampler import PRESETS, NodeShuffleUpsampler, UpsamplerConfig
 from pointforge.tasks.base import EvalContext, StepContext, Task
 from pointforge.train.tracking import get_logger
@@ -129,11 +131,15 @@ class UpsamplingConfig:
     # and micro-batch; count = the engine's fixed data.micro_batch clouds per batch.
     batching: Literal["budget", "count"] = "budget"
     max_points: int = 20_000
+    # Weight of the point-to-plane term (pointforge.nn.losses.point_to_plane_distance) added to Chamfer; 0: off.
+    surface_weight: float = 0.0
     synthetic: SyntheticSection = field(default_factory=SyntheticSection)
 
     def validate(self, prefix: str) -> None:
         if self.max_points < 1:
             raise ConfigError(f"config key '{prefix}.max_points' must be at least 1, got {self.max_points}")
+        if not self.surface_weight >= 0:
+            raise ConfigError(f"config key '{prefix}.surface_weight' must be 0 or more, got {self.surface_weight}")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ConfigError(f"config key '{prefix}.val_fraction' must lie in [0, 1), got {self.val_fraction}")
         if self.val_manifest is not None and self.val_fraction > 0:
@@ -333,7 +339,14 @@ class UpsamplingTask(Task):
             loss = chamfer_distance(
                 out.points.float(), batch.dense, out.batch, batch.dense_batch, num_clouds=batch.num_clouds
             )
-        return loss, {"clouds": float(batch.num_clouds), "points": float(batch.num_points)}
+            extras = {"clouds": float(batch.num_clouds), "points": float(batch.num_points)}
+            if self._cfg.surface_weight > 0:
+                surface = point_to_plane_distance(
+                    out.points.float(), batch.dense, out.batch, batch.dense_batch, num_clouds=batch.num_clouds
+                )
+                loss = loss + self._cfg.surface_weight * surface
+                extras["surface"] = float(surface.detach())
+        return loss, extras
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, loader, ctx: EvalContext) -> dict[str, float]:

@@ -7,7 +7,7 @@ import torch
 
 from pointforge.errors import ConfigError, DataError
 from pointforge.nn.knn import knn, knn_graph
-from pointforge.nn.losses import chamfer_distance
+from pointforge.nn.losses import chamfer_distance, point_to_plane_distance
 
 
 def _batch(sizes):
@@ -164,3 +164,21 @@ def test_chamfer_rejects_missing_clouds():
         chamfer_distance(pts, pts[:3], torch.tensor([0, 0, 0, 1, 1, 1]), torch.tensor([0, 0, 0]), num_clouds=2)
     with pytest.raises(DataError, match=r"\[N, 3\]"):
         chamfer_distance(pts[:, :2], pts)
+
+
+def test_point_to_plane_distance_is_the_across_surface_error_per_cloud():
+    g = torch.Generator().manual_seed(3)
+    plane = torch.cat([torch.rand(400, 2, generator=g) * 5, torch.zeros(400, 1)], 1)
+    tilted = plane @ torch.tensor([[1.0, 0, 0], [0, 0.8, 0.6], [0, -0.6, 0.8]])  # a second cloud, another plane
+    normal = torch.tensor([0, -0.6, 0.8])
+    along = plane[:50] + torch.cat([torch.rand(50, 2, generator=g) * 0.02, torch.zeros(50, 1)], 1)
+    across = tilted[:80] + 0.1 * normal
+    pred = torch.cat([along, across]).requires_grad_(True)
+    pred_batch = torch.cat([torch.zeros(50, dtype=torch.long), torch.ones(80, dtype=torch.long)])
+    target_batch = torch.cat([torch.zeros(400, dtype=torch.long), torch.ones(400, dtype=torch.long)])
+    loss = point_to_plane_distance(pred, torch.cat([plane, tilted]), pred_batch, target_batch)
+    assert float(loss) == pytest.approx((0.0 + 0.01) / 2, rel=1e-4)  # cloud 0 on its plane, cloud 1 0.1 off
+    loss.backward()
+    grad = pred.grad[50:] / pred.grad[50:].norm(dim=1, keepdim=True)
+    assert torch.allclose(grad, normal.expand_as(grad), atol=1e-4)  # the pull is straight across the surface
+    assert pred.grad[:50].abs().max() < 1e-6
