@@ -1,4 +1,4 @@
-"""Values made plain for JSON files and people: one NaN policy, one byte format.
+"""Values made plain for JSON files and people: one NaN policy, one byte format, one per-row report.
 
 In the lowest layer so that every writer of JSON (the engine's metrics, the
 evaluation tables, the implant reports, the benchmarks) and every printer of
@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["json_safe", "format_bytes"]
+__all__ = ["json_safe", "format_bytes", "summary_stats", "write_rows_report"]
 
 
 def json_safe(value: Any) -> Any:
@@ -52,3 +52,39 @@ def format_bytes(n: float | None) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{size:.1f} TB"
+
+
+def summary_stats(values) -> dict:
+    """n, mean, median, std, min and max of the finite values (None and NaN skipped; all NaN when none is left)."""
+    finite = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)
+    if finite.size == 0:
+        return {"n": 0, "mean": math.nan, "median": math.nan, "std": math.nan, "min": math.nan, "max": math.nan}
+    return {
+        "n": int(finite.size),
+        "mean": float(finite.mean()),
+        "median": float(np.median(finite)),
+        "std": float(finite.std()),
+        "min": float(finite.min()),
+        "max": float(finite.max()),
+    }
+
+
+def write_rows_report(out_dir, stem: str, rows: list[dict], fields: list[str], payload: dict) -> dict[str, Path]:
+    """``out_dir/<stem>.csv`` (``rows`` by ``fields``) and ``<stem>.json`` (``payload``, through :func:`json_safe`), each atomic."""
+    import csv
+    import io
+    import json
+
+    from pointforge.atomic import atomic_write_text
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow(row)
+    paths = {"csv": out_dir / f"{stem}.csv", "json": out_dir / f"{stem}.json"}
+    atomic_write_text(paths["csv"], buffer.getvalue())
+    atomic_write_text(paths["json"], json.dumps(json_safe(payload), indent=1))
+    return paths

@@ -15,9 +15,6 @@ and HD95) come from the truth dataset's files.
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import math
 import os
 import time
@@ -27,11 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from pointforge.atomic import atomic_write_text
 from pointforge.data.skulls import list_cases
 from pointforge.data.volumes import read_binary_volume
 from pointforge.errors import DataError
-from pointforge.formats import json_safe
+from pointforge.formats import summary_stats, write_rows_report
 from pointforge.implant.metrics import evaluate_case
 
 METRICS = ("dsc", "bdsc", "hd95", "hd")
@@ -58,27 +54,15 @@ def find_prediction(pred_root: Path, case_id: str) -> Path | None:
     return None
 
 
-def _stats(values: list[float]) -> dict:
-    finite = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)
-    if finite.size == 0:
-        return {"n": 0, "mean": math.nan, "median": math.nan, "std": math.nan, "min": math.nan, "max": math.nan}
-    return {
-        "n": int(finite.size),
-        "mean": float(finite.mean()),
-        "median": float(np.median(finite)),
-        "std": float(finite.std()),
-        "min": float(finite.min()),
-        "max": float(finite.max()),
-    }
-
-
 def summarise(rows: list[dict]) -> dict:
     groups: dict[str, list[dict]] = {}
     for row in rows:
         groups.setdefault(row["defect"] or "all", []).append(row)
     if len(groups) > 1 or "all" not in groups:
         groups["all"] = rows
-    return {g: {m: _stats([r[m] for r in rs if r.get("error") is None]) for m in METRICS} for g, rs in groups.items()}
+    return {
+        g: {m: summary_stats([r[m] for r in rs if r.get("error") is None]) for m in METRICS} for g, rs in groups.items()
+    }
 
 
 def evaluate_predictions(
@@ -132,20 +116,11 @@ def evaluate_predictions(
 
 def write_reports(evaluation: Evaluation, out_dir: str | os.PathLike) -> dict[str, Path]:
     """``metrics.csv`` (per case), ``metrics.json`` (cases, summary, missing). Atomic."""
-    out_dir = Path(out_dir)
-    buf = io.StringIO()
-    fields = ["case_id", "defect", *METRICS, "error", "notes", "prediction"]
-    writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    for row in evaluation.rows:
-        writer.writerow(row)
-    paths = {"csv": out_dir / "metrics.csv", "json": out_dir / "metrics.json"}
-    atomic_write_text(paths["csv"], buf.getvalue())
     payload = {
         "cases": evaluation.rows,
         "summary": evaluation.summary,
         "missing": evaluation.missing,
         "seconds": round(evaluation.seconds, 2),
     }
-    atomic_write_text(paths["json"], json.dumps(json_safe(payload), indent=1))
-    return paths
+    fields = ["case_id", "defect", *METRICS, "error", "notes", "prediction"]
+    return write_rows_report(out_dir, "metrics", evaluation.rows, fields, payload)

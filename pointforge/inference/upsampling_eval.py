@@ -11,22 +11,15 @@ prediction are listed as missing, not scored.
 
 from __future__ import annotations
 
-import csv
-import io
-import json
-import math
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-import numpy as np
-
-from pointforge.atomic import atomic_write_text
 from pointforge.data.pointio import POINT_SUFFIXES, read_points
 from pointforge.errors import DataError
-from pointforge.formats import json_safe
+from pointforge.formats import summary_stats, write_rows_report
 from pointforge.inference.upsampling_metrics import METRICS, cloud_metrics, uniformity
 
 __all__ = ["COLUMNS", "UpsamplingEvaluation", "find_clouds", "evaluate_upsampling", "write_upsampling_reports"]
@@ -56,20 +49,6 @@ def find_clouds(folder: str | os.PathLike, what: str) -> dict[str, Path]:
     if not found:
         raise DataError(f"{folder}: no .npy, .ply, .las or .laz files in it; give the folder of {what} clouds")
     return found
-
-
-def _stats(values: list[float]) -> dict:
-    finite = np.asarray([v for v in values if math.isfinite(v)], dtype=np.float64)
-    if finite.size == 0:
-        return {"n": 0, "mean": math.nan, "median": math.nan, "std": math.nan, "min": math.nan, "max": math.nan}
-    return {
-        "n": int(finite.size),
-        "mean": float(finite.mean()),
-        "median": float(np.median(finite)),
-        "std": float(finite.std()),
-        "min": float(finite.min()),
-        "max": float(finite.max()),
-    }
 
 
 def evaluate_upsampling(
@@ -103,28 +82,18 @@ def evaluate_upsampling(
         )
         if progress is not None:
             progress(done, len(pairs))
-    result.summary = {m: _stats([row[m] for row in result.rows]) for m in COLUMNS}
+    result.summary = {m: summary_stats([row[m] for row in result.rows]) for m in COLUMNS}
     result.seconds = time.perf_counter() - start
     return result
 
 
 def write_upsampling_reports(evaluation: UpsamplingEvaluation, out_dir: str | os.PathLike) -> dict[str, Path]:
     """``upsampling_metrics.csv`` (per pair) and ``upsampling_metrics.json`` (pairs, summary, missing). Atomic."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    buffer = io.StringIO()
-    fields = ["pair", *COLUMNS, "points", "truth_points", "prediction"]
-    writer = csv.DictWriter(buffer, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    for row in evaluation.rows:
-        writer.writerow(row)
-    paths = {"csv": out_dir / "upsampling_metrics.csv", "json": out_dir / "upsampling_metrics.json"}
-    atomic_write_text(paths["csv"], buffer.getvalue())
     payload = {
         "pairs": evaluation.rows,
         "summary": evaluation.summary,
         "missing": evaluation.missing,
         "seconds": round(evaluation.seconds, 2),
     }
-    atomic_write_text(paths["json"], json.dumps(json_safe(payload), indent=1))
-    return paths
+    fields = ["pair", *COLUMNS, "points", "truth_points", "prediction"]
+    return write_rows_report(out_dir, "upsampling_metrics", evaluation.rows, fields, payload)
