@@ -488,11 +488,15 @@ class OptimSection:
 
 @dataclass
 class SchedSection:
-    name: Literal["constant", "cosine", "exponential"] = "constant"
+    name: Literal["constant", "cosine", "linear", "exponential"] = "constant"
     warmup_steps: int = 0  # linear ramp from warmup_start_factor·lr to lr
     warmup_start_factor: float = 0.0
-    min_lr_ratio: float = 0.0  # cosine: final lr as a fraction of the peak
+    min_lr_ratio: float = 0.0  # cosine, linear: final lr as a fraction of the peak
     gamma: float = 0.999  # exponential: lr factor per optimizer step after warm-up
+    # cosine, linear: decay over this many minutes of training (rank 0's clock,
+    # summed over resumed launches) instead of over the run's optimizer steps;
+    # for time-budgeted runs (train.max_minutes), where the step count is unknown.
+    horizon_minutes: float | None = None
 
     def validate(self, prefix: str) -> None:
         if self.warmup_steps < 0:
@@ -505,6 +509,16 @@ class SchedSection:
             raise ConfigError(f"config key '{prefix}.min_lr_ratio' must lie in [0, 1], got {self.min_lr_ratio}")
         if not 0.0 < self.gamma <= 1.0:
             raise ConfigError(f"config key '{prefix}.gamma' must lie in (0, 1], got {self.gamma}")
+        if self.horizon_minutes is not None:
+            if not self.horizon_minutes > 0:
+                raise ConfigError(
+                    f"config key '{prefix}.horizon_minutes' must be positive or null, got {self.horizon_minutes}"
+                )
+            if self.name not in ("cosine", "linear"):
+                raise ConfigError(
+                    f"config key '{prefix}.horizon_minutes' sets the length of a decay; "
+                    f"use {prefix}.name=cosine or linear with it (got {self.name})"
+                )
 
 
 @dataclass

@@ -33,7 +33,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
@@ -344,10 +344,17 @@ class _Trainer:
         self.peak_lr = self.plan.lr_scaled
         self.state.rebatch(self.batch.global_batch, env.world_size, self.plan.steps_per_epoch)
         self.optimizer = build_optimizer(task.parameters(self.model), cfg.optim, self.peak_lr)
-        self.scheduler = build_scheduler(self.optimizer, cfg.sched, self.total_steps)
+        self.scheduler = build_scheduler(self.optimizer, cfg.sched, self.total_steps, self._time_progress())
         self.scaler = torch.amp.GradScaler("cuda") if cfg.perf.amp == "fp16" else None
         self.ema = EMA(self.model, cfg.train.ema_decay) if cfg.train.ema_decay else None
         self.files = ckpt_io.CheckpointFiles(self.run_dir, cfg.ckpt.keep_last)
+
+    def _time_progress(self) -> Callable[[int], float] | None:
+        """With ``sched.horizon_minutes``: the schedule's progress is training time, the same on every rank."""
+        horizon = self.cfg.sched.horizon_minutes
+        if horizon is None:
+            return None
+        return lambda _step: self.state.train_seconds / (horizon * 60)
 
     def _preflight(self) -> None:
         """Faults found before the first step, not hours into the run: a dataset file gone, a disk too small.
@@ -569,11 +576,11 @@ class _Trainer:
             log.warning(
                 f"optim.name changed from {(old_cfg.get('optim') or {}).get('name')} to {cfg.optim.name}; starting the optimizer state afresh"
             )
+        progress = self.state
+        progress.load_state_dict(ckpt.get("progress") or {})  # before the schedule, which may read its clock
         restore_scheduler(self.scheduler, ckpt["scheduler"], [self.peak_lr] * len(self.optimizer.param_groups))
         if self.scaler is not None and ckpt.get("scaler"):
             self.scaler.load_state_dict(ckpt["scaler"])
-        progress = self.state
-        progress.load_state_dict(ckpt.get("progress") or {})
         self.last_metrics = dict(ckpt.get("metrics") or {})
         old_batch = progress.rebatch(self.batch.global_batch, env.world_size, self.plan.steps_per_epoch)
         if old_batch is not None and env.is_main:
@@ -649,6 +656,7 @@ class _Trainer:
         self.train_model.train()
         self.stop_noted = False
         self.budget_start = time.monotonic()
+        self.seconds_before = state.train_seconds  # the training clock of earlier launches
         self.out_of_time = False
 
         for epoch in range(state.epoch, cfg.train.epochs):
@@ -850,17 +858,22 @@ class _Trainer:
             and time.monotonic() - self.budget_start >= cfg.train.max_minutes * 60
         )
         local = [1.0 if stopper.requested else 0.0, 1.0 if due else 0.0, 1.0 if time_up else 0.0]
+        # Rank 0's training clock; the sum below hands it to every rank, so a
+        # time-based schedule sets the same LR everywhere.
+        local.append(self.seconds_before + time.monotonic() - self.budget_start if env.is_main else 0.0)
         if env.distributed:
             report(env, "in the step's all-reduce", epoch=epoch, step=self.state.global_step)
             # Every rank-dependent decision rides on this one reduction, so all
             # ranks skip, stop and save at the same step. A NaN or inf on any
             # rank makes the summed loss non-finite on every rank.
             flags = torch.tensor(local, device=self.device)
-            total, n_stop, n_due, n_time = all_reduce_sum(env, torch.cat([loss_sum.reshape(1), flags])).tolist()
+            reduced = all_reduce_sum(env, torch.cat([loss_sum.reshape(1), flags]))
+            total, n_stop, n_due, n_time, seconds = reduced.tolist()
             mean_loss = total / (accum * env.world_size)
         else:
             mean_loss = loss_sum.item() / accum
-            n_stop, n_due, n_time = local
+            n_stop, n_due, n_time, seconds = local
+        self.state.train_seconds = seconds
         return _Vote(mean_loss=mean_loss, stop=n_stop > 0, ckpt_due=n_due > 0, time_up=n_time > 0)
 
     def _optimizer_step(self, mean_loss: float, epoch: int) -> tuple[bool, torch.Tensor | None]:

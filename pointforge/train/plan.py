@@ -99,8 +99,11 @@ def _schedule_text(cfg: TrainConfig) -> str:
     body = {
         "constant": "constant",
         "cosine": f"cosine decay to {s.min_lr_ratio:g}×lr",
+        "linear": f"linear decay to {s.min_lr_ratio:g}×lr",
         "exponential": f"exponential decay ×{s.gamma:g} per step",
     }[s.name]
+    if s.horizon_minutes is not None:
+        body += f" over {s.horizon_minutes:g} min of training"
     return warm + body
 
 

@@ -84,6 +84,9 @@ def scale_lr(lr: float, rule: str, global_batch: int, base_batch: int | None) ->
     raise ConfigError(f"optim.lr_scaling={rule!r} is not a scaling rule; valid choices: none, linear, sqrt")
 
 
+SCHEDULES = ("constant", "cosine", "linear", "exponential")
+
+
 def lr_factor(
     name: str,
     *,
@@ -92,10 +95,21 @@ def lr_factor(
     warmup_start_factor: float = 0.0,
     min_lr_ratio: float = 0.0,
     gamma: float = 0.999,
+    progress: Callable[[int], float] | None = None,
 ) -> Callable[[int], float]:
-    """The multiplier on the peak LR as a function of the optimizer step (0-based)."""
-    if name not in ("constant", "cosine", "exponential"):
-        raise ConfigError(f"sched.name={name!r} is not a schedule; valid choices: constant, cosine, exponential")
+    """The multiplier on the peak LR as a function of the optimizer step (0-based).
+
+    The cosine and linear decays run over ``total_steps`` unless ``progress`` is
+    given: then ``progress(step)`` is the fraction of the schedule behind (a
+    training-time budget, see ``sched.horizon_minutes``). Warm-up counts steps.
+    """
+    if name not in SCHEDULES:
+        raise ConfigError(f"sched.name={name!r} is not a schedule; valid choices: {', '.join(SCHEDULES)}")
+
+    def done(after: int) -> float:
+        if progress is not None:
+            return min(1.0, max(0.0, progress(after + warmup_steps)))
+        return min(1.0, after / max(1, total_steps - warmup_steps))
 
     def factor(step: int) -> float:
         if warmup_steps > 0 and step < warmup_steps:
@@ -106,14 +120,15 @@ def lr_factor(
             return 1.0
         if name == "exponential":
             return gamma**after
-        span = max(1, total_steps - warmup_steps)
-        progress = min(1.0, after / span)
-        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+        shape = 1.0 - done(after) if name == "linear" else 0.5 * (1.0 + math.cos(math.pi * done(after)))
+        return min_lr_ratio + (1.0 - min_lr_ratio) * shape
 
     return factor
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, sched_cfg, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, sched_cfg, total_steps: int, progress: Callable[[int], float] | None = None
+) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer,
         lr_factor(
@@ -123,6 +138,7 @@ def build_scheduler(optimizer: torch.optim.Optimizer, sched_cfg, total_steps: in
             warmup_start_factor=sched_cfg.warmup_start_factor,
             min_lr_ratio=sched_cfg.min_lr_ratio,
             gamma=sched_cfg.gamma,
+            progress=progress,
         ),
     )
 

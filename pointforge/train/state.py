@@ -82,6 +82,7 @@ class TrainState:
     world_size: int = 1
     global_batch: int | None = None
     steps_per_epoch: int | None = None
+    train_seconds: float = 0.0  # rank 0's training clock, summed over launches (sched.horizon_minutes)
     best: BestMetric = field(default_factory=BestMetric)
 
     def state_dict(self) -> dict[str, Any]:
@@ -99,6 +100,7 @@ class TrainState:
             "global_batch": self.global_batch,
             "steps_per_epoch": self.steps_per_epoch,
             "world_size": self.world_size,
+            "train_seconds": self.train_seconds,
         }
 
     def load_state_dict(self, progress: Mapping[str, Any]) -> None:
@@ -113,6 +115,7 @@ class TrainState:
         self.samples_seen = int(progress.get("samples_seen", 0))
         self.nonfinite_streak = int(progress.get("nonfinite_streak", 0))
         self.skipped_steps = int(progress.get("skipped_steps", 0))
+        self.train_seconds = float(progress.get("train_seconds", 0.0))
         self.best.value = progress.get("best_value")
         self.best.step = progress.get("best_step")
         self.global_batch = _int_or_none(progress.get("global_batch", self.global_batch))

@@ -89,6 +89,29 @@ def test_time_budget_stops_at_a_step_saves_and_finishes(tmp_path):
         make_cfg(tmp_path, "train.max_minutes=0", name="bad")
 
 
+def test_time_horizon_decays_over_training_time_and_resumes_where_it_was(tmp_path):
+    # Two launches of 0.6 s each (0.2 s steps) against a 1.2 s linear decay to zero:
+    # the LR falls with the training clock, the clock survives the resume, and the
+    # second launch ends at the floor instead of restarting at the peak.
+    over = ["train.epochs=50", "train.max_minutes=0.01", "task.step_delay_s=0.2", "log.every_steps=1"]
+    over += ["sched.name=linear", "sched.warmup_steps=0", "sched.horizon_minutes=0.02"]
+    cfg = make_cfg(tmp_path, *over)
+    first = train("toy", cfg)
+    state = final_state(cfg.run.dir)
+    seconds = state["progress"]["train_seconds"]
+    assert first.status == "finished" and 0.6 <= seconds < 1.2
+    lr_saved = state["optimizer"]["param_groups"][0]["lr"]
+    assert lr_saved == pytest.approx(cfg.optim.lr * (1 - seconds / 1.2))
+    second = train("toy", cfg, resume="auto")
+    state = final_state(cfg.run.dir)
+    assert second.global_step > first.global_step and state["progress"]["train_seconds"] >= 1.2
+    assert state["optimizer"]["param_groups"][0]["lr"] == 0.0
+    lines = [json.loads(x) for x in (Path(cfg.run.dir) / "metrics.jsonl").read_text().splitlines()]
+    lrs = [x["train/lr"] for x in lines if "train/lr" in x]
+    assert len(lrs) >= 6 and lrs[0] == pytest.approx(cfg.optim.lr)
+    assert all(b <= a for a, b in zip(lrs, lrs[1:]))  # never back up to the peak
+
+
 def test_existing_run_dir_needs_resume(tmp_path):
     train("toy", make_cfg(tmp_path, "train.epochs=1"))
     with pytest.raises(ConfigError, match="already holds checkpoints.*--resume auto"):
@@ -312,7 +335,9 @@ def test_train_state_is_the_checkpoint_progress_layout_and_tracks_the_best_once(
         "world_size": 2,
     }
     state = TrainState.from_progress(old)
-    assert state.state_dict() == old  # same keys, same values: old files load, new files read the same
+    # Old files load; new files add the training clock (zero for a file written before it existed).
+    assert state.state_dict() == {**old, "train_seconds": 0.0}
+    assert TrainState.from_progress({**old, "train_seconds": 12.5}).state_dict()["train_seconds"] == 12.5
     assert state.best.summary() == {"metric": "val_loss", "value": 0.5, "step": 16}
 
     # The run's own rule wins over the file's; a changed global batch keeps the samples already seen behind us.

@@ -46,6 +46,36 @@ def test_warmup_then_schedules():
     assert cos(10) == pytest.approx(0.1)
     exp = lr_factor("exponential", total_steps=10, warmup_steps=2, gamma=0.5)
     assert [exp(s) for s in (2, 3, 4)] == [1.0, 0.5, 0.25]
+    lin = lr_factor("linear", total_steps=11, warmup_steps=1, min_lr_ratio=0.2)
+    assert [round(lin(s), 3) for s in (1, 6, 11, 50)] == [1.0, 0.6, 0.2, 0.2]
+
+
+def test_decay_over_a_time_horizon_follows_the_clock_not_the_step():
+    clock = {"seconds": 0.0}
+    cos = lr_factor("cosine", total_steps=10, warmup_steps=2, progress=lambda _step: clock["seconds"] / 60.0)
+    lin = lr_factor("linear", total_steps=10, min_lr_ratio=0.1, progress=lambda _step: clock["seconds"] / 60.0)
+    assert cos(0) == pytest.approx(1 / 3)  # warm-up counts steps whatever the clock says
+    assert cos(5) == pytest.approx(1.0) and lin(5) == pytest.approx(1.0)
+    clock["seconds"] = 30.0  # half the horizon, whichever step this is
+    assert cos(5) == pytest.approx(0.5) and cos(500) == pytest.approx(0.5)
+    assert lin(7) == pytest.approx(0.1 + 0.9 * 0.5)
+    clock["seconds"] = 90.0  # past the horizon: the floor
+    assert cos(9) == pytest.approx(0.0) and lin(9) == pytest.approx(0.1)
+
+
+def test_a_time_horizon_needs_a_decay_and_a_positive_length(tmp_path):
+    from tests.helpers import TOY_TINY, quiet_config
+
+    base = [f"run.dir={tmp_path}"]
+    with pytest.raises(
+        ConfigError, match="horizon_minutes' sets the length of a decay; use sched.name=cosine or linear"
+    ):
+        quiet_config("toy", TOY_TINY, *base, "sched.name=constant", "sched.horizon_minutes=5")
+    with pytest.raises(ConfigError, match="horizon_minutes' must be positive"):
+        quiet_config("toy", TOY_TINY, *base, "sched.horizon_minutes=0")
+    assert (
+        quiet_config("toy", TOY_TINY, *base, "sched.name=linear", "sched.horizon_minutes=5").sched.horizon_minutes == 5
+    )
 
 
 def _opt(lr):
