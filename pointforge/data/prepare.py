@@ -120,7 +120,8 @@ def run_job(out: Path, job: VolumeJob) -> dict:
     meta: dict = {
         "format_version": FORMAT_VERSION,
         "pointforge_version": __version__,
-        "source": str(job.source),
+        # Absolute, so that generate finds the volume from any working directory.
+        "source": str(job.source.resolve()),
         "source_stamp": _source_stamp(job.source),
         "kind": job.kind,
         "n_points": job.n_points,

@@ -1,6 +1,7 @@
 import csv
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -81,10 +82,11 @@ def test_split_is_seeded_grouped_and_complete():
         parse_ratios("0.5,x")
 
 
-def test_prepare_skullbreak_end_to_end(tmp_path):
+def test_prepare_skullbreak_end_to_end(tmp_path, monkeypatch):
     raw = write_raw_dataset(tmp_path / "raw", "skullbreak", n_skulls=3, spacing=(0.5, 0.5, 0.5))
     out = tmp_path / "prep"
-    res = prepare_dataset(raw, out, n_points=N, split="0.5,0,0.5", seed=1, workers=1)
+    monkeypatch.chdir(tmp_path)  # a relative raw path, as users type it
+    res = prepare_dataset(Path("raw"), out, n_points=N, split="0.5,0,0.5", seed=1, workers=1)
     assert res.ok and res.layout == "skullbreak" and len(res.cases) == 6
     assert res.done == 3 * 5 and res.skipped == 0  # per skull: complete + 2×(defective, implant)
     rows = list(csv.DictReader(open(out / "cases.csv")))
@@ -94,6 +96,7 @@ def test_prepare_skullbreak_end_to_end(tmp_path):
     assert all(len(s) == 1 for s in by_skull.values())  # no skull in two splits
     meta = json.loads((out / "surfaces/implant/bilateral/000.json").read_text())
     assert meta["spacing"] == [0.5, 0.5, 0.5] and meta["shape"] == [40, 40, 40] and meta["n_points"] == N
+    assert meta["source"] == str((raw / "implant/bilateral/000.nrrd").resolve())  # usable from any directory
     pts = np.load(out / "surfaces/implant/bilateral/000.npy")
     assert pts.dtype == np.float32 and pts.shape == (N, 3)
     # Points in voxel-index coordinates lie on the implant region's boundary.
