@@ -42,6 +42,7 @@ class FaultyToyConfig(ToyConfig):
     sigterm_at_step: int = -1  # this process sends itself SIGTERM during that global step
     sigterm_rank: int = 0
     broken_index: int = -1  # reading this training sample raises a DataError (in a loader worker, with workers)
+    weights_log: str = ""  # a folder: each rank appends "step sum-of-weights" at every step, to compare replicas
 
 
 class BrokenSample(Dataset):
@@ -92,6 +93,10 @@ class FaultyToyTask(ToyTask):
             time.sleep(cfg.stall_s)
         if ctx.global_step == cfg.sigterm_at_step and ctx.rank == cfg.sigterm_rank and first_micro_step:
             os.kill(os.getpid(), signal.SIGTERM)
+        if cfg.weights_log and first_micro_step:
+            total = sum(float(p.detach().double().sum()) for p in model.parameters())
+            with open(os.path.join(cfg.weights_log, f"rank{ctx.rank}.txt"), "a") as f:
+                f.write(f"{ctx.global_step} {total!r}\n")
         loss, metrics = super().training_step(model, batch, ctx)
         if ctx.global_step in cfg.nan_steps and cfg.nan_rank in (-1, ctx.rank):
             loss = loss * float("nan")

@@ -146,6 +146,25 @@ def test_two_ranks_equal_one_rank_with_double_batch(tmp_path):
     assert ranks == ["rank0.json", "rank1.json"]
 
 
+def test_a_time_based_schedule_sets_the_same_lr_on_every_rank(tmp_path):
+    """Rank 0's training clock reaches every rank through the step's all-reduce: the replicas stay identical
+    while the LR decays over minutes (a rank reading its own clock would drift off at the first step)."""
+    logs = tmp_path / "weights"
+    logs.mkdir()
+    over = ["train.epochs=50", "train.max_minutes=0.01", "task.step_delay_s=0.1", "log.every_steps=1"]
+    over += ["sched.name=linear", "sched.warmup_steps=0", "sched.horizon_minutes=0.01"]
+    run_to_end(
+        torchrun_job(
+            tmp_path, "horizon", [*over, f"task.weights_log={logs}", f"run.dir={tmp_path / 'run'}"], task="faulty_toy"
+        )
+    )
+    per_rank = [(logs / f"rank{r}.txt").read_text().splitlines() for r in (0, 1)]
+    assert len(per_rank[0]) >= 4 and per_rank[0] == per_rank[1]  # same weights, to the last bit, at every step
+    lrs = [json.loads(x).get("train/lr") for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    lrs = [x for x in lrs if x is not None]
+    assert lrs[0] > lrs[-1] and all(b <= a for a, b in zip(lrs, lrs[1:]))
+
+
 def test_uneven_batches_fail_fast_with_the_divergence_message(tmp_path):
     job = torchrun_job(
         tmp_path,
