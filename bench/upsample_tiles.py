@@ -8,6 +8,10 @@ so that its peak resident memory (``ru_maxrss``, the RSS high-water mark) is
 that run's alone; "baseline" is its peak after the imports and the model load,
 before the cloud is touched. Memory should not grow with the cloud: only the
 tile, the grid and 4 bytes per input point (the spacings) stay in memory.
+Per tile the JSON keeps its size (points through the network, margins
+included), the resident memory after it and its peak (the RSS high-water mark
+restarted after each tile through /proc/self/clear_refs, Linux); flat memory
+shows as the peak after the first tile equal to the whole run's.
 
 The network's weights do not change its cost, so the timing uses the ``tiny``
 preset trained for its 3 epochs (``--ckpt``, or trained here first when absent).
@@ -37,6 +41,46 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
+def proc_status_mb(field: str) -> float | None:
+    """``VmRSS`` or ``VmHWM`` of this process from /proc (None where there is no /proc)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def reset_peak() -> bool:
+    """Restart the RSS high-water mark (Linux ``clear_refs`` 5), so that the next reading is one tile's peak."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+class TileMemory:
+    """``progress`` for upsample_file: after each tile, the resident memory and the peak since the last reading.
+
+    The first peak covers everything before it too (the model load, the tiling
+    passes): it is the high-water mark once the first tile is done.
+    """
+
+    def __init__(self) -> None:
+        self.rss: list[float | None] = []
+        self.peaks: list[float | None] = []
+
+    def __call__(self, done: int, total: int) -> None:
+        self.rss.append(proc_status_mb("VmRSS"))
+        self.peaks.append(proc_status_mb("VmHWM"))
+        if not reset_peak():
+            self.peaks[-1] = None  # a running maximum, not this tile's
+
+
 def worker_make(args) -> dict:
     from pointforge.data.pairs import synthetic_pair
     from pointforge.data.pointio import LasGeometry, write_points
@@ -56,17 +100,29 @@ def worker_upsample(args) -> dict:
     torch.set_num_threads(args.threads)
     model = load_upsampler(args.ckpt, "cpu")
     base = peak_rss_mb()
+    memory = TileMemory()
     start = time.perf_counter()
     cpu = time.process_time()
-    result = upsample_file(args.input, args.output, model, tile_points=args.tile_points)
+    result = upsample_file(args.input, args.output, model, tile_points=args.tile_points, progress=memory)
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    peaks = [p for p in memory.peaks if p is not None]
+    ends = [p for p in (proc_status_mb("VmHWM"), peak_rss_mb()) if p is not None]
     return {
         "points_in": result.points_in,
         "points_out": result.points_out,
         "tiles": result.tiles,
-        "seconds": time.perf_counter() - start,
-        "cpu_seconds": time.process_time() - cpu,
+        "seconds": seconds,
+        "cpu_seconds": cpu,
         "baseline_rss_mb": base,
-        "peak_rss_mb": peak_rss_mb(),
+        # The whole run's high-water mark: ru_maxrss restarts with clear_refs, so the largest of the readings.
+        "peak_rss_mb": max(peaks + ends),
+        "peak_after_first_tile_mb": memory.peaks[0],
+        "peak_of_later_tiles_mb": max(peaks[1:], default=None) if len(peaks) == len(memory.peaks) else None,
+        "rss_after_first_tile_mb": memory.rss[0],
+        "rss_after_last_tile_mb": memory.rss[-1],
+        "tile_sizes": list(result.tile_sizes),
+        "tile_peak_mb": memory.peaks,
+        "rss_after_tile_mb": memory.rss,
         "output_mb": os.path.getsize(args.output) / 2**20,
     }
 
@@ -124,11 +180,16 @@ def main() -> None:
             dst.unlink()
             write_json(args.json_name, record)  # after every size: a long run keeps what it measured
     rows = [
-        [r["points_in"], r["points_out"], r["tiles"], r["seconds"], r["cpu_seconds"], r["baseline_rss_mb"],
-         r["peak_rss_mb"], r["output_mb"]]
+        [r["points_in"], r["points_out"], r["tiles"], max(r["tile_sizes"]), r["seconds"], r["cpu_seconds"],
+         r["baseline_rss_mb"], r["peak_after_first_tile_mb"], r["peak_rss_mb"], r["rss_after_first_tile_mb"],
+         r["rss_after_last_tile_mb"], r["output_mb"]]
         for r in record["runs"]
     ]  # fmt: skip
-    print_table(["points in", "points out", "tiles", "wall s", "CPU s", "baseline MB", "peak MB", "LAZ MB"], rows)
+    print_table(
+        ["points in", "points out", "tiles", "largest tile", "wall s", "CPU s", "baseline MB",
+         "peak MB after tile 1", "peak MB", "RSS MB after tile 1", "after last", "LAZ MB"],
+        rows,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -9,13 +9,17 @@ the model loaders and the implant pipeline (one process, the defaults).
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
+import sys
+from typing import Any, Optional
 
 import torch
 
 from pointforge.errors import ConfigError, DeviceError
 
-__all__ = ["resolve_device", "visible_devices", "available_memory_bytes"]
+__all__ = ["resolve_device", "visible_devices", "available_memory_bytes", "release_freed_memory", "map_large_blocks"]
 
 
 def visible_devices() -> str:
@@ -124,3 +128,50 @@ def available_memory_bytes(device: torch.device | str) -> int:
             available = 1 << 62
     headroom = _cgroup_headroom()
     return available if headroom is None else min(available, headroom)
+
+
+# --------------------------------------------------------------------------- the C heap (glibc)
+
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter number in glibc's malloc.h
+
+
+@functools.lru_cache(maxsize=1)
+def _libc() -> Optional[Any]:
+    """The process's C library when it is glibc on Linux (it has ``malloc_trim``), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None)  # the symbols already loaded: the C library the interpreter runs on
+        libc.malloc_trim, libc.mallopt  # musl and others have neither
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+def release_freed_memory() -> bool:
+    """Give the memory freed inside this process back to the system (glibc ``malloc_trim(0)``).
+
+    glibc keeps freed blocks in its heaps for reuse, so a loop of large
+    short-lived arrays (one tile after another through a network) can hold
+    the high-water mark of every earlier step. False where there is nothing
+    to call (not Linux, or not glibc): then it does nothing.
+    """
+    libc = _libc()
+    if libc is None:
+        return False
+    libc.malloc_trim(0)
+    return True
+
+
+def map_large_blocks(threshold: int) -> bool:
+    """Serve every allocation of ``threshold`` bytes or more by its own ``mmap``, returned to the system on free.
+
+    glibc's default raises this threshold (up to 32 MiB) each time a mapped
+    block is freed, after which arrays below it come from the heap, where
+    freed holes are kept and fragment; setting it (glibc ``mallopt``) fixes it
+    for the rest of the process. False, and nothing done, where there is no glibc.
+    """
+    libc = _libc()
+    if libc is None:
+        return False
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, int(threshold)))

@@ -23,6 +23,16 @@ offsets, point format, version and coordinate-reference records when the input
 is LAS/LAZ too (the new points are quantised to those scales, which is what LAS
 does), and millimetres around the data otherwise. Only coordinates are written:
 the new points have no intensity, classification or colour.
+
+Memory of a tiled run: with glibc's default, the arrays of one tile freed
+stay in the C heap, in holes the next tile's arrays only partly reuse, so the
+resident memory rose tile after tile (measured on 1 million points in 32
+tiles of at most 45,000: a tile's peak rose from 1.0 to 1.6 GB and the
+memory held between tiles from 0.6 to 1.1 GB). A tiled run therefore gives
+every array of 4 MiB or more its own memory map (returned to the system when
+freed; glibc ``mallopt``, for the rest of the process) and hands the heap's
+free memory back after each tile (``malloc_trim``): the tiles' peaks then
+stay level. Elsewhere than Linux with glibc both are skipped.
 """
 
 from __future__ import annotations
@@ -39,7 +49,7 @@ import torch
 from pointforge.data.pairs import PairNormalization, pair_normalization
 from pointforge.data.pointio import LasGeometry, PointCloud, point_format, read_points, write_points
 from pointforge.data.pointstream import CloudSource, cloud_writer, open_cloud
-from pointforge.devices import resolve_device
+from pointforge.devices import map_large_blocks, resolve_device
 from pointforge.errors import DataError
 from pointforge.inference.loading import LoadedModel, Weights, load_trained
 from pointforge.inference.tiling import choose_tile_points, iter_tiles, tile_cloud, work_folder
@@ -59,6 +69,7 @@ __all__ = [
 ]
 
 TASK_NAME = "upsampler"
+LARGE_BLOCK_BYTES = 4 * 2**20  # arrays this large or larger: their own memory map, given back when freed
 
 
 @dataclass
@@ -85,6 +96,7 @@ class UpsampleResult:
     points_out: int
     seconds: float
     tiles: int = 1
+    tile_sizes: tuple[int, ...] = ()  # points of each tile through the network, margins included
 
 
 def load_upsampler(
@@ -201,7 +213,7 @@ def upsample_file(
     available = available_memory_bytes(upsampler.device)
     budget = choose_tile_points(config.hidden, config.ratio, tile_points, available)
     if source.count > budget:
-        tiles = _upsample_tiled(source, dst, upsampler, budget, progress)
+        sizes = _upsample_tiled(source, dst, upsampler, budget, progress)
     else:
         cloud = read_points(src)
         dense = upsample_points(upsampler, cloud.xyz)
@@ -209,7 +221,7 @@ def upsample_file(
         if out_format in ("las", "laz"):
             las = cloud.las or LasGeometry.around(dense)
         write_points(dst, PointCloud(xyz=dense, dtype=cloud.dtype, las=las))
-        tiles = 1
+        sizes = (source.count,)
         if progress is not None:
             progress(1, 1)
     return UpsampleResult(
@@ -218,7 +230,8 @@ def upsample_file(
         points_in=source.count,
         points_out=source.count * config.ratio,
         seconds=time.perf_counter() - start,
-        tiles=tiles,
+        tiles=len(sizes),
+        tile_sizes=sizes,
     )
 
 
@@ -228,10 +241,11 @@ def _upsample_tiled(
     upsampler: LoadedUpsampler,
     tile_points: int,
     progress: Optional[Callable[[int, int], None]],
-) -> int:
-    """Tile, upsample tile by tile, append the core points' children to ``dst``; the number of tiles."""
+) -> tuple[int, ...]:
+    """Tile, upsample tile by tile, append the core points' children to ``dst``; the tiles' sizes."""
     net = cast(NodeShuffleUpsampler, upsampler.model).to(upsampler.device)
     config = net.config
+    map_large_blocks(LARGE_BLOCK_BYTES)  # tile after tile, the heap would keep the holes of each (module docs)
 
     def run(xyz: np.ndarray, norm: PairNormalization) -> np.ndarray:
         return upsample_cloud(net, xyz, norm=norm, device=upsampler.device)
@@ -254,7 +268,7 @@ def _upsample_tiled(
                 write(children)
                 if progress is not None:
                     progress(done, total)
-    return total
+    return tuple(tile.halo_points for tile in tiled.plan.tiles)
 
 
 # --------------------------------------------------------------------------- memory

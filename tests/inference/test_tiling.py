@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import platform
+import sys
+
 import numpy as np
 import pytest
 import torch
 from scipy.spatial import cKDTree
 
+from pointforge import devices
 from pointforge.data.pairs import synthetic_pair
 from pointforge.data.pointio import LasGeometry, read_points, write_points
 from pointforge.data.pointstream import cloud_writer, open_cloud
 from pointforge.errors import ConfigError
-from pointforge.inference import upsampler as upsampler_module
+from pointforge.inference import tiling as tiling_module, upsampler as upsampler_module
 from pointforge.inference.tiling import choose_tile_points, iter_tiles, tile_cloud
 from pointforge.inference.upsampler import LoadedUpsampler, upsample_cloud, upsample_file, upsample_points
 from pointforge.nn.upsampler import build_upsampler
@@ -113,6 +117,19 @@ def test_upsample_file_tiles_large_clouds_and_keeps_las_geometry(scene, tmp_path
     assert npy.tiles == result.tiles and got.shape == whole.shape
     assert cKDTree(whole).query(got)[0].max() < 1e-3 * result.points_in  # loose: same set, tile order
     assert not list(tmp_path.glob(".pointforge-tiles-*"))  # the tile files are gone
+
+
+def test_tiles_are_bounded_by_the_budget_and_each_gives_its_freed_memory_back(scene, tmp_path, monkeypatch):
+    path, sparse, model, _ = scene
+    released = []
+    monkeypatch.setattr(tiling_module, "release_freed_memory", lambda: released.append(1) or True)
+    result = upsample_file(path, tmp_path / "out.npy", model, tile_points=TILE)
+    assert len(result.tile_sizes) == result.tiles == len(released) >= 4  # once per tile, after its network pass
+    assert max(result.tile_sizes) <= TILE and sum(result.tile_sizes) > len(sparse)  # margins are extra copies
+    whole = upsample_file(path, tmp_path / "whole.npy", model, tile_points=len(sparse))
+    assert whole.tile_sizes == (len(sparse),) and len(released) == result.tiles  # one pass: no tiles, no trimming
+    glibc = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+    assert devices.release_freed_memory() is glibc and devices.map_large_blocks(4 * 2**20) is glibc
 
 
 def test_memory_is_checked_up_front_with_what_fits(scene, tmp_path, monkeypatch):
