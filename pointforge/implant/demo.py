@@ -40,6 +40,7 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+import yaml
 
 from pointforge.atomic import atomic_write_bytes, atomic_write_text
 from pointforge.data.prepare import prepare_dataset
@@ -100,7 +101,18 @@ class DemoResult:
 # --------------------------------------------------------------------------- training, as subprocesses
 
 
-def _train_command(task: str, config: Path, run_dir: Path, data_root: Path, minutes: float, device: str) -> list[str]:
+def _decays(config: Path) -> bool:
+    """Whether ``config``'s LR schedule decays (cosine or linear): the demo then spreads it over the whole budget."""
+    sched = (yaml.safe_load(config.read_text()) or {}).get("sched") or {}
+    return sched.get("name") in ("cosine", "linear")
+
+
+def _train_command(
+    task: str, config: Path, run_dir: Path, data_root: Path, minutes: float, device: str, horizon: float | None
+) -> list[str]:
+    # A decaying schedule runs over the whole budget (all phases), in minutes of
+    # training, so that the LR reaches its floor as the last phase ends.
+    decay = [f"sched.horizon_minutes={horizon:g}"] if horizon is not None else []
     return [
         sys.executable,
         "-m",
@@ -118,6 +130,7 @@ def _train_command(task: str, config: Path, run_dir: Path, data_root: Path, minu
         "train.max_steps=null",
         f"run.device={device}",
         "log.progress=off",
+        *decay,
     ]
 
 
@@ -218,7 +231,12 @@ def _train_phases(out: Path, s: DemoSettings, prepared: Path, log: Callable[[str
             f"[2/6] training PCDiff and the voxelizer side by side: phase {k + 1}/{len(s.phases)}, "
             f"{minutes:.2f} min (to {fraction * s.minutes:.2f} of {s.minutes:g} min)"
         )
-        jobs = {n: _train_command(n, configs[n], run_dirs[n], prepared, minutes, s.device) for n in run_dirs}
+        jobs = {
+            n: _train_command(
+                n, configs[n], run_dirs[n], prepared, minutes, s.device, s.minutes if _decays(configs[n]) else None
+            )
+            for n in run_dirs
+        }
         status = _train_side_by_side(
             jobs, run_dirs, minutes, progress=(lambda d, n, info: progress("train", d, n, info)) if progress else None
         )
@@ -244,43 +262,68 @@ def _generate_and_evaluate(
     kept: list[dict],
     raw: Path,
     prepared: Path,
-    case_ids: list[str],
+    case_ids: dict[str, list[str]],
     log: Callable[[str], None],
     progress,
 ) -> list[dict]:
-    """Stage 3: implants for the held-out cases with each phase's checkpoints, each set evaluated."""
-    options = GenerateOptions(ensemble=s.ensemble, sampler=s.sampler, steps=s.steps, seed=s.seed)
+    """Stage 3: implants for the held-out cases with each phase's checkpoints, each set evaluated.
+
+    ``case_ids`` by split: the test cases make the curve and the verdict; the
+    validation cases (when the split has any) choose the phase whose models
+    the verdict is about, so the test cases play no part in that choice.
+    """
     curve = []
     for k, snap in enumerate(kept):
-        final = k == len(kept) - 1
-        label = "final" if final else f"{snap['minutes']:.2f}min"
-        pred_root = out / "implants" / label
-        log(
-            f"[3/6] generating implants for {len(case_ids)} held-out cases with the models after {snap['minutes']:g} min → {pred_root}"
-        )
+        label = "final" if k == len(kept) - 1 else f"{snap['minutes']:.2f}min"
+        log(f"[3/6] generating implants with the models after {snap['minutes']:g} min")
         models = load_models(snap["pcdiff"]["checkpoint"], snap["voxelizer"]["checkpoint"], device=s.device)
-        gen = generate_folder(
-            prepared,
-            pred_root,
-            models,
-            options,
-            split="test",
-            log=log,
-            progress=(lambda d, n: progress("generate", d, n, snap["minutes"])) if progress else None,
-            viewer_js=out / PLOTLY_JS,
-        )
-        evaluation = evaluate_predictions(pred_root, raw, cases=case_ids, progress=_scoring(progress))
-        write_reports(evaluation, pred_root)
+        scored = {}
+        for split, root in (("test", out / "implants" / label), ("val", out / "implants" / "validation" / label)):
+            if case_ids.get(split):
+                scored[split] = _score_split(
+                    s, models, split, root, (raw, prepared, out / PLOTLY_JS), case_ids[split], log, progress, snap
+                )
+        gen, evaluation = scored["test"]
+        val = scored.get("val")
         curve.append(
             {
                 "minutes": snap["minutes"],
                 "steps": {n: snap[n]["step"] for n in ("pcdiff", "voxelizer")},
                 "failed": gen.failed,
                 "evaluation": evaluation,
-                "root": pred_root,
+                "root": out / "implants" / label,
+                "val_dsc_mean": _mean_dsc(val[1], case_ids["val"]) if val else None,
             }
         )
     return curve
+
+
+def _score_split(s: DemoSettings, models, split: str, root: Path, paths: tuple, ids, log, progress, snap):
+    """Implants for one split's cases into ``root``, evaluated against the true implants: (generated, evaluation).
+
+    ``paths``: the raw dataset, the prepared one and the shared plotly.js.
+    """
+    raw, prepared, viewer_js = paths
+    log(f"      {len(ids)} {'validation' if split == 'val' else 'test'} cases → {root}")
+    gen = generate_folder(
+        prepared,
+        root,
+        models,
+        GenerateOptions(ensemble=s.ensemble, sampler=s.sampler, steps=s.steps, seed=s.seed),
+        split=split,
+        log=log,
+        progress=(lambda d, n: progress("generate", d, n, snap["minutes"])) if progress else None,
+        viewer_js=viewer_js,
+    )
+    evaluation = evaluate_predictions(root, raw, cases=ids, progress=_scoring(progress))
+    write_reports(evaluation, root)
+    return gen, evaluation
+
+
+def chosen_phase(curve: list[dict]) -> int:
+    """The phase with the best validation mean DSC (the later one on a tie); the last without validation cases."""
+    scored = [(c["val_dsc_mean"], k) for k, c in enumerate(curve) if c.get("val_dsc_mean") is not None]
+    return max(scored)[1] if scored else len(curve) - 1
 
 
 def _run_oracle(dataset: PreparedDataset, out: Path, snapshot: dict, s: DemoSettings, cases, progress=None) -> None:
@@ -353,7 +396,7 @@ def _summary(
     summary = {
         "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(s).items()},
         "cases": case_ids,
-        "pipeline": curve[-1]["evaluation"].summary,
+        "pipeline": curve[chosen_phase(curve)]["evaluation"].summary,
         "baseline": baseline_eval.summary,
         "curve": [
             {
@@ -361,6 +404,7 @@ def _summary(
                 "steps": c["steps"],
                 "failed": c["failed"],
                 "dsc_mean": _mean_dsc(c["evaluation"], case_ids),
+                "val_dsc_mean": c.get("val_dsc_mean"),
                 "placement": p,
             }
             for c, p in zip(curve, placements)
@@ -372,7 +416,8 @@ def _summary(
         "phases": kept,
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
     }
-    pipe = summary["curve"][-1]["dsc_mean"]
+    summary["chosen"] = chosen_phase(curve)
+    pipe = summary["curve"][summary["chosen"]]["dsc_mean"]
     base = summary["baseline_dsc_mean"]
     summary["beats_baseline"] = bool(pipe is not None and base is not None and pipe > base)
     return summary
@@ -403,21 +448,23 @@ def run_demo(
     dataset = PreparedDataset(prepared)
     test_cases = dataset.split("test")
     case_ids = [c.case_id for c in test_cases]
+    val_ids = [c.case_id for c in dataset.split("val")]
 
     t = time.perf_counter()
     kept = _train_phases(out, s, prepared, log, progress)
     timings["train_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    curve = _generate_and_evaluate(out, s, kept, raw, prepared, case_ids, log, progress)
+    curve = _generate_and_evaluate(out, s, kept, raw, prepared, {"test": case_ids, "val": val_ids}, log, progress)
     placements = [placement_summary(dataset, c["root"], test_cases) for c in curve]
+    chosen = chosen_phase(curve)
     timings["generate_evaluate_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
     log(
         "[4/6] oracle: the true implant points through the same voxelizer and clean-up (what a perfect PCDiff would reach)"
     )
-    _run_oracle(dataset, out / "oracle", kept[-1], s, test_cases, progress)
+    _run_oracle(dataset, out / "oracle", kept[chosen], s, test_cases, progress)
     oracle_eval = evaluate_predictions(out / "oracle", raw, cases=case_ids, progress=_scoring(progress))
     write_reports(oracle_eval, out / "oracle")
     timings["oracle_s"] = time.perf_counter() - t
@@ -507,6 +554,11 @@ def _curve_plot(path: Path, summary: dict) -> Path:
     ys = [c["dsc_mean"] if c["dsc_mean"] is not None else float("nan") for c in summary["curve"]]
     fig, ax = plt.subplots(figsize=(5, 3.4), dpi=100)
     ax.plot(xs, ys, "o-", color="tab:orange", label="PCDiff + voxelizer")
+    val = [c.get("val_dsc_mean") for c in summary["curve"]]
+    if any(v is not None for v in val):
+        ax.plot(xs, [float("nan") if v is None else v for v in val], "s:", color="tab:gray", label="same, validation")
+    k = summary.get("chosen", len(xs) - 1)
+    ax.plot([xs[k]], [ys[k]], "o", ms=12, mfc="none", mec="black", label="chosen (validation)")
     if summary["baseline_dsc_mean"] is not None:
         ax.axhline(summary["baseline_dsc_mean"], color="tab:blue", ls="--", label="mean registered skull")
     ax.set_xlabel("training minutes (both models, side by side)")
@@ -539,8 +591,8 @@ def _tables(summary: dict, curve: list[dict], baseline_eval) -> dict[str, Table]
     return {
         "by_class": _by_class_table(summary),
         "curve": _curve_table(summary, curve),
-        "cases": _cases_table(curve[-1], baseline_eval),
-        "stages": _stages_table(curve[-1]),
+        "cases": _cases_table(curve[summary["chosen"]], baseline_eval),
+        "stages": _stages_table(curve[summary["chosen"]]),
         "demo_times": (
             ["demo stage", "seconds"],
             [[k.removesuffix("_s"), f"{v:.1f}"] for k, v in summary["timings_s"].items()],
@@ -564,13 +616,13 @@ def _by_class_table(summary: dict) -> Table:
 
 def _curve_table(summary: dict, curve: list[dict]) -> Table:
     headers = ["training min", "PCDiff steps", "voxelizer steps", "mean DSC (failed = 0)", "centroid error (mm)"]
-    headers += ["spread ratio", "mean bDSC", "mean HD95 (mm)", "failed cases"]
+    headers += ["spread ratio", "mean bDSC", "mean HD95 (mm)", "failed cases", "validation mean DSC"]
     rows = []
-    for c, p in zip(curve, (k["placement"] for k in summary["curve"])):
+    for k, (c, p) in enumerate(zip(curve, (k["placement"] for k in summary["curve"]))):
         everything = c["evaluation"].summary.get("all", {})
         rows.append(
             [
-                f"{c['minutes']:g}",
+                f"{c['minutes']:g}" + (" (chosen)" if k == summary["chosen"] else ""),
                 str(c["steps"].get("pcdiff")),
                 str(c["steps"].get("voxelizer")),
                 _fmt(_mean_dsc(c["evaluation"], summary["cases"])),
@@ -579,6 +631,7 @@ def _curve_table(summary: dict, curve: list[dict]) -> Table:
                 _fmt(everything.get("bdsc", {}).get("mean")),
                 _fmt(everything.get("hd95", {}).get("mean"), 2),
                 str(len(c["failed"])),
+                _fmt(summary["curve"][k].get("val_dsc_mean")),
             ]
         )
     return headers, rows
@@ -620,7 +673,7 @@ def _stages_table(final: dict) -> Table:
 
 def _limits_table(summary: dict) -> tuple[list[str], list[list[str]]]:
     """PCDiff's points, the true points (oracle) and the baseline through the same scoring: which stage limits."""
-    place = summary["curve"][-1]["placement"]
+    place = summary["curve"][summary["chosen"]]["placement"]
     pipe, base, oracle = summary["pipeline"], summary["baseline"], summary["oracle"]
     return (
         [
@@ -635,8 +688,8 @@ def _limits_table(summary: dict) -> tuple[list[str], list[list[str]]]:
         ],
         [
             [
-                "PCDiff (final models)",
-                _fmt(summary["curve"][-1]["dsc_mean"]),
+                "PCDiff (chosen models)",
+                _fmt(summary["curve"][summary["chosen"]]["dsc_mean"]),
                 _cell(pipe, "bdsc"),
                 _cell(pipe, "hd95", 2),
                 _fmt(place.get("centroid_error"), 1),
@@ -688,18 +741,18 @@ def _md_table(headers: list[str], rows: list[list[str]]) -> str:
 def _write_report(out: Path, summary: dict, curve: list[dict], baseline_eval, base_root: Path) -> tuple[Path, Path]:
     tables = _tables(summary, curve, baseline_eval)
     _curve_plot(out / "curve.png", summary)
-    previews = _previews(curve[-1], out)
+    previews = _previews(curve[summary["chosen"]], out)
     intro, verdict = _intro_and_verdict(summary)
     sections = _sections(verdict)
     commands = _reproduce_commands()
     md_path = _write_markdown(out, intro, sections, tables, previews, commands)
-    cards = _cards(summary, curve[-1], baseline_eval, out)
+    cards = _cards(summary, curve[summary["chosen"]], baseline_eval, out)
     html_path = write_report_html(out / "report.html", intro, sections, tables, cards, commands)
     return md_path, html_path
 
 
 def _cards(summary: dict, final: dict, baseline_eval, out: Path) -> list[CaseCard]:
-    """One gallery card per held-out case: its preview, scores and 3-D view (final models)."""
+    """One gallery card per held-out case: its preview, scores and 3-D view (chosen models)."""
     scores = {r["case_id"]: r.get("dsc") for r in final["evaluation"].rows}
     base = {r["case_id"]: r.get("dsc") for r in baseline_eval.rows}
     cards = []
@@ -730,9 +783,16 @@ def _previews(final: dict, out: Path) -> list[tuple[str, str]]:
 
 def _intro_and_verdict(summary: dict) -> tuple[str, str]:
     s = summary["settings"]
-    pipe, base = summary["curve"][-1]["dsc_mean"], summary["baseline_dsc_mean"]
+    chosen = summary["curve"][summary["chosen"]]
+    pipe, base = chosen["dsc_mean"], summary["baseline_dsc_mean"]
+    how = (
+        f"by their validation mean DSC, {_fmt(chosen['val_dsc_mean'])}"
+        if chosen.get("val_dsc_mean") is not None
+        else "the last (no validation cases to choose by)"
+    )
     verdict = (
-        f"PCDiff + voxelizer reach a mean DSC of {_fmt(pipe)} on {len(summary['cases'])} held-out cases "
+        f"PCDiff + voxelizer (the models after {chosen['minutes']:g} min, chosen {how}) "
+        f"reach a mean DSC of {_fmt(pipe)} on {len(summary['cases'])} held-out test cases "
         "(a case without an implant counts as 0) "
         f"against {_fmt(base)} for the mean-registered-skull baseline: "
         + (
@@ -769,9 +829,14 @@ def _sections(verdict: str) -> list[tuple[str, str | None, str | None]]:
             "Placement: distance between the generated and true implant centroids, and the generated points' spread "
             "(RMS radius) over the true one's.",
         ),
-        ("Per defect class (final models)", "by_class", None),
-        ("Learning curve", "curve", "More training, same held-out cases (baseline: dashed)."),
-        ("Per case (final models)", "cases", None),
+        ("Per defect class (chosen models)", "by_class", None),
+        (
+            "Learning curve",
+            "curve",
+            "More training, same held-out test cases (baseline: dashed). The models the report is about are the "
+            "phase with the best mean DSC on the validation cases (a separate split), so the test cases do not choose.",
+        ),
+        ("Per case (chosen models)", "cases", None),
         ("Where the time goes", "stages", None),
         ("Demo stages", "demo_times", None),
     ]
@@ -787,7 +852,7 @@ def _write_markdown(out: Path, intro: str, sections, tables, previews, commands)
             md += [_md_table(*tables[key]), ""]
         if key == "curve":
             md += ["![learning curve](curve.png)", ""]
-    md += ["## Previews (final models)", ""]
+    md += ["## Previews (chosen models)", ""]
     md += [f"**{caption}**\n\n![{caption}]({rel})\n" for caption, rel in previews]
     md += ["Every case's turnable 3-D view (`view.html` in its folder) is linked from report.html.", ""]
     md += ["## Reproduce at full scale on GPUs", ""]

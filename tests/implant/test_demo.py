@@ -79,6 +79,19 @@ def test_jobs_train_side_by_side_and_resume_in_phases(tmp_path):
         demo._train_side_by_side(bad, {"a": runs["a"]}, 0.01)
 
 
+def test_a_decaying_schedule_is_spread_over_the_whole_budget(tmp_path):
+    """Each phase is one launch of a few minutes; a cosine or linear decay must span all of them."""
+    decaying = tmp_path / "decay.yaml"
+    decaying.write_text("sched:\n  name: cosine\n")
+    constant = tmp_path / "constant.yaml"
+    constant.write_text("sched:\n  name: constant\n")
+    assert demo._decays(decaying) and not demo._decays(constant)
+    cmd = demo._train_command("pcdiff", decaying, tmp_path / "run", tmp_path / "data", 7.5, "cpu", 30.0)
+    assert "train.max_minutes=7.5000" in cmd and "sched.horizon_minutes=30" in cmd
+    cmd = demo._train_command("voxelizer", constant, tmp_path / "run", tmp_path / "data", 7.5, "cpu", None)
+    assert not any(a.startswith("sched.") for a in cmd)
+
+
 def _evaluation(values: dict[str, float | None]) -> Evaluation:
     rows = []
     for case_id, dsc in values.items():
@@ -144,11 +157,13 @@ def report_inputs(tmp_path: Path):
                 "steps": curve[0]["steps"],
                 "failed": curve[0]["failed"],
                 "dsc_mean": demo._mean_dsc(pipeline, cases),
+                "val_dsc_mean": 0.6,
                 "placement": {"centroid_error": 4.25, "spread_ratio": 1.12, "pred_to_true": 3.0, "true_to_pred": 2.5},
             }
         ],
         "baseline_dsc_mean": demo._mean_dsc(baseline, cases),
         "beats_baseline": False,
+        "chosen": 0,
         "oracle": oracle.summary,
         "oracle_dsc_mean": demo._mean_dsc(oracle, cases),
         "timings_s": {"data_s": 10.0, "total_s": 600.0},
@@ -163,10 +178,12 @@ def test_the_report_counts_failures_as_zero_and_says_who_wins(tmp_path):
     md, page = demo._write_report(tmp_path, summary, curve, baseline, tmp_path / "baseline")
     text = md.read_text()
     assert "mean DSC of 0.400" in text and "against 0.500" in text and "does NOT beat the baseline" in text
+    assert "models after 5 min, chosen by their validation mean DSC, 0.600" in text
+    assert "| 5 (chosen) | 100 | 200 | 0.400 |" in text and "| 1 | 0.600 |" in text
     assert "| random_1/001 | failed: no implant |" in text
     assert "| bilateral/001 | 0.800 | 0.500 |" in text and "12.50" in text
     # Which stage limits the result: PCDiff's row with its placement, the oracle's, the baseline's.
-    assert "| PCDiff (final models) | 0.400 |" in text and "| 4.2 | 1.12 | 3.0 | 2.5 |" in text
+    assert "| PCDiff (chosen models) | 0.400 |" in text and "| 4.2 | 1.12 | 3.0 | 2.5 |" in text
     assert "| the true implant (oracle) | 0.800 |" in text and "| baseline (mean registered skull) | 0.500 |" in text
     assert "pointforge train pcdiff --config configs/pcdiff/paper.yaml --nproc 8" in text
     assert (tmp_path / "curve.png").stat().st_size > 5_000
@@ -175,3 +192,10 @@ def test_the_report_counts_failures_as_zero_and_says_who_wins(tmp_path):
     assert "<img src='curve.png'" in html_text
     assert "DSC 0.800 (baseline 0.500)" in html_text and "failed: no implant" in html_text  # one card per case
     assert "no 3-D view" in html_text  # bilateral/001's folder here has a report.json but no view.html
+
+
+def test_the_phase_is_chosen_on_the_validation_cases_never_the_test_cases():
+    curve = [{"val_dsc_mean": 0.7}, {"val_dsc_mean": 0.8}, {"val_dsc_mean": 0.75}]
+    assert demo.chosen_phase(curve) == 1
+    assert demo.chosen_phase([{"val_dsc_mean": 0.8}, {"val_dsc_mean": 0.8}]) == 1  # a tie: the longer training
+    assert demo.chosen_phase([{"val_dsc_mean": None}, {"val_dsc_mean": None}]) == 1  # no validation split: the last
