@@ -93,8 +93,10 @@ def demo(
     with _StageBars() as bars:
         result = run_demo(out, settings, log=typer.echo, progress=bars)
     s = result.summary
+    chosen = s["curve"][s["chosen"]]
     typer.echo(
-        f"mean DSC on {len(s['cases'])} held-out cases: PCDiff pipeline {_fmt(s['curve'][-1]['dsc_mean'])}, "
+        f"mean DSC on {len(s['cases'])} held-out test cases: PCDiff pipeline {_fmt(chosen['dsc_mean'])} "
+        f"(the models after {chosen['minutes']:g} min, chosen on the validation cases), "
         f"baseline {_fmt(s['baseline_dsc_mean'])} ({'beaten' if s['beats_baseline'] else 'NOT beaten'}); "
         f"total {s['timings_s']['total_s'] / 60:.1f} min"
     )
