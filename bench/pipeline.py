@@ -51,9 +51,10 @@ little about that goal.
 
 Inputs, one of:
 
-* ``--demo DIR`` — an existing ``pointforge demo`` output: the final
-  checkpoints (the newest ``DIR/checkpoints/pcdiff-*.pt`` and
-  ``voxelizer-*.pt`` by their minutes) and ``DIR/data/prepared``;
+* ``--demo DIR`` — an existing ``pointforge demo`` output: the checkpoints
+  its report is about (the phase chosen on the validation cases, from
+  ``DIR/demo.json``; without one, the newest ``DIR/checkpoints/pcdiff-*.pt``
+  and ``voxelizer-*.pt`` by their minutes) and ``DIR/data/prepared``;
 * ``--pcdiff CK --voxelizer CK --data PREPARED`` — any trained pair and a
   prepared dataset (its cases record their raw volumes);
 * nothing — the demo is run first with its default settings into a new
@@ -79,6 +80,7 @@ configuration's per-case rows.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import re
@@ -130,6 +132,17 @@ def newest_checkpoint(folder: Path, task: str) -> Path:
     return max(found)[1]
 
 
+def demo_checkpoint(demo: Path, task: str) -> Path:
+    """The checkpoint of the phase the demo's report chose (``demo.json``), else the newest."""
+    try:
+        summary = json.loads((demo / "demo.json").read_text())
+        minutes = float(summary["phases"][summary["chosen"]]["minutes"])
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return newest_checkpoint(demo / "checkpoints", task)
+    path = demo / "checkpoints" / f"{task}-{minutes:.2f}min.pt"
+    return path if path.is_file() else newest_checkpoint(demo / "checkpoints", task)
+
+
 def resolve_inputs(args: argparse.Namespace) -> tuple[Path, Path, Path, str]:
     """(pcdiff checkpoint, voxelizer checkpoint, prepared dataset, where they came from)."""
     explicit = [args.pcdiff, args.voxelizer, args.data]
@@ -157,8 +170,8 @@ def resolve_inputs(args: argparse.Namespace) -> tuple[Path, Path, Path, str]:
     if not (data / "cases.csv").is_file():
         raise SystemExit(f"{demo}: no prepared dataset at data/prepared; is this a `pointforge demo` output folder?")
     return (
-        newest_checkpoint(demo / "checkpoints", "pcdiff"),
-        newest_checkpoint(demo / "checkpoints", "voxelizer"),
+        demo_checkpoint(demo, "pcdiff"),
+        demo_checkpoint(demo, "voxelizer"),
         data,
         f"demo output {demo}",
     )

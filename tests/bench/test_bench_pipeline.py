@@ -10,6 +10,7 @@ which models every number belongs to.
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 
 import pytest
@@ -38,6 +39,16 @@ def test_the_final_checkpoint_is_the_one_with_most_minutes_not_the_last_name(pip
     ):
         (tmp_path / name).write_bytes(b"")
     assert pipeline.newest_checkpoint(tmp_path, "pcdiff").name == "pcdiff-10.00min.pt"
+
+
+def test_a_demo_gives_the_checkpoints_its_report_chose(pipeline, tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    for name in ("pcdiff-7.50min.pt", "pcdiff-15.00min.pt", "pcdiff-30.00min.pt"):
+        (tmp_path / "checkpoints" / name).write_bytes(b"")
+    assert pipeline.demo_checkpoint(tmp_path, "pcdiff").name == "pcdiff-30.00min.pt"  # no demo.json: the newest
+    phases = [{"minutes": 7.5}, {"minutes": 15.0}, {"minutes": 30.0}]
+    (tmp_path / "demo.json").write_text(json.dumps({"chosen": 1, "phases": phases}))
+    assert pipeline.demo_checkpoint(tmp_path, "pcdiff").name == "pcdiff-15.00min.pt"
 
 
 def test_a_folder_without_demo_checkpoints_is_one_clear_line(pipeline, tmp_path):
