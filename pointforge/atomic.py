@@ -13,11 +13,35 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import IO, Any, Iterator
 
 import numpy as np
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # the only portable way to read it is to set it and put it back
+    os.umask(mask)
+    return mask
+
+
+# Read once, at import: os.umask is process-wide and briefly changing it later
+# could race with another thread creating files.
+_UMASK = _umask()
+
+
+def _new_file_mode(target: Path) -> int:
+    """What ``open(target, "w")`` would give: the old file's mode when replacing one, else 0o666 less the umask.
+
+    ``mkstemp`` makes its file private (0o600), so without this every output
+    would be unreadable to anyone but its owner.
+    """
+    try:
+        return stat.S_IMODE(target.stat().st_mode)
+    except OSError:
+        return 0o666 & ~_UMASK
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -50,6 +74,8 @@ def atomic_path(path: str | os.PathLike, *, suffix: str = "", durable: bool = Tr
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=f".tmp{suffix}", dir=target.parent)
     os.close(fd)
     tmp = Path(tmp_name)
+    with contextlib.suppress(OSError):
+        os.chmod(tmp, _new_file_mode(target))
     try:
         yield tmp
         if durable:
