@@ -8,6 +8,8 @@ catch it like any other exception.
 
 from __future__ import annotations
 
+import errno
+
 
 class UserError(Exception):
     """A problem with the user's input, reported as one clear line."""
@@ -40,3 +42,19 @@ class DeviceError(UserError):
 
 class DiskFullError(UserError):
     """The disk (or a quota) filled up while pointforge was writing a file."""
+
+
+def disk_full_cause(err: BaseException) -> OSError | None:
+    """The "no space left" / "quota exceeded" OSError behind ``err``, if that is what it is.
+
+    ``torch.save`` reports a failed write as a RuntimeError ("unexpected pos
+    ...") whose context is the OSError, so the chain is followed.
+    """
+    seen: BaseException | None = err
+    for _ in range(8):
+        if seen is None:
+            return None
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None

@@ -10,6 +10,7 @@ them has to import the root app to share this.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sys
@@ -18,7 +19,7 @@ from typing import Any, NoReturn, Sequence
 
 import typer
 
-from pointforge.errors import UserError
+from pointforge.errors import DiskFullError, UserError, disk_full_cause
 
 
 def run(app: typer.Typer, args: Sequence[str] | None = None) -> int:
@@ -43,8 +44,22 @@ def run(app: typer.Typer, args: Sequence[str] | None = None) -> int:
         if type(ex).__name__ == "Abort":
             typer.echo("Aborted!", err=True)
             return 1
+        full = disk_full_cause(ex)
+        if full is not None:
+            typer.secho(f"error: {_disk_full_line(full)}", err=True, fg=typer.colors.RED)
+            return DiskFullError.exit_code
         traceback.print_exc()
         return 1
+
+
+def _disk_full_line(cause: OSError) -> str:
+    """A full disk met outside the paths that say it themselves (checkpoints do): what, where, what to do."""
+    what = "disk quota exceeded" if cause.errno == errno.EDQUOT else "no space left on the device"
+    where = f" while writing {cause.filename}" if cause.filename else ""
+    return (
+        f"{what}{where}; free some space or write somewhere else (--out). "
+        "Files already written are whole: pointforge writes each one to a temporary name and renames it when complete"
+    )
 
 
 def hard_exit(code: int) -> NoReturn:

@@ -12,7 +12,7 @@ from typing import Callable
 
 from pointforge.atomic import atomic_write_text
 from pointforge.data.skulls import PreparedDataset, list_cases
-from pointforge.errors import ConfigError, DataError, UserError
+from pointforge.errors import ConfigError, DataError, UserError, disk_full_cause
 from pointforge.implant.pipeline import GenerateOptions, Models
 from pointforge.implant.view import PLOTLY_JS
 from pointforge.implant.writer import case_done, generate_case
@@ -120,6 +120,8 @@ def generate_folder(
                 )
                 result.done.append(case.case_id)
             except Exception as err:  # noqa: BLE001 - one case must never stop the others
+                if disk_full_cause(err) is not None:
+                    raise  # ... except a full disk, which would fail every case after it the same way
                 message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
                 if not isinstance(err, UserError):
                     message = f"{type(err).__name__}: {message}"

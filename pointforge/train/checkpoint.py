@@ -42,7 +42,7 @@ from torch import nn
 
 from pointforge import __version__
 from pointforge.atomic import atomic_writer
-from pointforge.errors import CheckpointError, DiskFullError
+from pointforge.errors import CheckpointError, DiskFullError, disk_full_cause
 from pointforge.formats import format_bytes
 
 FORMAT = "pointforge.checkpoint"
@@ -366,22 +366,6 @@ def disk_free_bytes(path: str | os.PathLike) -> int | None:
         return shutil.disk_usage(probe).free
     except OSError:
         return None
-
-
-def disk_full_cause(err: BaseException) -> OSError | None:
-    """The "no space left" / "quota exceeded" OSError behind ``err``, if that is what it is.
-
-    ``torch.save`` reports a failed write as a RuntimeError ("unexpected pos
-    ...") whose context is the OSError, so the chain is followed.
-    """
-    seen: BaseException | None = err
-    for _ in range(8):
-        if seen is None:
-            return None
-        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    return None
 
 
 class CheckpointFiles:

@@ -37,6 +37,28 @@ def test_the_torchrun_worker_entry_ends_like_the_pointforge_command():
         assert proc.returncode == 2 and "No such option: --bogus" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_a_full_disk_anywhere_is_one_line_not_a_traceback(capsys):
+    import errno
+
+    import typer
+
+    from pointforge.cli.entry import run
+
+    app = typer.Typer()
+
+    @app.command()
+    def write() -> None:
+        try:  # as torch.save and the image writers report it: another error whose context is the OSError
+            raise OSError(errno.ENOSPC, "No space left on device", "out/case/implant.nrrd")
+        except OSError:
+            raise RuntimeError("unexpected pos 128 vs 0")  # its context is the OSError
+
+    assert run(app, []) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "no space left on the device while writing out/case/implant.nrrd; free some space" in err
+
+
 def test_prepare_command_and_bad_inputs(tmp_path):
     raw = write_raw_dataset(tmp_path / "raw", "skullfix", n_skulls=2)
     code, out, err = run_cli("data", "prepare", raw, "--out", tmp_path / "prep", "--points", 1500, "--workers", 1)

@@ -228,6 +228,23 @@ def test_a_failure_while_writing_leaves_nothing_that_looks_complete(trained, mod
     assert not out.exists() and not list(tmp_path.glob(".case.partial-*"))
 
 
+def test_a_full_disk_stops_a_folder_run_at_that_case(trained, models, tmp_path, monkeypatch):
+    import errno
+
+    import pointforge.implant.folder as folder
+
+    calls = []
+
+    def full(*_a, **_k):
+        calls.append(1)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(folder, "generate_case", full)
+    with pytest.raises(OSError, match="No space left"):
+        generate_folder(trained[0], tmp_path / "out", models, FAST, split="test")
+    assert len(calls) == 1  # not recorded as one failed case and tried again on every other
+
+
 def run_cli(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
