@@ -1,4 +1,4 @@
-"""Shared bits of the benchmarks: the machine's name, a table, a JSON record."""
+"""Shared bits of the benchmarks: the machine's name, a table, a JSON record, this process's memory."""
 
 from __future__ import annotations
 
@@ -55,3 +55,29 @@ def write_json(name: str, record: dict[str, Any]) -> Path:
         os.unlink(temporary)
         raise
     return target
+
+
+def proc_status_mb(field: str) -> float | None:
+    """``VmRSS`` or ``VmHWM`` of this process from /proc, in MiB (None where there is no /proc)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def reset_peak() -> bool:
+    """Restart this process's resident high-water mark (Linux ``clear_refs`` 5); False where that is not possible.
+
+    ``ru_maxrss`` cannot be reset, and Linux keeps it across fork and exec, so
+    a stage measured after a bigger one (or in a child of a big driver) needs this.
+    """
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False

@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import machine, print_table, write_json
+from _common import machine, print_table, proc_status_mb, reset_peak, write_json
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parent.parent
@@ -39,28 +39,6 @@ REPO = HERE.parent.parent
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
-
-def proc_status_mb(field: str) -> float | None:
-    """``VmRSS`` or ``VmHWM`` of this process from /proc (None where there is no /proc)."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
-
-
-def reset_peak() -> bool:
-    """Restart the RSS high-water mark (Linux ``clear_refs`` 5), so that the next reading is one tile's peak."""
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        return True
-    except OSError:
-        return False
 
 
 class TileMemory:

@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import numpy as np  # noqa: E402
 
-from _common import machine, print_table, write_json  # noqa: E402
+from _common import machine, print_table, proc_status_mb, reset_peak, write_json  # noqa: E402
 
 SIZE = 512
 N_INPUT = 30_720  # upstream's completed cloud: 27,648 skull + 3,072 implant points
@@ -137,27 +137,9 @@ def _rss_now() -> int:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _reset_peak() -> bool:
-    """Restart this process's resident high-water mark (Linux clear_refs 5).
-
-    ru_maxrss cannot serve here: Linux keeps it across fork and exec, so a
-    child starts with its parent's peak (this driver holds a 512^3 mask and a
-    1.7 M-face mesh) and smaller stages would read as using nothing.
-    """
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        return True
-    except OSError:
-        return False
-
-
 def _peak_rss() -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak_mb = proc_status_mb("VmHWM")
+    return int(peak_mb * 2**20) if peak_mb is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def run_stage(stage: str, res: int, work: Path, threads: int, checkpoint: str | None) -> dict:
@@ -193,7 +175,7 @@ def run_stage(stage: str, res: int, work: Path, threads: int, checkpoint: str | 
         cloud = np.load(work / "cloud.npy")
         reference = _reference(work)
     base_rss = _rss_now()
-    if not _reset_peak():
+    if not reset_peak():
         raise SystemExit("cannot reset the peak-memory counter (/proc/self/clear_refs); this benchmark needs Linux")
     usage0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
