@@ -7,8 +7,11 @@
    process with one thread, for ``minutes`` of wall-clock time
    (``train.max_minutes``), in phases: after each phase the checkpoints are kept
    so the report can show what more training buys (the learning curve).
-3. **generate** — implants for every held-out (test split) case with the
-   checkpoints of each phase (:func:`~pointforge.implant.generate.generate_folder`).
+3. **generate** — implants for every held-out case (test and validation
+   splits) with the checkpoints of each phase
+   (:func:`~pointforge.implant.generate.generate_folder`); the phase with the
+   best validation DSC is the one the report is about (:func:`chosen_phase`),
+   so the test cases never choose.
 4. **baseline** — the same cases filled with the mean of the registered training
    skulls (:mod:`pointforge.implant.baseline`).
 5. **evaluate** — DSC, bDSC and HD95 of both against the true implants.
