@@ -19,7 +19,15 @@ import torch
 
 from pointforge.errors import ConfigError, DeviceError
 
-__all__ = ["resolve_device", "visible_devices", "available_memory_bytes", "release_freed_memory", "map_large_blocks"]
+__all__ = [
+    "resolve_device",
+    "visible_devices",
+    "available_memory_bytes",
+    "available_cores",
+    "use_threads",
+    "release_freed_memory",
+    "map_large_blocks",
+]
 
 
 def visible_devices() -> str:
@@ -128,6 +136,52 @@ def available_memory_bytes(device: torch.device | str) -> int:
             available = 1 << 62
     headroom = _cgroup_headroom()
     return available if headroom is None else min(available, headroom)
+
+
+def _cgroup_cpu_quota() -> float | None:
+    """CPUs this process's cgroup may use (cpu.max, or v1's cfs quota/period), if it is limited."""
+    for quota_file, period_file in (
+        ("/sys/fs/cgroup/cpu.max", None),
+        ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.cfs_period_us"),
+    ):
+        try:
+            fields = open(quota_file).read().split()
+            if period_file is not None:
+                fields.append(open(period_file).read().strip())
+            quota, period = fields[0], float(fields[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if quota in ("max", "-1") or period <= 0:
+            return None
+        return float(quota) / period
+    return None
+
+
+def available_cores() -> int:
+    """The cores this process may really run on: its CPU affinity, capped by a container's CPU quota.
+
+    ``os.cpu_count()`` (and torch's default thread count) sees every core of the
+    host, so in a container limited to 2 of 64 cores a 64-thread pool fights
+    itself; this is the count to size thread pools with (at least 1).
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    quota = _cgroup_cpu_quota()
+    if quota is not None:
+        cores = min(cores, max(1, int(quota)))
+    return max(1, cores)
+
+
+def use_threads(threads: int | None = None, setting: str = "--threads") -> int:
+    """Size torch's CPU thread pool: ``threads``, or :func:`available_cores` when None. Returns the count."""
+    if threads is None:
+        threads = available_cores()
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ConfigError(f"{setting} must be a positive integer, got {threads!r}")
+    torch.set_num_threads(threads)
+    return threads
 
 
 # --------------------------------------------------------------------------- the C heap (glibc)

@@ -24,6 +24,9 @@ def generate(
     sampler: str = typer.Option("ddim", "--sampler", help="ddpm (all T steps, as upstream), ddim or dpm++2m."),
     steps: int = typer.Option(None, "--steps", help="Sampler steps (ddim default 50, dpm++2m default 20)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
+    threads: int = typer.Option(
+        None, "--threads", help="CPU threads (default: the cores this process may use, container limits included)."
+    ),
     seed: int = typer.Option(0, "--seed", help="Seeds the conditioning subsample and the starting noise."),
     split: str = typer.Option(
         "test", "--split", help="Dataset mode: the split of a prepared dataset (train/val/test/all)."
@@ -45,10 +48,12 @@ def generate(
     ),
 ) -> None:
     """Design an implant: PCDiff proposals → voxelizer → vote → clean-up → NRRD/NIfTI, STL, uncertainty, preview, 3-D view, report."""
+    from pointforge.devices import use_threads
     from pointforge.implant.generate import GenerateOptions, generate_case, generate_folder, load_models
 
     options = GenerateOptions(ensemble=ensemble, sampler=sampler, steps=steps, seed=seed, components=components)
     options.validate()
+    use_threads(threads)
     if defective.is_dir():
         from pointforge.implant.generate import cases_of
 

@@ -33,14 +33,29 @@ def volume_to_mesh(mask: np.ndarray, *, level: float = 0.5, step_size: int = 1) 
         raise DataError(f"expected a 3-D mask, got shape {tuple(mask.shape)}")
     if not mask.any():
         raise DataError("the mask is empty; there is no surface to extract")
-    padded = np.pad(mask.astype(np.float32, copy=False), 1)
+    # Only the foreground's box (plus the one-voxel pad that closes surfaces on the border) is
+    # marched: the empty rest yields no triangle, so the mesh is the whole volume's, found in the
+    # time the box takes (an implant's box is a small part of a 512³ scan).
+    box = _march_box(mask, step_size)
+    padded = np.pad(mask[box].astype(np.float32), 1)
     # allow_degenerate=False drops zero-area triangles that would never be sampled anyway.
     verts, faces, _, _ = marching_cubes(padded, level=level, step_size=step_size, allow_degenerate=False)
     verts -= 1.0  # undo the padding offset
+    verts += np.asarray([s.start for s in box], dtype=verts.dtype)
     # scikit-image orients faces towards increasing values (into the foreground);
     # reverse them so normals point outwards.
     faces = faces[:, ::-1].copy()
     return verts.astype(np.float64), faces.astype(np.int64)
+
+
+def _march_box(mask: np.ndarray, step_size: int) -> tuple[slice, ...]:
+    """The foreground's box, its start on the ``step_size`` lattice of the whole volume and its end one step on,
+    so a coarser marching samples the same voxels as on the whole volume."""
+    box = bounding_box(mask)
+    if box is None:
+        raise DataError("the mask is empty; there is no surface to extract")
+    step = max(int(step_size), 1)
+    return tuple(slice(b.start // step * step, min(b.stop + step, n)) for b, n in zip(box, mask.shape))
 
 
 def sample_mesh(vertices: np.ndarray, faces: np.ndarray, n_points: int, *, seed: int) -> np.ndarray:
@@ -83,7 +98,8 @@ def farthest_point_sample(points: torch.Tensor | np.ndarray, n_samples: int, *, 
     return idx.numpy()
 
 
-def _bounding_box(mask: np.ndarray, margin: int = 0) -> tuple[slice, slice, slice] | None:
+def bounding_box(mask: np.ndarray, margin: int = 0) -> tuple[slice, slice, slice] | None:
+    """The slices of a 3-D mask's foreground, grown by ``margin`` voxels and clipped to the array (None: empty)."""
     present = [np.flatnonzero(mask.any(axis=tuple(a for a in range(3) if a != axis))) for axis in range(3)]
     if any(p.size == 0 for p in present):
         return None
@@ -100,7 +116,7 @@ def make_well_composed(mask: np.ndarray, max_passes: int = 10) -> np.ndarray:
     them into pinholes or pinches. Filling one voxel per such configuration
     (a handful per skull, at the rim) makes both connectivities agree.
     """
-    crop = _bounding_box(mask, margin=1)
+    crop = bounding_box(mask, margin=1)
     if crop is None:
         return mask
     x = mask[crop]

@@ -79,7 +79,7 @@ from typing import Callable
 import numpy as np
 from scipy import ndimage
 
-from pointforge.data.surface import _bounding_box, make_well_composed as _make_well_composed
+from pointforge.data.surface import bounding_box, make_well_composed as _make_well_composed
 from pointforge.data.volumes import write_volume
 from pointforge.errors import ConfigError, DataError
 
@@ -502,7 +502,7 @@ class _SkullFrame:
 
     @classmethod
     def of(cls, complete: np.ndarray, spacing: np.ndarray) -> "_SkullFrame":
-        box = _bounding_box(complete)
+        box = bounding_box(complete)
         lo_mm = np.array([s.start for s in box]) * spacing
         hi_mm = np.array([s.stop - 1 for s in box]) * spacing
         length = hi_mm[1] - lo_mm[1]
@@ -635,7 +635,7 @@ def make_defect(
     if spacing.shape != (3,) or not np.all(np.isfinite(spacing)) or np.any(spacing <= 0):
         raise ConfigError(f"spacing must be 3 positive numbers (mm), got {spacing.tolist()}")
     # All the work happens inside the skull's bounding box: at 512³ that halves it.
-    crop = _bounding_box(complete, margin=1)
+    crop = bounding_box(complete, margin=1)
     full, complete = complete, complete[crop]
     frame = _SkullFrame.of(complete, spacing)
     regions = _draw_patches(defect_class, rng, frame)

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from pointforge.data.prepare import resample_isotropic
-from pointforge.data.surface import surface_points
+from pointforge.data.surface import bounding_box, surface_points
 from pointforge.data.volumes import Volume
 from pointforge.devices import available_memory_bytes, resolve_device
 from pointforge.errors import CheckpointError, ConfigError, DataError, UserError
@@ -419,6 +419,17 @@ def _voxelize(dense, skull_pts, work: Volume, models: Models, options: GenerateO
     return completed
 
 
+def _agreement(own: list[np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
+    """Per voxel, the fraction of the proposals' own implants that contain it (counted inside their joint box)."""
+    agreement = np.zeros(shape, np.float32)
+    union = np.logical_or.reduce(own) if own else None
+    box = bounding_box(union) if union is not None else None
+    if box is not None:
+        counts = np.sum([m[box] for m in own], axis=0, dtype=np.float32)
+        agreement[box] = counts / np.float32(len(own))
+    return agreement
+
+
 def _postprocess(completed: list, dense: np.ndarray, work: Volume, scale, defective: Volume, components: float):
     """The voted implant, each proposal's own implant and their agreement, on the input's grid."""
     sp = work.spacing
@@ -427,7 +438,7 @@ def _postprocess(completed: list, dense: np.ndarray, work: Volume, scale, defect
         implant_from_proposals([c], work.data, p, dilate=0, spacing=sp, components=components)[0]
         for c, p in zip(completed, dense)
     ]
-    agreement = cast(np.ndarray, np.mean(own, axis=0, dtype=np.float32)) if own else np.zeros(work.shape, np.float32)
+    agreement = _agreement(own, work.shape)
     implant = _to_input_grid(implant, scale, defective.shape, binary=True)
     own = [_to_input_grid(m, scale, defective.shape, binary=True) for m in own]
     agreement = _to_input_grid(agreement, scale, defective.shape, binary=False)

@@ -71,6 +71,15 @@ class Vote:
     mask: np.ndarray  # bool, voxels where at least ⌈n/2⌉ proposals agree
     agreement: np.ndarray  # float32 in [0, 1]: fraction of proposals containing each voxel
     n: int
+    box: tuple[slice, ...] | None = None  # the part of the volume mask/agreement cover; None: all of it
+
+    def full_mask(self, shape: tuple[int, ...]) -> np.ndarray:
+        """``mask`` on the whole volume (False outside ``box``)."""
+        if self.box is None:
+            return self.mask
+        out = np.zeros(shape, dtype=bool)
+        out[self.box] = self.mask
+        return out
 
 
 def majority_vote(proposals: list[np.ndarray] | np.ndarray, *, dilate: int = 1) -> Vote:
@@ -123,21 +132,37 @@ def largest_component(mask: np.ndarray, fraction: float = 1.0) -> np.ndarray:
     return np.isin(labels, np.flatnonzero(sizes >= fraction * sizes.max()))
 
 
-def near_points(shape: tuple[int, ...], points_vox: np.ndarray, radius_factor: float = 1.1) -> np.ndarray:
-    """Voxels within ``radius_factor`` × (max distance of the points from their centre) of that centre."""
+def _ball(points_vox: np.ndarray, radius_factor: float) -> tuple[np.ndarray, float]:
     pts = np.asarray(points_vox, dtype=np.float64)
     if pts.ndim != 2 or pts.shape[1] != 3 or len(pts) == 0:
         raise DataError(f"implant points must be a non-empty [N, 3] array, got shape {pts.shape}")
     centre = pts.mean(axis=0)
-    radius = np.sqrt(((pts - centre) ** 2).sum(axis=1).max()) * radius_factor
+    return centre, float(np.sqrt(((pts - centre) ** 2).sum(axis=1).max()) * radius_factor)
+
+
+def _ball_in(box: tuple[slice, ...], centre: np.ndarray, radius: float) -> np.ndarray:
+    """The voxels of ``box`` within ``radius`` of ``centre``."""
+    grids = np.ogrid[tuple(slice(b.start, b.stop) for b in box)]
+    d2 = sum((g - c) ** 2 for g, c in zip(grids, centre))
+    return np.broadcast_to(d2 <= radius**2, tuple(b.stop - b.start for b in box))
+
+
+def _ball_box(shape: tuple[int, ...], centre: np.ndarray, radius: float, reach: int) -> tuple[slice, ...] | None:
+    """The ball's bounding box grown by ``reach`` voxels, clipped to the volume (None: the ball misses it)."""
     lo = np.clip(np.floor(centre - radius).astype(int), 0, np.asarray(shape))
     hi = np.clip(np.ceil(centre + radius).astype(int) + 1, 0, np.asarray(shape))
-    out = np.zeros(shape, dtype=bool)
     if np.any(hi <= lo):
-        return out
-    grids = np.ogrid[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]]
-    d2 = sum((g - c) ** 2 for g, c in zip(grids, centre))
-    out[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]] = d2 <= radius**2
+        return None
+    return tuple(slice(max(0, int(a) - reach), min(n, int(b) + reach)) for a, b, n in zip(lo, hi, shape))
+
+
+def near_points(shape: tuple[int, ...], points_vox: np.ndarray, radius_factor: float = 1.1) -> np.ndarray:
+    """Voxels within ``radius_factor`` × (max distance of the points from their centre) of that centre."""
+    centre, radius = _ball(points_vox, radius_factor)
+    out = np.zeros(shape, dtype=bool)
+    box = _ball_box(shape, centre, radius, 0)
+    if box is not None:
+        out[box] = _ball_in(box, centre, radius)
     return out
 
 
@@ -165,7 +190,7 @@ def clean_implant(mask: np.ndarray, radius: int = 1, components: float = 1.0) ->
         m = ndimage.binary_fill_holes(m)
         return largest_component(m, components)
 
-    return _crop_apply(mask, steps, margin=max(_MARGIN, 4 * int(radius) + 2))
+    return _crop_apply(mask, steps, margin=_clean_margin(radius))
 
 
 def implant_from_proposals(
@@ -190,9 +215,36 @@ def implant_from_proposals(
     radius = 1 if spacing is None else morphology_radius(spacing)
     dilate = radius if dilate is None else dilate
     defective = np.asarray(defective, dtype=bool)
-    vote = majority_vote(proposals, dilate=dilate)
-    if vote.mask.shape != defective.shape:
-        raise DataError(f"proposals have shape {vote.mask.shape}, the defective skull {defective.shape}")
-    candidate = vote.mask & ~defective
-    candidate &= near_points(defective.shape, implant_points_vox, radius_factor)
-    return clean_implant(candidate, radius, components), vote
+    shape = defective.shape
+    props = [np.asarray(p, dtype=bool) for p in proposals]
+    if props and any(p.shape != shape for p in props):
+        raise DataError(f"proposals have shape {props[0].shape}, the defective skull {shape}")
+    centre, ball_radius = _ball(implant_points_vox, radius_factor)
+    # Everything below happens inside the box the implant can occupy: the points' ball plus the
+    # clean-up's reach (exactly what clean_implant's own crop would take), so the result is the
+    # whole-volume chain's and the cost is the implant's, not the volume's.
+    box = _ball_box(shape, centre, ball_radius, _clean_margin(radius))
+    if box is None:
+        return np.zeros(shape, dtype=bool), Vote(
+            np.zeros((0, 0, 0), bool), np.zeros((0, 0, 0), np.float32), len(props), box=(slice(0, 0),) * 3
+        )
+    vote = _vote_in(props, box, dilate)
+    candidate = vote.mask & ~defective[box] & _ball_in(box, centre, ball_radius)
+    implant = np.zeros(shape, dtype=bool)
+    implant[box] = clean_implant(candidate, radius, components)
+    return implant, vote
+
+
+def _clean_margin(radius: int) -> int:
+    return max(_MARGIN, 4 * int(radius) + 2)
+
+
+def _vote_in(props: list[np.ndarray], box: tuple[slice, ...], dilate: int) -> Vote:
+    """:func:`majority_vote` restricted to ``box``: each proposal cut to the box plus the dilation's reach."""
+    if not props:
+        raise DataError("no proposals to vote on")
+    shape = props[0].shape
+    grown = tuple(slice(max(0, b.start - dilate - 1), min(n, b.stop + dilate + 1)) for b, n in zip(box, shape))
+    inner = tuple(slice(b.start - g.start, b.stop - g.start) for b, g in zip(box, grown))
+    vote = majority_vote([p[grown] for p in props], dilate=dilate)
+    return Vote(mask=vote.mask[inner], agreement=vote.agreement[inner], n=vote.n, box=box)

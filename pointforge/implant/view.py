@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from pointforge.atomic import atomic_write_bytes, atomic_write_text
-from pointforge.data.surface import volume_to_mesh
+from pointforge.data.surface import bounding_box, volume_to_mesh
 from pointforge.data.volumes import Volume, read_binary_volume, read_volume
 from pointforge.errors import DataError
 
@@ -77,9 +77,16 @@ def _agreement_at(verts: np.ndarray, implant: np.ndarray, agreement: np.ndarray)
     """The agreement of the implant voxel each surface vertex bounds (vertices lie between voxels)."""
     from scipy.ndimage import grey_dilation
 
-    inside = np.where(implant, agreement, 0.0).astype(np.float32)
+    # Only the implant's box (two voxels of zeros around it) is dilated: every vertex lies within a
+    # voxel of the implant, and outside the box the agreement inside the implant is 0 anyway.
+    box = bounding_box(implant, margin=2)
+    if box is None:
+        return np.zeros(len(verts), dtype=np.float32)
+    inside = np.where(implant[box], agreement[box], 0.0).astype(np.float32)
     near = grey_dilation(inside, size=(3, 3, 3))
-    idx = np.clip(np.rint(verts).astype(np.int64), 0, np.asarray(implant.shape) - 1)
+    start = np.asarray([b.start for b in box])
+    idx = np.clip(np.rint(verts).astype(np.int64), 0, np.asarray(implant.shape) - 1) - start
+    idx = np.clip(idx, 0, np.asarray(near.shape) - 1)
     return near[idx[:, 0], idx[:, 1], idx[:, 2]]
 
 

@@ -37,6 +37,7 @@ import os
 import platform
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
@@ -48,6 +49,7 @@ from pointforge import __version__
 from pointforge.atomic import atomic_write_text
 from pointforge.data.surface import make_well_composed
 from pointforge.data.volumes import read_binary_volume, volume_format, write_volume
+from pointforge.devices import available_cores
 from pointforge.errors import UserError
 from pointforge.formats import json_safe
 from pointforge.implant.export import Layer, render_preview
@@ -107,14 +109,18 @@ def labelled(mask: np.ndarray, label: float) -> np.ndarray:
     return mask.astype(np.float32) * np.float32(label)
 
 
-def _write_volumes(result: Generated, folder: Path, files: dict, label: float) -> None:
+def _volume_jobs(result: Generated, folder: Path, files: dict, label: float) -> list[Callable[[], Any]]:
+    """One callable per volume file (and the points), the largest first."""
     ref = result.defective
-    write_volume(folder / files["implant"], ref.with_data(labelled(result.implant, label)))
+    jobs: list[Callable[[], Any]] = [
+        lambda: write_volume(folder / files["uncertainty"], ref.with_data(result.agreement.astype(np.float32, copy=False))),
+        lambda: write_volume(folder / files["completed_skull"], ref.with_data(labelled(result.completed, label))),
+        lambda: write_volume(folder / files["implant"], ref.with_data(labelled(result.implant, label))),
+        lambda: np.save(folder / files["points"], result.implant_points),
+    ]
     for rel, mask in zip(files["proposals"], result.proposals):
-        write_volume(folder / rel, ref.with_data(labelled(mask, label)))
-    np.save(folder / files["points"], result.implant_points)
-    write_volume(folder / files["uncertainty"], ref.with_data(result.agreement.astype(np.float32)))
-    write_volume(folder / files["completed_skull"], ref.with_data(labelled(result.completed, label)))
+        jobs.append(lambda rel=rel, mask=mask: write_volume(folder / rel, ref.with_data(labelled(mask, label))))
+    return jobs
 
 
 def _write_pictures(result: Generated, folder: Path, files: dict, title: str, js_src: str) -> None:
@@ -162,18 +168,24 @@ def write_case(
         "proposals": [f"proposals/implant_{k}{suffix}" for k in range(len(result.proposals))],
         "points": "proposals/points.npy",
     }
-    _write_volumes(result, folder, files, label)
-    # A printable mesh must be a closed 2-manifold: implant voxels that touch only
-    # along an edge or at a corner give marching cubes non-manifold edges. The
-    # mesh is made from the implant with one voxel filled per such configuration
-    # (a handful, at the rim; counted in the report); the NRRD keeps the implant
-    # itself, disjoint from the skull.
-    solid = make_well_composed(result.implant.copy())
-    mesh = field_to_mesh(solid, ref)
-    mesh.export(folder / files["mesh"], file_type="stl")
-    if js_src == PLOTLY_JS:
-        write_plotly_js(folder / PLOTLY_JS)
-    _write_pictures(result, folder, files, report.get("title", ""), js_src)
+    (folder / files["points"]).parent.mkdir(parents=True, exist_ok=True)
+    # The files are independent: compressing volumes (zlib and NumPy copies release the GIL)
+    # overlaps with the meshes and pictures, one thread per available core.
+    with ThreadPoolExecutor(max_workers=available_cores()) as pool:
+        jobs = [pool.submit(job) for job in _volume_jobs(result, folder, files, label)]
+        jobs.append(pool.submit(_write_pictures, result, folder, files, report.get("title", ""), js_src))
+        # A printable mesh must be a closed 2-manifold: implant voxels that touch only
+        # along an edge or at a corner give marching cubes non-manifold edges. The
+        # mesh is made from the implant with one voxel filled per such configuration
+        # (a handful, at the rim; counted in the report); the NRRD keeps the implant
+        # itself, disjoint from the skull.
+        solid = make_well_composed(result.implant.copy())
+        mesh = field_to_mesh(solid, ref)
+        mesh.export(folder / files["mesh"], file_type="stl")
+        if js_src == PLOTLY_JS:
+            write_plotly_js(folder / PLOTLY_JS)
+        for job in jobs:
+            job.result()
     result.timings["write_s"] = time.perf_counter() - t
     report.update(_case_summary(result, files, mesh, solid))
     return report

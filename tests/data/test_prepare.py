@@ -46,6 +46,20 @@ def test_surface_touching_the_border_is_closed():
     assert mesh.is_watertight
 
 
+@pytest.mark.parametrize("step", [1, 2, 3])
+def test_mesh_of_the_foregrounds_box_is_the_whole_volumes(step):
+    """volume_to_mesh marches only the foreground's box; the mesh is the whole volume's, vertex for vertex."""
+    from skimage.measure import marching_cubes
+
+    rng = np.random.default_rng(step)
+    mask = np.zeros((31, 27, 36), bool)
+    mask[5:19, 9:22, 3:30] = rng.random((14, 13, 27)) > 0.3
+    mask[0, 20:25, 30:34] = True  # one blob on the border
+    verts, faces = volume_to_mesh(mask, step_size=step)
+    whole, tri, _, _ = marching_cubes(np.pad(mask.astype(np.float32), 1), 0.5, step_size=step, allow_degenerate=False)
+    assert np.array_equal(verts, whole - 1.0) and np.array_equal(faces, tri[:, ::-1])
+
+
 def test_fps_spreads_points():
     pts = np.random.default_rng(0).random((500, 3)).astype(np.float32)
     idx = farthest_point_sample(pts, 20)

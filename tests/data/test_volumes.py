@@ -2,7 +2,7 @@ import nrrd
 import numpy as np
 import pytest
 
-from pointforge.data.volumes import Volume, read_binary_volume, read_volume, to_binary, write_volume
+from pointforge.data.volumes import Volume, read_binary_volume, read_volume, to_binary, transposed_copy, write_volume
 from pointforge.errors import DataError
 
 
@@ -131,3 +131,24 @@ def test_write_is_atomic_on_failure(tmp_path, monkeypatch):
         write_volume(target, np.zeros((3, 3, 3), bool))
     assert target.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["keep.nrrd"]
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32, np.uint16])
+def test_nrrd_files_hold_the_bytes_pynrrd_writes_in_fortran_order(tmp_path, dtype):
+    """The blocked transposed copy handed to pynrrd in C order gives the very file index_order='F' gives."""
+    data = (np.random.default_rng(0).random((37, 20, 45)) * 200).astype(dtype)
+    ours = write_volume(tmp_path / "ours.nrrd", data, spacing=(0.5, 0.6, 0.7), compression_level=1)
+    header = nrrd.read_header(str(ours))
+    header.pop("sizes"), header.pop("type"), header.pop("dimension"), header.pop("endian", None)
+    nrrd.write(str(tmp_path / "plain.nrrd"), data, header, index_order="F", compression_level=1)
+    assert ours.read_bytes() == (tmp_path / "plain.nrrd").read_bytes()
+    back = read_volume(ours).data
+    assert back.flags.c_contiguous and np.array_equal(back, data)
+
+
+def test_transposed_copy_is_the_transpose():
+    data = np.arange(33 * 17 * 40, dtype=np.int32).reshape(33, 17, 40)
+    for block in (1, 4, 16, 64):
+        out = transposed_copy(data, block=block)
+        assert out.flags.c_contiguous and np.array_equal(out, data.T)
+    assert np.array_equal(transposed_copy(data.T), data) and transposed_copy(data.T).flags.c_contiguous

@@ -123,3 +123,32 @@ def test_components_keeps_both_plates_of_a_bilateral_defect():
     assert pp.clean_implant(m, 0).sum() == 900  # upstream's chain keeps the larger plate only
     with pytest.raises(DataError, match="components must be a fraction"):
         pp.clean_implant(m, 0, components=0.0)
+
+
+def _whole_volume_chain(proposals, defective, points, *, dilate, radius, components):
+    """The chain as written before it was confined to the implant's box: every step on the whole volume."""
+    vote = pp.majority_vote(proposals, dilate=dilate)
+    candidate = vote.mask & ~defective & pp.near_points(defective.shape, points)
+    return pp.clean_implant(candidate, radius, components)
+
+
+@pytest.mark.parametrize(
+    "spacing, centre", [((0.45,) * 3, (20, 22, 34)), ((0.2,) * 3, (20, 22, 34)), ((0.45,) * 3, (6, 22, 19))]
+)
+def test_implant_from_proposals_equals_the_whole_volume_chain(spacing, centre):
+    """Confining the vote and the clean-up to the points' box changes no voxel, near the border included."""
+    rng = np.random.default_rng(7)
+    shape = (40, 44, 38)
+    skull = shell_mask(shape, center=(20, 22, 19), radii=(17, 19, 16), thickness=3.0)
+    defect = np.zeros(shape, bool)
+    defect[centre[0] - 6 : centre[0] + 6, centre[1] - 6 : centre[1] + 6, centre[2] - 6 : centre[2] + 6] = True
+    defective = skull & ~defect
+    proposals = [skull ^ (rng.random(shape) < 0.03) for _ in range(3)]
+    points = np.argwhere(skull & defect).astype(float) + rng.normal(0, 0.3, (int((skull & defect).sum()), 3))
+    radius = pp.morphology_radius(spacing)
+    for components in (1.0, 0.2):
+        got, vote = pp.implant_from_proposals(proposals, defective, points, spacing=spacing, components=components)
+        want = _whole_volume_chain(proposals, defective, points, dilate=radius, radius=radius, components=components)
+        assert got.any() and np.array_equal(got, want)
+    assert vote.full_mask(shape).shape == shape
+    assert np.array_equal(vote.full_mask(shape)[vote.box], vote.mask)

@@ -1,0 +1,47 @@
+import os
+
+import pytest
+
+from pointforge import devices
+
+
+def test_available_cores_is_the_affinity_capped_by_a_cpu_quota(monkeypatch, tmp_path):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr(devices, "_cgroup_cpu_quota", lambda: None)
+    assert devices.available_cores() == 8
+    for quota, cores in ((2.5, 2), (0.5, 1), (64.0, 8)):
+        monkeypatch.setattr(devices, "_cgroup_cpu_quota", lambda quota=quota: quota)
+        assert devices.available_cores() == cores
+
+
+@pytest.mark.parametrize(
+    "text, cpus", [("200000 100000\n", 2.0), ("max 100000\n", None), ("50000 100000", 0.5), ("garbage", None)]
+)
+def test_cgroup_v2_quota_is_read_from_cpu_max(monkeypatch, tmp_path, text, cpus):
+    cpu_max = tmp_path / "cpu.max"
+    cpu_max.write_text(text)
+    real_open = open
+
+    def fake_open(path, *args, **kwargs):
+        if path == "/sys/fs/cgroup/cpu.max":
+            return real_open(cpu_max, *args, **kwargs)
+        raise OSError("no such file")
+
+    monkeypatch.setattr("builtins.open", fake_open)
+    assert devices._cgroup_cpu_quota() == cpus
+
+
+def test_use_threads_sizes_torchs_pool_and_refuses_nonsense():
+    import torch
+
+    from pointforge.errors import ConfigError
+
+    before = torch.get_num_threads()
+    try:
+        assert devices.use_threads(1) == 1 and torch.get_num_threads() == 1
+        assert devices.use_threads() == devices.available_cores() == torch.get_num_threads()
+        for bad in (0, -2, 1.5, True):
+            with pytest.raises(ConfigError, match="--threads must be a positive integer"):
+                devices.use_threads(bad)
+    finally:
+        torch.set_num_threads(before)
