@@ -113,7 +113,9 @@ def _volume_jobs(result: Generated, folder: Path, files: dict, label: float) -> 
     """One callable per volume file (and the points), the largest first."""
     ref = result.defective
     jobs: list[Callable[[], Any]] = [
-        lambda: write_volume(folder / files["uncertainty"], ref.with_data(result.agreement.astype(np.float32, copy=False))),
+        lambda: write_volume(
+            folder / files["uncertainty"], ref.with_data(result.agreement.astype(np.float32, copy=False))
+        ),
         lambda: write_volume(folder / files["completed_skull"], ref.with_data(labelled(result.completed, label))),
         lambda: write_volume(folder / files["implant"], ref.with_data(labelled(result.implant, label))),
         lambda: np.save(folder / files["points"], result.implant_points),

@@ -137,6 +137,16 @@ def test_resampling_is_trilinear_and_chunking_changes_nothing():
     assert (whole != expected).mean() < 1e-4  # float32 against float64 at the threshold
 
 
+@pytest.mark.parametrize("shape", [(16, 16, 16), (16, 12, 9)])
+def test_a_field_at_the_volumes_resolution_is_only_thresholded(shape):
+    """The shortcut for a solve at the volume's own resolution gives what interpolating would."""
+    from pointforge.inference.voxelizer import _interpolate_inside
+
+    field = torch.randn(16, 16, 16, generator=torch.Generator().manual_seed(1))
+    fast = resample_inside(field, shape)
+    assert fast.shape == shape and np.array_equal(fast, _interpolate_inside(field, shape, 1 << 22))
+
+
 def test_points_are_scaled_like_the_training_data():
     pts = np.array([[0.0, 0.0, 0.0], [39.0, 43.0, 35.0], [-0.5, 43.4, 10.0]])
     unit = unit_points(pts, SHAPE)
