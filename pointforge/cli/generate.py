@@ -22,7 +22,7 @@ def generate(
     out: Path = typer.Option(..., "--out", help="Output folder (one case), or the root of one folder per case."),
     ensemble: int = typer.Option(5, "--ensemble", "-n", help="Number of implant proposals, sampled in one batch."),
     sampler: str = typer.Option("ddim", "--sampler", help="ddpm (all T steps, as upstream), ddim or dpm++2m."),
-    steps: int = typer.Option(None, "--steps", help="Sampler steps (default: ddim 10, dpm++2m 20; ddpm runs all T)."),
+    steps: int = typer.Option(None, "--steps", help="Sampler steps (default: ddim 7, dpm++2m 20; ddpm runs all T)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
     threads: int = typer.Option(
         None, "--threads", help="CPU threads (default: the cores this process may use, container limits included)."

@@ -168,7 +168,7 @@ def _named_flag(path: str | os.PathLike, task: str) -> Iterator[None]:
 class GenerateOptions:
     ensemble: int = 5
     sampler: str = "ddim"  # ddpm | ddim | dpm++2m
-    steps: int | None = None  # None: GENERATE_STEPS (ddim 10), else the sampler's default; ddpm always all T
+    steps: int | None = None  # None: GENERATE_STEPS (ddim 7), else the sampler's default; ddpm always all T
     seed: int = 0
     surface_points: int = 50_000  # defective-skull surface samples the conditioning is drawn from
     voxel_resolution: int | None = None  # DPSR solve grid; the voxelizer's training resolution when None
@@ -358,9 +358,9 @@ def _inside_volume(implants: np.ndarray, shape: tuple[int, int, int], notes: lis
     return fixed
 
 
-# DDIM with 10 steps: the fewest model calls within 0.01 DSC of DDPM-1000 on a model that has
+# DDIM with 7 steps: the fewest model calls within 0.01 DSC of DDPM-1000 on a model that has
 # learned (20 held-out cases: docs/pcdiff.md, "Choosing a sampler"); 5 steps lose 0.02.
-GENERATE_STEPS = {"ddim": 10}
+GENERATE_STEPS = {"ddim": 7}
 
 
 def _sampler(models: Models, options: GenerateOptions):

@@ -376,11 +376,11 @@ def test_too_many_proposals_for_memory_are_refused_up_front_with_the_largest_tha
     assert not out.exists()
 
 
-def test_generate_defaults_to_ddim_with_ten_steps(models):
+def test_generate_defaults_to_ddim_with_seven_steps(models):
     """The default is the fewest model calls measured within 0.01 DSC of DDPM-1000 (docs/pcdiff.md)."""
     from pointforge.implant.pipeline import _sampler
 
     sampler = _sampler(models, GenerateOptions())
-    assert sampler.name == "ddim" and sampler.num_steps == 10
+    assert sampler.name == "ddim" and sampler.num_steps == 7
     assert _sampler(models, GenerateOptions(steps=5)).num_steps == 5
     assert _sampler(models, GenerateOptions(sampler="dpm++2m")).name == "dpm++2m"  # its own default
