@@ -4,10 +4,10 @@ Every measurement calls :func:`pointforge.implant.generate.generate_implant` (wh
 ``pointforge generate`` runs, minus writing files) on the held-out (test split)
 cases of a prepared dataset, with one seed for every configuration:
 
-* **ensemble size** — DDIM 50 steps (``pointforge generate``'s default) with
+* **ensemble size** — DDIM 7 steps (``pointforge generate``'s default) with
   n = 1, 3 and 5 proposals;
 * **sampler** — with n = 5: DDPM over all T steps of the model's schedule, DDIM
-  at 100/50/25/10 steps, DPM-Solver++(2M) at 20/10 steps (step counts are
+  at 100/50/25/10/7/5 steps, DPM-Solver++(2M) at 20/10 steps (step counts are
   capped at the model's T, and configurations that become the same run once);
 * **baseline** — the defect filled with the mean registered training skull
   (:mod:`pointforge.implant.baseline`, its atlas built from the train split),
@@ -62,11 +62,11 @@ Inputs, one of:
   the next run can pass it as ``--demo``.
 
 Work: ``--cases N`` takes the first N test cases; ``--quick`` runs fewer
-configurations (n = 1 and 5 at DDIM 50, DDIM 10 and DPM++ 10 at n = 5) for a
-smoke run. The full default on the demo's 10 test cases is 9 configurations ×
-10 cases, about 45 minutes on 2 shared cores with a tiny T = 1000 PCDiff
+configurations (n = 1 and 5 at DDIM 7, DDIM 50 and DPM++ 10 at n = 5) for a
+smoke run. The full default on the demo's 10 test cases is 11 configurations ×
+10 cases, about 50 minutes on 2 shared cores with a tiny T = 1000 PCDiff
 (n = 5 costs about 0.2 s per sampler step, so DDPM-1000 alone is about 200 s
-per case); ``--quick`` on the same 10 cases took 4 minutes.
+per case); ``--quick`` on the same 10 cases took 4 minutes (with DDIM 10 then).
 
 Output: the tables below, and ``bench/results/pipeline.json`` with the machine,
 threads, load averages, the models (``Models.describe()``), the cases and every
@@ -104,14 +104,25 @@ from pointforge.errors import DataError, UserError  # noqa: E402
 from pointforge.formats import json_safe  # noqa: E402
 from pointforge.implant.generate import GenerateOptions, Models, generate_implant, load_models  # noqa: E402
 from pointforge.implant.metrics import evaluate_case  # noqa: E402
+from pointforge.implant.pipeline import GENERATE_STEPS  # noqa: E402
 from pointforge.nn.diffusion import make_sampler  # noqa: E402
 
 STAGES = ("read", "surface", "sample", "voxelize", "postprocess")
-DEFAULT = ("ddim", 50)  # pointforge generate's default sampler
+DEFAULT = ("ddim", GENERATE_STEPS["ddim"])  # pointforge generate's default sampler
 ENSEMBLES = (1, 3, 5)
-SAMPLERS = (("ddpm", None), ("ddim", 100), ("ddim", 50), ("ddim", 25), ("ddim", 10), ("dpm++2m", 20), ("dpm++2m", 10))
+SAMPLERS = (
+    ("ddpm", None),
+    ("ddim", 100),
+    ("ddim", 50),
+    ("ddim", 25),
+    ("ddim", 10),
+    ("ddim", 7),
+    ("ddim", 5),
+    ("dpm++2m", 20),
+    ("dpm++2m", 10),
+)
 QUICK_ENSEMBLES = (1, 5)
-QUICK_SAMPLERS = (("ddim", 50), ("ddim", 10), ("dpm++2m", 10))
+QUICK_SAMPLERS = (("ddim", 50), ("ddim", 7), ("dpm++2m", 10))
 SWEEP_N = 5
 PAPER_GOAL_S = 60.0  # n = 5, end to end, paper preset, one H100
 UPSTREAM_A100_S = 1140.0
