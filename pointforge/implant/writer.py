@@ -39,6 +39,7 @@ import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -48,7 +49,7 @@ import torch
 from pointforge import __version__
 from pointforge.atomic import atomic_write_text
 from pointforge.data.surface import make_well_composed
-from pointforge.data.volumes import read_binary_volume, volume_format, write_volume
+from pointforge.data.volumes import Volume, read_binary_volume, volume_format, write_volume
 from pointforge.devices import available_cores
 from pointforge.errors import UserError
 from pointforge.formats import json_safe
@@ -109,19 +110,22 @@ def labelled(mask: np.ndarray, label: float) -> np.ndarray:
     return mask.astype(np.float32) * np.float32(label)
 
 
+def _volume_job(path: Path, ref: Volume, data: Callable[[], np.ndarray]) -> Callable[[], Any]:
+    """Write ``data()`` on ``ref``'s grid to ``path`` when called (the array is made in the worker, not before)."""
+    return lambda: write_volume(path, ref.with_data(data()))
+
+
 def _volume_jobs(result: Generated, folder: Path, files: dict, label: float) -> list[Callable[[], Any]]:
     """One callable per volume file (and the points), the largest first."""
     ref = result.defective
     jobs: list[Callable[[], Any]] = [
-        lambda: write_volume(
-            folder / files["uncertainty"], ref.with_data(result.agreement.astype(np.float32, copy=False))
-        ),
-        lambda: write_volume(folder / files["completed_skull"], ref.with_data(labelled(result.completed, label))),
-        lambda: write_volume(folder / files["implant"], ref.with_data(labelled(result.implant, label))),
+        _volume_job(folder / files["uncertainty"], ref, lambda: result.agreement.astype(np.float32, copy=False)),
+        _volume_job(folder / files["completed_skull"], ref, lambda: labelled(result.completed, label)),
+        _volume_job(folder / files["implant"], ref, lambda: labelled(result.implant, label)),
         lambda: np.save(folder / files["points"], result.implant_points),
     ]
     for rel, mask in zip(files["proposals"], result.proposals):
-        jobs.append(lambda rel=rel, mask=mask: write_volume(folder / rel, ref.with_data(labelled(mask, label))))
+        jobs.append(_volume_job(folder / rel, ref, partial(labelled, mask, label)))
     return jobs
 
 
