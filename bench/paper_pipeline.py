@@ -21,8 +21,10 @@ keeps the random outputs instead.
 
 Stages (the timings :func:`generate_implant` and :func:`write_case` record):
 read, surface, sample (also seconds per sampler step: the first, and the
-median of the rest), voxelize (per proposal), postprocess, write, and the
-end-to-end total. Peak memory per stage is the resident high-water mark
+median of the rest), voxelize (per proposal), postprocess (split into the vote
+with its clean-up, and the proposals' own implants with the agreement map),
+write (with each part's own seconds: the 8 volumes, the STL, the preview, the
+3-D view; they run side by side), and the end-to-end total. Peak memory per stage is the resident high-water mark
 restarted at each stage's start (Linux ``/proc/self/clear_refs``), so each
 stage's figure is its own.
 
@@ -68,6 +70,8 @@ from pointforge.train import checkpoint as ck
 
 REPO = Path(__file__).resolve().parent.parent
 STAGES = ("read", "surface", "sample", "voxelize", "postprocess", "write")
+# Within postprocess and write (the write parts run side by side: their sum exceeds the stage).
+PARTS = ("vote_s", "agreement_s", "write_volumes_s", "write_mesh_s", "write_preview_s", "write_view_s")
 
 
 # --------------------------------------------------------------------------- the case and the networks
@@ -218,6 +222,7 @@ def run_case(models: Models, case: Path, out: Path, options: GenerateOptions) ->
     timings = report["timings_s"]
     return {
         "seconds": {s: timings.get(f"{s}_s") for s in STAGES} | {"total": timings["total_s"]},
+        "parts_s": {k[:-2]: v for k, v in timings.items() if k in PARTS},
         "peak_mb": dict(clock.peaks),
         "step_s": np.diff([clock.at["surface"], *clock.ticks["sample"]]).tolist(),
         "proposal_s": np.diff([clock.at["sample"], *clock.ticks["voxelize"]]).tolist(),
@@ -272,6 +277,7 @@ def report_table(result: dict) -> None:
         rest = statistics.median(steps[1:]) if len(steps) > 1 else float("nan")
         print(f"sampler: {len(steps)} steps, first {steps[0]:.2f} s, median of the rest {rest:.2f} s")
     print(f"voxelize per proposal: {', '.join(f'{s:.2f}' for s in result['proposal_s'])} s")
+    print("parts: " + ", ".join(f"{k} {v:.2f} s" for k, v in result["parts_s"].items()))
 
 
 def main() -> None:

@@ -436,15 +436,23 @@ def _agreement(own: list[np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
     return agreement
 
 
-def _postprocess(completed: list, dense: np.ndarray, work: Volume, scale, defective: Volume, components: float):
-    """The voted implant, each proposal's own implant and their agreement, on the input's grid."""
+def _postprocess(
+    completed: list, dense: np.ndarray, work: Volume, scale, defective: Volume, components: float, timings: dict
+):
+    """The voted implant, each proposal's own implant and their agreement, on the input's grid.
+
+    ``timings`` gets ``vote_s`` (the vote and the clean-up of the implant) and
+    ``agreement_s`` (each proposal's own implant and the agreement map)."""
     sp = work.spacing
+    t = time.perf_counter()
     implant, _ = implant_from_proposals(completed, work.data, dense.reshape(-1, 3), spacing=sp, components=components)
+    timings["vote_s"] = time.perf_counter() - t
     own = [
         implant_from_proposals([c], work.data, p, dilate=0, spacing=sp, components=components)[0]
         for c, p in zip(completed, dense)
     ]
     agreement = _agreement(own, work.shape)
+    timings["agreement_s"] = time.perf_counter() - t - timings["vote_s"]
     implant = _to_input_grid(implant, scale, defective.shape, binary=True)
     own = [_to_input_grid(m, scale, defective.shape, binary=True) for m in own]
     agreement = _to_input_grid(agreement, scale, defective.shape, binary=False)
@@ -512,7 +520,7 @@ def generate_implant(
     say(f"voxelize: {len(completed)} completed skulls ({timings['voxelize_s']:.1f} s)")
 
     t = time.perf_counter()
-    implant, own, agreement = _postprocess(completed, dense, work, scale, defective, options.components)
+    implant, own, agreement = _postprocess(completed, dense, work, scale, defective, options.components, timings)
     timings["postprocess_s"] = time.perf_counter() - t
     if not implant.any():
         raise DataError(

@@ -129,8 +129,8 @@ def _volume_jobs(result: Generated, folder: Path, files: dict, label: float) -> 
     return jobs
 
 
-def _write_pictures(result: Generated, folder: Path, files: dict, title: str, js_src: str) -> None:
-    """preview.png (four fixed views) and view.html (turnable, loading plotly.js from ``js_src``)."""
+def _write_preview(result: Generated, folder: Path, files: dict, title: str) -> None:
+    """preview.png: four fixed views, the implant coloured by agreement."""
     ref = result.defective
     render_preview(
         folder / files["preview"],
@@ -148,8 +148,19 @@ def _write_pictures(result: Generated, folder: Path, files: dict, title: str, js
         spacing=(float(ref.spacing[0]), float(ref.spacing[1]), float(ref.spacing[2])),
         title=title,
     )
+
+
+def _write_view(result: Generated, folder: Path, files: dict, title: str, js_src: str) -> None:
+    """view.html: turnable, loading plotly.js from ``js_src``."""
+    ref = result.defective
     layers = ViewLayers(ref, ref.data, result.implant, result.agreement, list(result.proposals), title)
     atomic_write_text(folder / files["view"], view_html(layers, js_src))
+
+
+def _timed(job: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    job()
+    return time.perf_counter() - start
 
 
 def write_case(
@@ -177,9 +188,14 @@ def write_case(
     (folder / files["points"]).parent.mkdir(parents=True, exist_ok=True)
     # The files are independent: compressing volumes (zlib and NumPy copies release the GIL)
     # overlaps with the meshes and pictures, one thread per available core.
+    title = report.get("title", "")
     with ThreadPoolExecutor(max_workers=available_cores()) as pool:
-        jobs = [pool.submit(job) for job in _volume_jobs(result, folder, files, label)]
-        jobs.append(pool.submit(_write_pictures, result, folder, files, report.get("title", ""), js_src))
+        jobs = {
+            "view": [pool.submit(_timed, partial(_write_view, result, folder, files, title, js_src))],
+            "preview": [pool.submit(_timed, partial(_write_preview, result, folder, files, title))],
+            "volumes": [pool.submit(_timed, job) for job in _volume_jobs(result, folder, files, label)],
+        }
+        mesh_start = time.perf_counter()
         # A printable mesh must be a closed 2-manifold: implant voxels that touch only
         # along an edge or at a corner give marching cubes non-manifold edges. The
         # mesh is made from the implant with one voxel filled per such configuration
@@ -190,9 +206,11 @@ def write_case(
         mesh.export(folder / files["mesh"], file_type="stl")
         if js_src == PLOTLY_JS:
             write_plotly_js(folder / PLOTLY_JS)
-        for job in jobs:
-            job.result()
+        parts = {"mesh": time.perf_counter() - mesh_start}
+        parts.update({name: sum(job.result() for job in group) for name, group in jobs.items()})
     result.timings["write_s"] = time.perf_counter() - t
+    # Each part's own seconds; they ran side by side, so they add up to more than write_s.
+    result.timings.update({f"write_{name}_s": seconds for name, seconds in parts.items()})
     report.update(_case_summary(result, files, mesh, solid))
     return report
 
