@@ -10,7 +10,10 @@ sparse cloud into exactly r·N points and is scored by
 Hausdorff, point-to-surface, uniformity, in metres): the trained model, the
 sparse input repeated r times, k-NN edge midpoints and a local-plane fit
 (:mod:`pointforge.inference.upsampling_baselines`); the dense truth's own
-uniformity is the floor.
+uniformity is the floor. A model whose children start on the local planes
+(``task.model.start: plane``) is also scored at its start (``start``: the
+same network with its output heads zeroed, i.e. the geometric upsampler it
+learns a correction to), so what the training adds shows apart from it.
 
 The model comes from ``--run DIR`` (an existing ``pointforge train upsampler``
 run: ``DIR/checkpoints/best.pt``; training minutes = its run.json's wall time)
@@ -24,6 +27,7 @@ the training's CPU minutes).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import resource
 import subprocess
@@ -37,9 +41,10 @@ import torch
 from _common import machine, print_table, write_json
 from pointforge.data.pairs import read_manifest, spread_sizes, write_synthetic_pairs
 from pointforge.data.pointio import read_points, write_points
-from pointforge.inference.upsampler import load_upsampler, upsample_points
+from pointforge.inference.upsampler import LoadedUpsampler, load_upsampler, upsample_points
 from pointforge.inference.upsampling_baselines import BASELINES, upsample_baseline
 from pointforge.inference.upsampling_eval import COLUMNS, evaluate_upsampling
+from pointforge.nn.upsampler import NodeShuffleUpsampler
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -73,18 +78,30 @@ def run_minutes(run_dir: Path) -> dict:
     return {"wall_minutes": (info["updated_at"] - info["started_at"]) / 60, "cpu_minutes": None}
 
 
+def start_of(upsampler: LoadedUpsampler) -> NodeShuffleUpsampler:
+    """The network with its coarse and fine offset heads zeroed: its output is where its children start."""
+    net = copy.deepcopy(upsampler.model)
+    for head in (net.coarse, net.decode[-1][-1]):
+        torch.nn.init.zeros_(head.weight)
+        torch.nn.init.zeros_(head.bias)
+    return net
+
+
 def predict_all(root: Path, ckpt: Path, threads: int) -> dict[str, Path]:
     """Write every method's r·N points per held-out pair under ``root/pred/<method>/``; the folders."""
     torch.set_num_threads(threads)
     upsampler = load_upsampler(ckpt, "cpu")
-    folders = {m: root / "pred" / m for m in ("model", *BASELINES)}
+    networks = {"model": upsampler}
+    if upsampler.model.config.start != "input":
+        networks["start"] = start_of(upsampler)
+    folders = {m: root / "pred" / m for m in (*networks, *BASELINES)}
     seconds = dict.fromkeys(folders, 0.0)
     for entry in read_manifest(root / "pairs.csv"):
         sparse = read_points(entry.sparse).xyz
         for method, folder in folders.items():
             t = time.perf_counter()
-            if method == "model":
-                dense = upsample_points(upsampler, sparse)
+            if method in networks:
+                dense = upsample_points(networks[method], sparse, normalization=upsampler.normalization)
             else:
                 dense = upsample_baseline(method, sparse, upsampler.ratio)
             seconds[method] += time.perf_counter() - t

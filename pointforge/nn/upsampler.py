@@ -21,7 +21,19 @@ PyG's, all clouds of a batch one disjoint graph (sorted ``batch`` vector):
    the coarse displacement along every such edge as the edge feature of a
    final multi-head TransformerConv.
 6. Decoding: an MLP turns each child's features into a fine offset. Output =
-   repeated input points + coarse offset + fine offset.
+   each child's start + coarse offset + fine offset.
+
+Where the children start (``start``): ``input``, on their parent (the input
+point repeated r times); or ``plane``, a local-surface fit computed from the
+same graph (:func:`plane_start`): the parent projected onto the least-squares
+plane of itself and its neighbours, and its other r − 1 children on that plane
+at half its mean neighbour distance. With ``plane`` the network only learns a
+correction to a geometric upsampler (the ``plane`` baseline of
+:mod:`pointforge.inference.upsampling_baselines`, with deterministic child
+directions instead of seeded random ones); with its output heads near zero,
+as initialised, it starts out as that baseline. The start uses one hop of the
+graph, which the refinement stage's reach already covers, so a tiled run's
+margin is unchanged.
 
 ``heads``, ``concat``, ``beta`` and ``dropout`` configure both attention stages
 as in PyG's TransformerConv. Normalisation is LayerNorm (per point): batch
@@ -33,7 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import NamedTuple, Optional
+from typing import Literal, NamedTuple, Optional
 
 import torch
 from torch import Tensor, nn
@@ -43,7 +55,18 @@ from pointforge.errors import ConfigError, DataError
 from pointforge.nn.knn import check_batch, knn_graph
 from pointforge.nn.presets import preset
 
-__all__ = ["UpsamplerConfig", "PRESETS", "Upsampled", "NodeShuffleUpsampler", "build_upsampler", "child_graph"]
+__all__ = [
+    "UpsamplerConfig",
+    "PRESETS",
+    "STARTS",
+    "Upsampled",
+    "NodeShuffleUpsampler",
+    "build_upsampler",
+    "child_graph",
+    "plane_start",
+]
+
+STARTS = ("input", "plane")
 
 
 @dataclass(frozen=True)
@@ -58,6 +81,7 @@ class UpsamplerConfig:
     concat: bool = True  # heads concatenated (each C·r/heads or C/heads wide) or averaged (each full width)
     beta: bool = True  # TransformerConv's gated skip connection
     dropout: float = 0.0  # attention dropout of the shuffle and refine stages
+    start: Literal["input", "plane"] = "input"  # where the children start (module docs)
 
     def __post_init__(self):
         for name in ("ratio", "k", "hidden", "feature_layers", "heads"):
@@ -66,6 +90,8 @@ class UpsamplerConfig:
                 raise ConfigError(f"upsampler {name} must be a positive integer, got {value!r}")
         if not 0.0 <= float(self.dropout) < 1.0:
             raise ConfigError(f"upsampler dropout must be in [0, 1), got {self.dropout!r}")
+        if self.start not in STARTS:
+            raise ConfigError(f"upsampler start must be one of {', '.join(STARTS)}, got {self.start!r}")
         if self.concat and (self.hidden % self.heads):
             raise ConfigError(
                 f"upsampler hidden={self.hidden} is not divisible by heads={self.heads}; "
@@ -121,6 +147,51 @@ def child_graph(edge_index: Tensor, num_points: int, ratio: int) -> Tensor:
     return torch.stack([torch.cat([inherited_src, sibling_src]), torch.cat([inherited_dst, sibling_dst])])
 
 
+@torch.no_grad()
+def plane_start(pos: Tensor, edge_index: Tensor, mean_dist: Tensor, ratio: int) -> Tensor:
+    """Children on each point's local plane (module docs): ``[N·ratio, 3]``, child ``p·r + i`` of point ``p``.
+
+    The plane is the least-squares plane of the point and its graph neighbours
+    (the sources of the edges into it); child 0 is the point projected onto it,
+    children 1 .. r−1 lie around that at ``mean_dist / 2``, evenly spread in
+    angle starting from the direction away from the point's nearest neighbour
+    (in the plane): a direction of the point's own, so neighbours' children do
+    not all shift the same way, and one that points into the gap beside it.
+    """
+    n = pos.shape[0]
+    src, dst = edge_index
+    count = torch.ones(n, dtype=pos.dtype, device=pos.device).index_add_(0, dst, torch.ones_like(pos[src, 0]))
+    centroid = pos.clone().index_add_(0, dst, pos[src]) / count.unsqueeze(1)
+    own, rel = pos - centroid, pos[src] - centroid[dst]
+    cov = torch.einsum("ni,nj->nij", own, own).index_add_(0, dst, torch.einsum("ei,ej->eij", rel, rel))
+    _, vectors = torch.linalg.eigh(cov)  # eigenvalues ascending: the normal first, the principal direction last
+    normal = vectors[:, :, 0]
+    projected = pos - (own * normal).sum(dim=1, keepdim=True) * normal
+    if ratio == 1:
+        return projected
+    away = _away_from_nearest(pos, edge_index)
+    away = away - (away * normal).sum(dim=1, keepdim=True) * normal
+    length = away.norm(dim=1, keepdim=True)
+    # A point on top of its nearest neighbour (or without any) takes the plane's principal direction.
+    u = torch.where(length > 1e-6, away / length.clamp(min=1e-12), vectors[:, :, 2])
+    v = torch.linalg.cross(normal, u)
+    angles = 2 * torch.pi * torch.arange(ratio - 1, dtype=pos.dtype, device=pos.device) / (ratio - 1)
+    ring = torch.cos(angles)[None, :, None] * u[:, None, :] + torch.sin(angles)[None, :, None] * v[:, None, :]
+    children = projected[:, None, :] + 0.5 * mean_dist[:, None, None] * ring
+    return torch.cat([projected[:, None, :], children], dim=1).reshape(n * ratio, 3)
+
+
+def _away_from_nearest(pos: Tensor, edge_index: Tensor) -> Tensor:
+    """``pos − pos[nearest graph neighbour]`` per point (zero for a point without edges)."""
+    src, dst = edge_index
+    dist = (pos[src] - pos[dst]).norm(dim=1)
+    closest = torch.full_like(pos[:, 0], float("inf")).scatter_reduce(0, dst, dist, "amin")
+    nearest = torch.arange(pos.shape[0], device=pos.device)
+    hit = dist == closest[dst]
+    nearest[dst[hit]] = src[hit]  # a tie keeps either: both are equally near
+    return pos - pos[nearest]
+
+
 class _PointTransformerBlock(nn.Module):
     def __init__(self, channels: int):
         super().__init__()
@@ -157,7 +228,7 @@ class NodeShuffleUpsampler(nn.Module):
         self.refine_norm = nn.LayerNorm(c)
         self.refine = TransformerConv(c, c // h if cfg.concat else c, edge_dim=c, **attention)
         self.decode = nn.Sequential(nn.LayerNorm(c), _mlp([c, c, 3]))
-        # Start from "every child sits on its parent" so early training only has to learn offsets.
+        # Near-zero heads: the output starts at the children's start, so early training only learns offsets.
         for head in (self.coarse, self.decode[-1][-1]):  # type: ignore[index]  # decode[-1] is an _mlp Sequential
             nn.init.normal_(head.weight, std=1e-3)
             nn.init.zeros_(head.bias)
@@ -189,15 +260,18 @@ class NodeShuffleUpsampler(nn.Module):
 
         children = self.shuffle(self.shuffle_norm(x), edge_index).reshape(n * r, self.config.hidden)
         children = self.child_norm(children)
-        parent_pos = pos.repeat_interleave(r, dim=0)
+        if self.config.start == "plane":
+            base = plane_start(pos, edge_index, mean_dist, r)
+        else:
+            base = pos.repeat_interleave(r, dim=0)
         coarse = self.coarse(children)
         child_edges = child_graph(edge_index, n, r)
         c_src, c_dst = child_edges
-        delta = (parent_pos + coarse)[c_src] - (parent_pos + coarse)[c_dst]
+        delta = (base + coarse)[c_src] - (base + coarse)[c_dst]
         edge_attr = self.relpos(torch.cat([delta, delta.norm(dim=1, keepdim=True)], dim=1))
         children = children + self.refine(self.refine_norm(children), child_edges, edge_attr=edge_attr)
         fine = self.decode(children)
-        return Upsampled(points=parent_pos + coarse + fine, batch=batch.repeat_interleave(r))
+        return Upsampled(points=base + coarse + fine, batch=batch.repeat_interleave(r))
 
 
 def build_upsampler(config: UpsamplerConfig | str | None = None, **overrides) -> NodeShuffleUpsampler:

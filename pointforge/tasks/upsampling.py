@@ -90,6 +90,8 @@ class ModelOverrides:
     concat: Optional[bool] = None
     beta: Optional[bool] = None
     dropout: Optional[float] = None
+    # Where the children start: on their parent (input) or on its local plane (plane; pointforge.nn.upsampler).
+    start: Optional[Literal["input", "plane"]] = None
 
 
 @dataclass

@@ -26,12 +26,11 @@ TILE = 1500
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
-def scene(tmp_path_factory):
+def _scene(tmp_path_factory, start):
     """A 5,000-point lidar-like tile, a tiny network whose offsets are large (so its output depends on the
     neighbourhood: a seam would show), and its untiled output."""
     torch.manual_seed(0)
-    net = build_upsampler("tiny").eval()
+    net = build_upsampler("tiny", start=start).eval()
     for head in (net.coarse, net.decode[-1][-1]):
         torch.nn.init.normal_(head.weight, std=0.5)
     cfg = load_train_config("upsampler", REPO / "configs" / "upsampler" / "tiny.yaml")
@@ -42,9 +41,21 @@ def scene(tmp_path_factory):
     return path, sparse, model, upsample_points(model, sparse)
 
 
+@pytest.fixture(scope="module")
+def scene(tmp_path_factory):
+    return _scene(tmp_path_factory, "input")
+
+
+@pytest.fixture(scope="module")
+def plane_scene(tmp_path_factory):
+    """The same with the children starting on the local planes (one more use of the graph)."""
+    return _scene(tmp_path_factory, "plane")
+
+
 def _tiled(model, path, folder, margin=None):
     net = model.model
-    tiled = tile_cloud(open_cloud(path), folder, tile_points=TILE, k=net.config.k, hops=3, margin=margin, chunk=700)
+    hops = net.config.feature_layers + 2  # as upsample_file has it
+    tiled = tile_cloud(open_cloud(path), folder, tile_points=TILE, k=net.config.k, hops=hops, margin=margin, chunk=700)
     out = np.full((open_cloud(path).count, 2, 3), np.nan)
     seen = np.zeros(len(out), int)
     for index, children in iter_tiles(tiled, lambda xyz, norm: upsample_cloud(net, xyz, norm=norm), 2):
@@ -73,8 +84,9 @@ def _border_distance(tiled, xy):
     return distance
 
 
-def test_tiled_equals_untiled_with_no_duplicates_and_no_seams(scene, tmp_path):
-    path, sparse, model, whole = scene
+@pytest.mark.parametrize("which", ["scene", "plane_scene"])
+def test_tiled_equals_untiled_with_no_duplicates_and_no_seams(which, request, tmp_path):
+    path, sparse, model, whole = request.getfixturevalue(which)
     (tmp_path / "a").mkdir()
     tiled, out, seen = _tiled(model, path, tmp_path / "a")
     assert len(tiled.plan.tiles) >= 4 and all(t.halo_points <= TILE for t in tiled.plan.tiles)

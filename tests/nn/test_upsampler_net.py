@@ -1,17 +1,27 @@
-"""The node-shuffle upsampler: shapes on disjoint batches, no leaks between clouds, it learns."""
+"""The node-shuffle upsampler: shapes on disjoint batches, no leaks between clouds, it learns; the plane start."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+from scipy.spatial import cKDTree
 
 from pointforge.data.pairs import SyntheticScene, pair_normalization, synthetic_pair
 from pointforge.errors import ConfigError, DataError
 from pointforge.inference.upsampler import upsample_cloud
+from pointforge.inference.upsampling_baselines import plane_fit
+from pointforge.inference.upsampling_metrics import cloud_metrics
 from pointforge.nn.knn import knn_graph
 from pointforge.nn.losses import chamfer_distance
-from pointforge.nn.upsampler import PRESETS, NodeShuffleUpsampler, UpsamplerConfig, build_upsampler, child_graph
+from pointforge.nn.upsampler import (
+    PRESETS,
+    NodeShuffleUpsampler,
+    UpsamplerConfig,
+    build_upsampler,
+    child_graph,
+    plane_start,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -49,9 +59,10 @@ def test_output_is_ratio_times_input_per_cloud(ratio):
     assert offsets.abs().max() < 20 and offsets.abs().max() > 0
 
 
-def test_no_information_leaks_between_clouds():
+@pytest.mark.parametrize("start", ["input", "plane"])
+def test_no_information_leaks_between_clouds(start):
     clouds, pos, batch = _clouds()
-    model = _model()
+    model = _model(start=start)
     with torch.no_grad():
         base = model(pos, batch).points
         perturbed = pos.clone()
@@ -72,9 +83,10 @@ def test_no_information_leaks_between_clouds():
         assert torch.allclose(got, want, atol=1e-5, rtol=0)
 
 
-def test_precomputed_graph_equals_internal_one_and_translation_is_equivariant():
+@pytest.mark.parametrize("start", ["input", "plane"])
+def test_precomputed_graph_equals_internal_one_and_translation_is_equivariant(start):
     _, pos, batch = _clouds(1)
-    model = _model()
+    model = _model(start=start)
     edges = knn_graph(pos, model.config.k, batch)
     with torch.no_grad():
         a = model(pos, batch).points
@@ -126,6 +138,8 @@ def test_config_validation_and_presets():
         UpsamplerConfig.preset("tiny", hiden=8)
     with pytest.raises(ConfigError, match="ratio"):
         UpsamplerConfig(ratio=0)
+    with pytest.raises(ConfigError, match="start must be one of input, plane"):
+        UpsamplerConfig(start="mesh")
     assert {"tiny", "small", "paper"} <= set(PRESETS)
     sizes = [sum(p.numel() for p in NodeShuffleUpsampler(PRESETS[n]).parameters()) for n in ("tiny", "small", "paper")]
     assert sizes[0] < sizes[1] < sizes[2]
@@ -166,3 +180,56 @@ def test_upsample_cloud_returns_source_coordinates():
     # An untrained model keeps children within a fraction of a point spacing of their parents.
     assert np.abs(out - np.repeat(sparse, 2, axis=0)).max() < 0.1
     assert model.training
+
+
+def _noisy_plane(n=400, seed=0):
+    """Points on the tilted plane z = 0.3x − 0.2y, with noise across it; the plane's unit normal."""
+    rng = np.random.default_rng(seed)
+    xy = rng.uniform(0, 20, (n, 2))
+    normal = np.array([-0.3, 0.2, 1.0]) / np.linalg.norm([-0.3, 0.2, 1.0])
+    pos = np.c_[xy, 0.3 * xy[:, 0] - 0.2 * xy[:, 1]] + rng.normal(scale=0.1, size=(n, 1)) * normal
+    return torch.from_numpy(pos), normal
+
+
+@pytest.mark.parametrize("ratio", [2, 3])
+def test_plane_start_puts_children_on_the_local_plane_around_their_parent(ratio):
+    pos, normal = _noisy_plane()
+    edges = knn_graph(pos, 10)
+    src, dst = edges
+    mean_dist = torch.zeros(len(pos), dtype=pos.dtype).index_add_(0, dst, (pos[src] - pos[dst]).norm(dim=1))
+    mean_dist = mean_dist / torch.bincount(dst, minlength=len(pos))
+    children = plane_start(pos, edges, mean_dist, ratio).numpy().reshape(-1, ratio, 3)
+    height = lambda p: p @ normal  # noqa: E731  (signed distance to the true plane through the origin)
+    # Projection removes most of the noise across the surface (0.1 before), for every child.
+    assert np.abs(height(pos.numpy())).mean() > 0.07
+    assert np.abs(height(children)).mean() < 0.04
+    # Child 0 is the parent moved across the plane only; the others lie mean_dist / 2 from it, in the plane.
+    moved = children[:, 0] - pos.numpy()
+    assert np.linalg.norm(moved - np.outer(moved @ normal, normal), axis=1).max() < 0.05
+    spokes = children[:, 1:] - children[:, :1]
+    assert np.allclose(np.linalg.norm(spokes, axis=2), mean_dist.numpy()[:, None] / 2, rtol=1e-6)
+    if ratio == 3:  # two children: opposite sides of their parent
+        assert np.allclose((spokes[:, 0] * spokes[:, 1]).sum(axis=1), -((mean_dist.numpy() / 2) ** 2), rtol=1e-5)
+    else:  # the one child points away from the parent's nearest neighbour
+        nearest = cKDTree(pos.numpy()).query(pos.numpy(), k=2)[1][:, 1]
+        assert ((spokes[:, 0] * (pos.numpy() - pos.numpy()[nearest])).sum(axis=1) > 0).all()
+
+
+def test_plane_start_model_starts_as_a_plane_fit_and_scores_like_the_baseline():
+    # Output heads at zero: the network's output is its start exactly.
+    sparse, dense = synthetic_pair(2000, seed=11)
+    model = build_upsampler("tiny", start="plane").eval()
+    for head in (model.coarse, model.decode[-1][-1]):
+        torch.nn.init.zeros_(head.weight)
+    out = upsample_cloud(model, sparse)
+    edges = knn_graph(torch.from_numpy(sparse - sparse.min(axis=0)), 10)
+    norm = pair_normalization(sparse, "spacing", edges.numpy())
+    pos = torch.from_numpy(norm.apply(sparse))
+    src, dst = edges
+    mean_dist = torch.zeros(len(pos), dtype=pos.dtype).index_add_(0, dst, (pos[src] - pos[dst]).norm(dim=1))
+    want = norm.inverse(plane_start(pos, edges, mean_dist / torch.bincount(dst, minlength=len(pos)), 2))
+    assert np.abs(out - want).max() < 1e-6
+    # As close to the surface as the plane-fit baseline, and far closer than the noisy input.
+    ours, baseline = cloud_metrics(out, dense), cloud_metrics(plane_fit(sparse, 2), dense)
+    assert ours.p2s < 1.1 * baseline.p2s and ours.chamfer < 1.1 * baseline.chamfer
+    assert ours.p2s < 0.7 * cloud_metrics(sparse, dense).p2s

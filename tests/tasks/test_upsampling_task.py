@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from pathlib import Path
@@ -26,7 +27,7 @@ from pointforge.data.pairs import (
 )
 from pointforge.data.pointio import read_points, write_points
 from pointforge.errors import CheckpointError, ConfigError, DataError
-from pointforge.inference.upsampler import load_upsampler, upsample_points
+from pointforge.inference.upsampler import load_upsampler, upsample_file, upsample_points
 from pointforge.nn.losses import chamfer_distance
 from pointforge.tasks import get_task
 from pointforge.tasks.base import EvalContext
@@ -366,3 +367,27 @@ def test_upsample_bad_inputs_fail_with_one_clear_line(tmp_path, tiny_run):
         assert isinstance(result.exception, kind), (text, result.output, result.exception)
         assert text in str(result.exception) and "\n" not in str(result.exception)
     assert not (tmp_path / "o.npy").exists()
+
+
+def test_plane_start_is_kept_in_the_checkpoint_and_used_by_every_way_of_upsampling(tmp_path, small_set):
+    common = ["task.synthetic.pairs=0", f"task.data_root={small_set.parent}", "task.val_fraction=0", "train.max_steps=1",
+              "ckpt.every_epochs=0", "data.global_batch=2", "task.model.start=plane"]  # fmt: skip
+    assert train("upsampler", make_cfg(tmp_path / "run", *common), console=False).status == "finished"
+    latest = tmp_path / "run" / "checkpoints" / "latest.pt"
+    state = ck.load_checkpoint(latest)
+    assert state["config"]["task"]["model"]["start"] == "plane"
+    upsampler = load_upsampler(latest, "cpu")
+    assert upsampler.model.config.start == "plane"
+    sparse, _ = synthetic_pair(400, seed=3)
+    dense = upsample_points(upsampler, sparse)
+    # The same weights starting from the parents give other points: the start is honoured, not just stored.
+    as_input = type(upsampler.model)(dataclasses.replace(upsampler.model.config, start="input"))
+    as_input.load_state_dict(upsampler.model.state_dict())
+    assert np.abs(upsample_points(as_input.eval(), sparse) - dense).max() > 0.01
+    write_points(tmp_path / "in.npy", sparse)
+    upsample_file(tmp_path / "in.npy", tmp_path / "out.npy", upsampler)
+    assert np.array_equal(read_points(tmp_path / "out.npy").xyz, dense)
+    # A checkpoint from before the option existed has no task.model.start: it loads as "input", as it was trained.
+    del state["config"]["task"]["model"]["start"]
+    ck.save_checkpoint(tmp_path / "old.pt", state)
+    assert load_upsampler(tmp_path / "old.pt", "cpu").model.config.start == "input"
