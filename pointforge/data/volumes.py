@@ -193,8 +193,11 @@ def _read_nifti(path: Path) -> Volume:
     if np.any(spacing == 0):
         raise DataError(f"{path}: the NIfTI affine has a zero axis; the header is broken")
     direction = lin / spacing[None, :]
+    data = np.asarray(data)
+    if data.ndim == 3 and not data.flags.c_contiguous and data.flags.f_contiguous:
+        data = transposed_copy(data.T)  # nibabel's arrays are Fortran-ordered; the pipeline's are C-ordered
     return Volume(
-        data=np.asarray(data),
+        data=data,
         spacing=tuple(float(s) for s in spacing),
         origin=tuple(float(o) for o in affine[:3, 3]),
         direction=direction,

@@ -21,6 +21,7 @@ def test_round_trip_keeps_voxels_and_geometry(tmp_path, suffix):
         )
     )
     assert first.data.dtype == bool and (first.data == data).all()
+    assert read_volume(tmp_path / f"a{suffix}").data.flags.c_contiguous  # C-ordered, whatever the reader gives
     # NIfTI stores its affine in float32; NRRD in decimal text of full precision.
     tol = 1e-6 if suffix != ".nrrd" else 1e-12
     np.testing.assert_allclose(first.spacing, (0.3, 0.5, 0.8), atol=tol)
