@@ -120,7 +120,9 @@ for ci, case in enumerate(cases):
         res["pp_dil0_noclean"].append(evaluate_case(raw_near, truth, defective, spacing)["dsc"])
         res["pp_dil1_noclean"].append(
             evaluate_case(
-                implant_from_proposals([m], defective, i)[1].mask & ~defective & near_points(defective.shape, i),
+                implant_from_proposals([m], defective, i)[1].full_mask(defective.shape)
+                & ~defective
+                & near_points(defective.shape, i),
                 truth,
                 defective,
                 spacing,
