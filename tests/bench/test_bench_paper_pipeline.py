@@ -6,27 +6,18 @@ decides whether its later stages see a realistic implant is tested here.
 
 from __future__ import annotations
 
-import importlib
-import sys
-
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
 from pointforge.nn.diffusion import NoiseSchedule
-from tests.helpers import REPO, shell_mask
-
-BENCH = REPO / "bench"
+from tests.helpers import shell_mask
 
 
 @pytest.fixture(scope="module")
-def paper():
-    sys.path.insert(0, str(BENCH))
-    try:
-        yield importlib.import_module("paper_pipeline")
-    finally:
-        sys.path.remove(str(BENCH))
+def paper(bench_module):
+    return bench_module("paper_pipeline")
 
 
 class Counting(nn.Module):

@@ -9,24 +9,14 @@ which models every number belongs to.
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 
 import pytest
 
-from tests.helpers import REPO
-
-BENCH = REPO / "bench"
-
 
 @pytest.fixture(scope="module")
-def pipeline():
-    sys.path.insert(0, str(BENCH))
-    try:
-        yield importlib.import_module("pipeline")
-    finally:
-        sys.path.remove(str(BENCH))
+def pipeline(bench_module):
+    return bench_module("pipeline")
 
 
 def test_the_final_checkpoint_is_the_one_with_most_minutes_not_the_last_name(pipeline, tmp_path):
