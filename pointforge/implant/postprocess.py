@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import ndimage
 
+from pointforge.data.surface import bounding_box
 from pointforge.errors import DataError
 
 _CUBE = np.ones((3, 3, 3), dtype=bool)
@@ -100,15 +101,8 @@ def majority_vote(proposals: list[np.ndarray] | np.ndarray, *, dilate: int = 1) 
     return Vote(mask=counts >= need, agreement=(counts / n).astype(np.float32), n=n)
 
 
-def _bbox(mask: np.ndarray, margin: int) -> tuple[slice, ...] | None:
-    if not mask.any():
-        return None
-    idx = [np.flatnonzero(mask.any(axis=tuple(a for a in range(mask.ndim) if a != ax))) for ax in range(mask.ndim)]
-    return tuple(slice(max(0, int(i[0]) - margin), min(s, int(i[-1]) + margin + 1)) for i, s in zip(idx, mask.shape))
-
-
 def _crop_apply(mask: np.ndarray, fn, *, margin: int = _MARGIN) -> np.ndarray:
-    box = _bbox(mask, margin)
+    box = bounding_box(mask, margin)
     out = np.zeros_like(mask, dtype=bool)
     if box is None:
         return out
