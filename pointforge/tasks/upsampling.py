@@ -51,7 +51,7 @@ from typing import Any, Iterator, Literal, Optional
 
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from pointforge.data.batching import PairBatch, PointBudgetBatchSampler, collate_pairs
@@ -352,7 +352,8 @@ class UpsamplingTask(Task):
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, loader, ctx: EvalContext) -> dict[str, float]:
-        totals = torch.zeros(3, dtype=torch.float64)  # normalised, source units, input's own
+        # Per cloud, summed: Chamfer normalised, in source units, the input's own; point-to-plane, the input's own.
+        totals = torch.zeros(5, dtype=torch.float64)
         clouds = 0
         for batch in loader:
             sizes = batch.sparse_ptr.diff().tolist()
@@ -360,20 +361,33 @@ class UpsamplingTask(Task):
                 part = select_clouds(batch, start, stop).to(ctx.device)
                 out = model(part.sparse, part.sparse_batch, part.edge_index)
                 with torch.autocast(ctx.device.type, enabled=False):
-                    n = part.num_clouds
-                    pred = chamfer_distance(
-                        out.points.float(), part.dense, out.batch, part.dense_batch, num_clouds=n, reduction="none"
-                    )
-                    base = chamfer_distance(
-                        part.sparse, part.dense, part.sparse_batch, part.dense_batch, num_clouds=n, reduction="none"
-                    )
-                pred, base = pred.double().cpu(), base.double().cpu()
-                totals += torch.stack([pred.sum(), (pred * part.scale**2).sum(), base.sum()])
-                clouds += n
+                    pred, pred_surface = _scores(out.points.float(), out.batch, part)
+                    base, base_surface = _scores(part.sparse, part.sparse_batch, part)
+                scale2 = part.scale.double().cpu() ** 2
+                totals += torch.stack(
+                    [pred.sum(), (pred * scale2).sum(), base.sum(), pred_surface.sum(), base_surface.sum()]
+                )
+                clouds += part.num_clouds
         if not clouds:
             return {}
-        cd, cd_src, cd_input = (totals / clouds).tolist()
-        return {"val_chamfer": cd, "val_chamfer_src": cd_src, "val_chamfer_input": cd_input}
+        cd, cd_src, cd_input, surface, surface_input = (totals / clouds).tolist()
+        return {
+            "val_chamfer": cd,
+            "val_chamfer_src": cd_src,
+            "val_chamfer_input": cd_input,
+            "val_surface": surface,
+            "val_surface_input": surface_input,
+        }
+
+
+def _scores(points: Tensor, batch: Tensor, part: PairBatch) -> tuple[Tensor, Tensor]:
+    """Per cloud (float64, CPU): Chamfer to the dense cloud, and the point-to-plane distance to it."""
+    n = part.num_clouds
+    chamfer = chamfer_distance(points, part.dense, batch, part.dense_batch, num_clouds=n, reduction="none")
+    surface = torch.stack(
+        [point_to_plane_distance(points[batch == i], part.dense[part.dense_batch == i]) for i in range(n)]
+    )
+    return chamfer.double().cpu(), surface.double().cpu()
 
 
 def _under(root: Path, name: str) -> Path:

@@ -28,7 +28,7 @@ from pointforge.data.pairs import (
 from pointforge.data.pointio import read_points, write_points
 from pointforge.errors import CheckpointError, ConfigError, DataError
 from pointforge.inference.upsampler import load_upsampler, upsample_file, upsample_points
-from pointforge.nn.losses import chamfer_distance
+from pointforge.nn.losses import chamfer_distance, point_to_plane_distance
 from pointforge.tasks import get_task
 from pointforge.tasks.base import EvalContext
 from pointforge.tasks.configs import load_train_config
@@ -188,7 +188,11 @@ def test_validation_metrics_do_not_depend_on_batching_and_source_units_scale_by_
             return task.evaluate(model, loader, ctx)
 
     one, grouped = run(1, 10_000), run(4, 250)
-    assert one.keys() == grouped.keys() == {"val_chamfer", "val_chamfer_src", "val_chamfer_input"}
+    assert (
+        one.keys()
+        == grouped.keys()
+        == {"val_chamfer", "val_chamfer_src", "val_chamfer_input", "val_surface", "val_surface_input"}
+    )
     for key in one:
         assert one[key] == pytest.approx(grouped[key], rel=1e-5)
     assert one["val_chamfer"] != pytest.approx(one["val_chamfer_input"], rel=1e-2)
@@ -203,6 +207,16 @@ def test_validation_metrics_do_not_depend_on_batching_and_source_units_scale_by_
         dense = torch.from_numpy(batch.denormalize(batch.dense, batch.dense_batch)[0] - pair.center)
         per_pair.append(float(chamfer_distance(pred, dense)))
     assert one["val_chamfer_src"] == pytest.approx(np.mean(per_pair), rel=1e-4)
+    # The point-to-surface numbers are point_to_plane_distance per pair, averaged, for the model and the input.
+    per_pair_surface, per_pair_input = [], []
+    for i in range(len(ds)):
+        batch = collate_pairs([ds[i]])
+        with torch.no_grad():
+            out = model(batch.sparse, batch.sparse_batch, batch.edge_index)
+        per_pair_surface.append(float(point_to_plane_distance(out.points, batch.dense)))
+        per_pair_input.append(float(point_to_plane_distance(batch.sparse, batch.dense)))
+    assert one["val_surface"] == pytest.approx(np.mean(per_pair_surface), rel=1e-4)
+    assert one["val_surface_input"] == pytest.approx(np.mean(per_pair_input), rel=1e-4)
     part = select_clouds(collate_pairs([ds[i] for i in range(4)]), 1, 3)
     assert part.pair_ids == ["pair_001", "pair_002"] and part.num_points == 240
     assert int(part.edge_index.min()) == 0 and int(part.edge_index.max()) == 239
