@@ -140,7 +140,7 @@ class IdealNormals(nn.Module):
     def oriented_points(self, points: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         moved, _ = self.net.oriented_points(points)
         k = moved.shape[1] // points.shape[1]
-        _, nearest = self.tree.query(points[0].double().numpy())
+        _, nearest = self.tree.query(points[0].detach().cpu().double().numpy())  # CUDA points too
         normals = self.normals[torch.from_numpy(nearest)].to(points)
         return points.repeat_interleave(k, dim=1), normals.repeat_interleave(k, dim=0)[None]
 
@@ -158,7 +158,7 @@ def _stencil_normals(mask: np.ndarray, points_vox: np.ndarray) -> np.ndarray:
     return normals / (np.linalg.norm(normals, axis=1, keepdims=True) + 1e-12)
 
 
-def idealise(models: Models, case_path: Path, complete: np.ndarray, implant: np.ndarray, seed: int) -> Models:
+def idealise(models: Models, complete: np.ndarray, implant: np.ndarray, seed: int) -> Models:
     """``models`` with both networks wrapped to give an ideal network's outputs (module docs)."""
     defective = complete & ~implant
     skull_pts = surface_points(defective, 50_000, seed=seed)  # what generate_implant samples (same seed)
@@ -251,12 +251,12 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def _models(args: argparse.Namespace, work: Path, case: Path, complete: np.ndarray, implant: np.ndarray) -> Models:
+def _models(args: argparse.Namespace, work: Path, complete: np.ndarray, implant: np.ndarray) -> Models:
     pcdiff = args.pcdiff or random_checkpoint("pcdiff", "paper.yaml", work / "pcdiff-paper-random.pt")
     voxelizer = args.voxelizer or random_checkpoint("voxelizer", "paper.yaml", work / "voxelizer-paper-random.pt")
     models = load_models(pcdiff, voxelizer, device=args.device)
     if args.pcdiff is None and args.voxelizer is None and not args.raw_outputs:
-        models = idealise(models, case, complete, implant, args.seed)
+        models = idealise(models, complete, implant, args.seed)
     return models
 
 
@@ -291,7 +291,7 @@ def main() -> None:
         print(
             f"case: {args.size}³ synthetic skull, implant {int(implant.sum())} voxels ({time.perf_counter() - t:.0f} s)"
         )
-        models = _models(args, work, case, complete, implant)
+        models = _models(args, work, complete, implant)
         options = GenerateOptions(ensemble=args.ensemble, sampler=args.sampler, steps=args.steps, seed=args.seed)
         result = run_case(models, case, work / "out", options)
         result["dsc_to_true_implant"] = _dsc(work / "out", implant)
