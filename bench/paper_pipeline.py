@@ -62,10 +62,11 @@ from pointforge.data.surface import surface_points
 from pointforge.data.synthetic import make_defect, make_skull
 from pointforge.data.volumes import Volume, write_volume
 from pointforge.devices import use_threads
-from pointforge.implant.generate import GenerateOptions, Models, generate_case, load_models
+from pointforge.implant.pipeline import GenerateOptions, Models, load_models
+from pointforge.implant.writer import generate_case
 from pointforge.tasks import get_task
-from pointforge.tasks.completion import HALF_EXTENT
 from pointforge.tasks.configs import load_train_config
+from pointforge.tasks.pcdiff.task import HALF_EXTENT
 from pointforge.train import checkpoint as ck
 
 REPO = Path(__file__).resolve().parent.parent

@@ -49,7 +49,7 @@ import yaml
 from _common import machine, print_table, write_json
 from pointforge.config import from_dict
 from pointforge.nn import pvcnn, pvops
-from pointforge.tasks.completion import CompletionTask, PCDiffConfig
+from pointforge.tasks.pcdiff.task import PCDiffConfig, PCDiffTask
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_CONFIG = ROOT / "configs" / "pcdiff" / "demo.yaml"
@@ -120,7 +120,7 @@ def task_config(data_root: Path, overrides: dict[str, Any]) -> tuple[PCDiffConfi
 
 def measure_recipe(name: str, data_root: Path, repeats: int) -> dict[str, Any]:
     cfg, full = task_config(data_root, RECIPES[name])
-    task = CompletionTask()
+    task = PCDiffTask()
     task.configure(cfg)
     train_ds, _ = task.build_datasets(cfg)
     batch = int(full["data"]["global_batch"])

@@ -47,8 +47,8 @@ sys.path.insert(0, str(REPO))
 from pointforge.data.skulls import PreparedDataset, bbox_normalization  # noqa: E402
 from pointforge.inference.pcdiff import complete, load_pcdiff  # noqa: E402
 from pointforge.nn.diffusion import make_sampler  # noqa: E402
-from pointforge.tasks.completion import HALF_EXTENT, ensure_prepared_dataset, implant_distances  # noqa: E402
 from pointforge.tasks.configs import load_train_config  # noqa: E402
+from pointforge.tasks.pcdiff.task import HALF_EXTENT, ensure_prepared_dataset, implant_distances  # noqa: E402
 from pointforge.train.engine import train  # noqa: E402
 
 SAMPLERS = [("ddpm", None), ("ddim", 100), ("ddim", 50), ("ddim", 25), ("dpm++2m", 20), ("dpm++2m", 10)]
@@ -114,7 +114,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def load_network(args: argparse.Namespace, record: dict):
-    """``(model, schedule, config)`` of the given checkpoint, or of the small preset trained here first."""
+    """The loaded PCDiff of the given checkpoint, or of the small preset trained here first."""
     if args.checkpoint is not None:
         record["network"] = f"checkpoint {args.checkpoint}"
         return load_pcdiff(args.checkpoint)
@@ -189,7 +189,8 @@ def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
     record: dict = {"machine": machine(), "threads": args.threads, "torch": torch.__version__}
-    model, schedule, config = load_network(args, record)
+    loaded = load_network(args, record)
+    model, schedule, config = loaded.model, loaded.schedule, loaded.config
     root = args.data_root or Path(config.data_root)
     data, case, split = pick_case(root, args.case)
     skull = np.asarray(data.points(case.defective), dtype=np.float64)

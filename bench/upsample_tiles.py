@@ -73,7 +73,8 @@ def worker_make(args) -> dict:
 def worker_upsample(args) -> dict:
     import torch
 
-    from pointforge.inference.upsampler import load_upsampler, upsample_file
+    from pointforge.inference.upsampler import load_upsampler
+    from pointforge.upsampling.pipeline import upsample_file
 
     torch.set_num_threads(args.threads)
     model = load_upsampler(args.ckpt, "cpu")

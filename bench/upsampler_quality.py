@@ -6,10 +6,10 @@ drawn from ``--seed`` (default 1000), which the training presets never use
 (``configs/upsampler/*.yaml`` draw their pairs from seed 0), with sizes spread
 log-uniformly over ``--min``..``--max`` sparse points. Every method turns each
 sparse cloud into exactly r·N points and is scored by
-:func:`pointforge.inference.upsampling_eval.evaluate_upsampling` (Chamfer,
+:func:`pointforge.upsampling.evaluate.evaluate_upsampling` (Chamfer,
 Hausdorff, point-to-surface, uniformity, in metres): the trained model, the
 sparse input repeated r times, k-NN edge midpoints and a local-plane fit
-(:mod:`pointforge.inference.upsampling_baselines`); the dense truth's own
+(:mod:`pointforge.upsampling.baselines`); the dense truth's own
 uniformity is the floor. A model whose children start on the local planes
 (``task.model.start: plane``) is also scored at its start (``start``: the
 same network with its output heads zeroed, i.e. the geometric upsampler it
@@ -41,10 +41,11 @@ import torch
 from _common import machine, print_table, write_json
 from pointforge.data.pairs import read_manifest, spread_sizes, write_synthetic_pairs
 from pointforge.data.pointio import read_points, write_points
-from pointforge.inference.upsampler import LoadedUpsampler, load_upsampler, upsample_points
-from pointforge.inference.upsampling_baselines import BASELINES, upsample_baseline
-from pointforge.inference.upsampling_eval import COLUMNS, evaluate_upsampling
+from pointforge.inference.upsampler import LoadedUpsampler, load_upsampler
 from pointforge.nn.upsampler import NodeShuffleUpsampler
+from pointforge.upsampling.baselines import BASELINES, upsample_baseline
+from pointforge.upsampling.evaluate import COLUMNS, evaluate_upsampling
+from pointforge.upsampling.pipeline import upsample_points
 
 REPO = Path(__file__).resolve().parent.parent
 

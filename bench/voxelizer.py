@@ -146,13 +146,8 @@ def run_stage(stage: str, res: int, work: Path, threads: int, checkpoint: str | 
     import torch
 
     torch.set_num_threads(threads)
-    from pointforge.inference.voxelizer import (
-        field_to_mesh,
-        load_voxelizer,
-        points_to_volume,
-        resample_inside,
-        unit_points,
-    )
+    from pointforge.implant.voxelize import field_to_mesh, points_to_volume, resample_inside, unit_points
+    from pointforge.inference.voxelizer import load_voxelizer
     from pointforge.nn.dpsr import dpsr
     from pointforge.nn.voxelizer import VoxelizerConfig, VoxelizerNet
 

@@ -638,20 +638,3 @@ def stored_task_name(data: Mapping[str, Any]) -> str:
     if not name:
         raise ConfigError("this config has no run.task; it was not written by pointforge train")
     return str(name)
-
-
-# The registry-aware loaders need the task registry, layers above this module;
-# their old names here import it by string on first use.
-_MOVED = {"load_train_config": "pointforge.tasks.configs", "train_config_from_dict": "pointforge.tasks.configs"}
-
-
-def __getattr__(name: str) -> Any:
-    """Keep ``from pointforge.tasks.configs import load_train_config`` (and ``train_config_from_dict``) working."""
-    home = _MOVED.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-    import warnings
-
-    warnings.warn(f"pointforge.config.{name} moved to {home}.{name}", DeprecationWarning, stacklevel=2)
-    return getattr(importlib.import_module(home), name)

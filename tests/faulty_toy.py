@@ -24,9 +24,9 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from pointforge.errors import DataError
-from pointforge.tasks.base import StepContext
 from pointforge.tasks.toy import ToyConfig, ToyTask
 from pointforge.train.data import global_batches
+from pointforge.train.task import StepContext
 
 
 @dataclass

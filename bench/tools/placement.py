@@ -6,7 +6,7 @@ pipeline runs as ``pointforge generate`` runs it (PCDiff proposals → voxelizer
 
 * placement of the generated points against the true implant points, in mm:
   centroid error, spread ratio (RMS radius generated / true), mean
-  nearest-neighbour distance each way (:func:`pointforge.nn.placement.placement_metrics`);
+  nearest-neighbour distance each way (:func:`pointforge.tasks.pcdiff.placement.placement_metrics`);
 * condition use: the network's clean-point error per noise bucket with each
   case's own skull versus another case's (ratio > 1: it reads the skull);
 * the implant volume's DSC / bDSC / HD95 against the ground truth
@@ -35,9 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import machine, print_table, write_json
 from pointforge.data.skulls import PreparedDataset
 from pointforge.implant.demo import placement_rows
-from pointforge.implant.generate import GenerateOptions, generate_folder, load_models
-from pointforge.nn.placement import condition_use
-from pointforge.tasks.completion import HALF_EXTENT, PCDiffDataset
+from pointforge.implant.folder import generate_folder
+from pointforge.implant.pipeline import GenerateOptions, load_models
+from pointforge.tasks.pcdiff.placement import condition_use
+from pointforge.tasks.pcdiff.task import HALF_EXTENT, PCDiffDataset
 
 PLACEMENT_KEYS = ("centroid_error", "spread_ratio", "pred_to_true", "true_to_pred")
 

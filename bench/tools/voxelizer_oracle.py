@@ -32,7 +32,8 @@ from pointforge.data.skulls import PreparedDataset
 from pointforge.data.volumes import read_binary_volume, read_volume
 from pointforge.implant.metrics import evaluate_case
 from pointforge.implant.postprocess import implant_from_proposals
-from pointforge.inference.voxelizer import load_voxelizer, points_to_volume
+from pointforge.implant.voxelize import points_to_volume
+from pointforge.inference.voxelizer import load_voxelizer
 
 ap = argparse.ArgumentParser()
 ap.add_argument("ckpt")
@@ -47,7 +48,8 @@ ap.add_argument("--pp", action="store_true", help="post-processing ablations")
 args = ap.parse_args()
 torch.set_num_threads(1)
 
-model, cfg = load_voxelizer(args.ckpt)
+loaded = load_voxelizer(args.ckpt)
+model, cfg = loaded.model, loaded.run_config
 data = PreparedDataset(args.prepared)
 cases = data.split("test", require=("implant", "complete_mask"))
 

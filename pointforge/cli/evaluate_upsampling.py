@@ -20,7 +20,7 @@ def evaluate_upsampling(
     from rich.console import Console
     from rich.table import Table
 
-    from pointforge.inference.upsampling_eval import COLUMNS, evaluate_upsampling, write_upsampling_reports
+    from pointforge.upsampling.evaluate import COLUMNS, evaluate_upsampling, write_upsampling_reports
 
     with progress_bar("scoring") as advance:
         result = evaluate_upsampling(

@@ -49,13 +49,15 @@ def generate(
 ) -> None:
     """Design an implant: PCDiff proposals → voxelizer → vote → clean-up → NRRD/NIfTI, STL, uncertainty, preview, 3-D view, report."""
     from pointforge.devices import use_threads
-    from pointforge.implant.generate import GenerateOptions, generate_case, generate_folder, load_models
+    from pointforge.implant.folder import generate_folder
+    from pointforge.implant.pipeline import GenerateOptions, load_models
+    from pointforge.implant.writer import generate_case
 
     options = GenerateOptions(ensemble=ensemble, sampler=sampler, steps=steps, seed=seed, components=components)
     options.validate()
     use_threads(threads)
     if defective.is_dir():
-        from pointforge.implant.generate import cases_of
+        from pointforge.implant.folder import cases_of
 
         cases_of(defective, split)  # a wrong folder or split fails here, before the models load
     elif not defective.exists():

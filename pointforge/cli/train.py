@@ -208,7 +208,7 @@ def ckpt_import_pcdiff(
     ),
 ) -> None:
     """Convert an upstream PCDiff checkpoint into a pointforge pcdiff checkpoint (for --resume and load_pcdiff)."""
-    from pointforge.tasks.completion import import_pcdiff_checkpoint
+    from pointforge.ops.pcdiff_import import import_pcdiff_checkpoint
 
     result = import_pcdiff_checkpoint(
         source,

@@ -33,7 +33,7 @@ def upsample(
     streamed from and to disk, and stitched without seams or duplicates.
     """
     from pointforge.cli.progress import progress_bar
-    from pointforge.inference.upsampler import upsample_file
+    from pointforge.upsampling.pipeline import upsample_file
 
     with progress_bar("tiles") as advance:
         result = upsample_file(

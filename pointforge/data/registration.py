@@ -1,7 +1,7 @@
 """Rigid-plus-scale registration of surface point sets (trimmed ICP), in millimetres.
 
 Used by the atlas baseline (:mod:`pointforge.implant.baseline`) and by PCDiff's
-implant-frame estimate (:mod:`pointforge.data.frames`); it lives in the data
+implant-frame estimate (:mod:`pointforge.tasks.pcdiff.frame`); it lives in the data
 layer so both can share it. ``register`` needs a target with ``surface``
 (``[M, 3]`` points) and ``tree`` (a k-d tree over them), e.g. :class:`SurfaceTarget`.
 """

@@ -54,10 +54,12 @@ from pointforge.errors import DataError, UserError
 from pointforge.formats import json_safe
 from pointforge.implant.baseline import Atlas, mean_skull_implant
 from pointforge.implant.evaluate import evaluate_predictions, write_reports
-from pointforge.implant.generate import GenerateOptions, generate_case, generate_folder, load_models
+from pointforge.implant.folder import generate_folder
+from pointforge.implant.pipeline import GenerateOptions, load_models
 from pointforge.implant.report_page import CaseCard, relative, write_report_html
 from pointforge.implant.view import PLOTLY_JS
-from pointforge.nn.placement import placement_metrics
+from pointforge.implant.writer import generate_case
+from pointforge.tasks.pcdiff.placement import placement_metrics
 
 REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 PCDIFF_CONFIG = REPO_CONFIGS / "pcdiff" / "demo.yaml"
@@ -365,7 +367,7 @@ def _run_oracle(dataset: PreparedDataset, out: Path, snapshot: dict, s: DemoSett
 
 def placement_rows(dataset: PreparedDataset, root: Path, cases) -> list[dict]:
     """Per case generated under ``root``: the placement of its generated points (mm) against the true
-    implant points (:func:`pointforge.nn.placement.placement_metrics`, the case's proposals averaged)."""
+    implant points (:func:`pointforge.tasks.pcdiff.placement.placement_metrics`, the case's proposals averaged)."""
     rows = []
     for case in cases:
         path = root / case.case_id / "proposals" / "points.npy"

@@ -47,13 +47,15 @@ from pointforge.devices import available_memory_bytes, resolve_device
 from pointforge.errors import CheckpointError, ConfigError, DataError, UserError
 from pointforge.formats import format_bytes
 from pointforge.implant.postprocess import implant_from_proposals
+from pointforge.implant.voxelize import points_to_volume
 from pointforge.inference.pcdiff import LoadedPCDiff, complete, load_pcdiff
-from pointforge.inference.upsampler import load_upsampler, upsample_points
-from pointforge.inference.voxelizer import load_voxelizer, points_to_volume
+from pointforge.inference.upsampler import load_upsampler
+from pointforge.inference.voxelizer import load_voxelizer
 from pointforge.nn.diffusion import SAMPLER_NAMES, make_sampler
 from pointforge.nn.dpsr import dpsr_memory_bytes, normalize_resolution
 from pointforge.nn.pvcnn import FPLevel, PVCNN2Config, SALevel
 from pointforge.train.checkpoint import load_checkpoint
+from pointforge.upsampling.pipeline import upsample_points
 
 __all__ = [
     "Models",
@@ -126,15 +128,15 @@ def load_models(
     with _named_flag(pcdiff, "pcdiff"):
         loaded = load_pcdiff(pcdiff, dev)
     with _named_flag(voxelizer, "voxelizer"):
-        vox_model, vox_cfg = load_voxelizer(voxelizer, dev)
+        vox = load_voxelizer(voxelizer, dev)
     ups = None
     if upsample is not None:
         with _named_flag(upsample, "upsampler"):
             ups = load_upsampler(upsample, dev)
     return Models(
         pcdiff=loaded,
-        voxelizer=vox_model,
-        voxelizer_config=vox_cfg,
+        voxelizer=vox.model,
+        voxelizer_config=vox.run_config,
         device=dev,
         pcdiff_path=str(pcdiff),
         voxelizer_path=str(voxelizer),
@@ -380,7 +382,7 @@ def _proposals(
     """``[n, P, 3]`` implant points in ``work``'s voxel coordinates: PCDiff's, or the given ones (mm)."""
     if proposals_mm is not None:
         return work.physical_to_voxel(np.reshape(proposals_mm, (-1, 3))).reshape(np.shape(proposals_mm))
-    model, _, cfg = models.pcdiff
+    model, cfg = models.pcdiff.model, models.pcdiff.config
     implants = complete(
         skull_pts,
         model,

@@ -56,7 +56,7 @@ from pointforge.formats import json_safe
 from pointforge.implant.export import Layer, render_preview
 from pointforge.implant.pipeline import Generated, GenerateOptions, Models, _sampler, generate_implant
 from pointforge.implant.view import PLOTLY_JS, ViewLayers, view_html, write_plotly_js
-from pointforge.inference.voxelizer import field_to_mesh
+from pointforge.implant.voxelize import field_to_mesh
 
 __all__ = ["REPORT", "write_case", "case_done", "generate_case"]
 

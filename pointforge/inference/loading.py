@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Iterator, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import torch
 from torch import nn
@@ -48,9 +48,6 @@ class LoadedModel:
     ``config`` is the task's section of the run config, ``run_config`` the
     whole resolved :class:`~pointforge.config.TrainConfig`, ``weights`` which
     weights were loaded (``"ema"`` or ``"model"``), ``source`` the checkpoint.
-    Where an older loader returned a tuple, the result still unpacks as that
-    tuple (``_unpacks_as``), so ``model, schedule, config = load_pcdiff(...)``
-    keeps working.
     """
 
     model: nn.Module
@@ -62,21 +59,10 @@ class LoadedModel:
     task: str
     step: int | None = None
 
-    _unpacks_as: ClassVar[tuple[str, ...]] = ("model", "config")
-
     @classmethod
     def extras(cls, cfg: TrainConfig) -> dict[str, Any]:
         """A task's further fields, derived from the run config (none here)."""
         return {}
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(tuple(getattr(self, name) for name in self._unpacks_as))
-
-    def __getitem__(self, index: int) -> Any:
-        return tuple(self)[index]
-
-    def __len__(self) -> int:
-        return len(self._unpacks_as)
 
 
 def _not_ours_hint(path: Path, task: str | None) -> str:

@@ -6,7 +6,7 @@
   points in any coordinates, sampled in one batched pass and returned in those
   coordinates.
 
-Apart from the task (:mod:`pointforge.tasks.completion`) because using a
+Apart from the task (:mod:`pointforge.tasks.pcdiff.task`) because using a
 trained network is a layer above training one: the implant pipeline, the
 benchmarks and users need these, the engine never does.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 import torch
@@ -27,8 +27,8 @@ from pointforge.errors import ConfigError, DataError
 from pointforge.inference.loading import LoadedModel, Weights, load_trained
 from pointforge.nn.diffusion import NoiseSchedule, Sampler, sample_ensemble
 from pointforge.nn.pvops import furthest_point_sample_indices
-from pointforge.tasks.completion import HALF_EXTENT, CompletionTask, PCDiffConfig, build_schedule
-from pointforge.tasks.completion_frame import atlas_center, frame_condition
+from pointforge.tasks.pcdiff.frame import atlas_center, frame_condition
+from pointforge.tasks.pcdiff.task import HALF_EXTENT, PCDiffConfig, PCDiffTask, build_schedule
 from pointforge.train.tracking import get_logger
 
 __all__ = ["LoadedPCDiff", "load_pcdiff", "complete"]
@@ -40,13 +40,11 @@ log = get_logger("pcdiff")
 class LoadedPCDiff(LoadedModel):
     """A trained PCDiff (:class:`~pointforge.inference.loading.LoadedModel`) plus its noise schedule.
 
-    ``config`` is the task's :class:`~pointforge.tasks.completion.PCDiffConfig`;
+    ``config`` is the task's :class:`~pointforge.tasks.pcdiff.task.PCDiffConfig`;
     unpacks as ``(model, schedule, config)``, as it always has.
     """
 
     schedule: NoiseSchedule | None = None
-
-    _unpacks_as: ClassVar[tuple[str, ...]] = ("model", "schedule", "config")
 
     @classmethod
     def extras(cls, cfg: TrainConfig) -> dict[str, Any]:
@@ -67,7 +65,7 @@ def load_pcdiff(
     rule of :mod:`pointforge.inference.loading` (the result's ``.weights``
     says which were taken, and it is logged).
     """
-    loaded = load_trained(LoadedPCDiff, checkpoint_path, CompletionTask.name, device, weights)
+    loaded = load_trained(LoadedPCDiff, checkpoint_path, PCDiffTask.name, device, weights)
     cfg = loaded.config
     log.info(
         f"loaded PCDiff ({cfg.model} preset, {cfg.n_skull}+{cfg.n_implant} points, T={cfg.diffusion.timesteps}) "
@@ -142,7 +140,7 @@ def complete(
     result on any device) draws the subsample and the starting noise;
     ``progress(step, steps)`` is called after each sampler step.
 
-    A model trained with ``task.frame`` (:mod:`pointforge.tasks.completion_frame`)
+    A model trained with ``task.frame`` (:mod:`pointforge.tasks.pcdiff.frame`)
     is conditioned as it was trained: its atlas estimates the implant centre
     (``spacing``: mm per unit of ``skull_points``' coordinates, 1 for mm), the
     ``n_skull`` points are drawn from the skull points nearest that centre

@@ -1,65 +1,19 @@
-"""Voxelizer inference: a trained voxelizer loaded, and completed skull points → indicator field → binary volume → mesh in millimetres.
+"""Load a trained voxelizer: :func:`load_voxelizer` → :class:`LoadedVoxelizer`.
 
-Coordinates. Points come in the voxel-index coordinates of a reference volume
-(what ``pointforge data prepare`` stores, and what PCDiff's samples are mapped
-back to): voxel ``(i, j, k)`` has its centre at ``(i, j, k)``. They are scaled
-to the unit cube exactly as the training data was, by dividing by the
-volume's longest side ``S`` (:func:`~pointforge.data.skulls.unit_cube_scale`),
-so the solve grid's node ``n`` along an axis of ``R`` nodes sits at voxel
-coordinate ``n * S / R``.
-
-Resolution. The Poisson solve may run coarser than the volume (e.g. 256³ for
-a 512³ scan): :func:`points_to_volume` then interpolates the field trilinearly
-at every voxel centre (voxel ``v`` reads the field at ``v * R / S``) and
-thresholds it (inside where the field is ≤ 0). The interpolation is separable
-and done slab by slab along the first axis, so besides the field and the
-output mask it holds only a few times ``chunk_voxels`` floats at a time
-(about 100 MB by default), whatever the volume's size. When the solve runs at another resolution than training,
-the Gaussian smoothing is scaled with it (``sigma * R / R_train``), which keeps
-the smoothing the same in millimetres.
-
-Meshes come from marching cubes (outward faces) and are placed in the
-reference volume's physical space with its affine (spacing, origin,
-direction); a direction matrix with a reflection flips the faces back, so
-normals always point out of the solid.
+Running it (completed skull points → indicator field → binary volume → mesh)
+is the implant product's :mod:`pointforge.implant.voxelize`.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, ClassVar
 
-import numpy as np
 import torch
-from torch import nn
 
-from pointforge.data.skulls import unit_cube_scale
-from pointforge.data.surface import volume_to_mesh
-from pointforge.data.volumes import Volume
-from pointforge.devices import resolve_device
-from pointforge.errors import ConfigError, DataError
 from pointforge.inference.loading import LoadedModel, Weights, load_trained
-from pointforge.nn.dpsr import dpsr, normalize_resolution
 
-__all__ = [
-    "LoadedVoxelizer",
-    "load_voxelizer",
-    "unit_points",
-    "points_to_field",
-    "points_to_volume",
-    "field_to_mesh",
-    "resample_inside",
-]
-
-_BELOW_ONE = float(np.nextafter(np.float32(1), np.float32(0)))
-# Points may sit up to half a voxel beyond the outermost voxel centres (marching
-# cubes on a mask touching the border); one voxel of slack is allowed.
-_SLACK_VOXELS = 1.0
-
-
-def _device(device: str | torch.device | None, fallback: torch.device) -> torch.device:
-    return fallback if device is None else resolve_device(device)
+__all__ = ["LoadedVoxelizer", "load_voxelizer"]
 
 
 @dataclass
@@ -67,254 +21,16 @@ class LoadedVoxelizer(LoadedModel):
     """A trained voxelizer (:class:`~pointforge.inference.loading.LoadedModel`).
 
     ``model`` is a :class:`~pointforge.nn.voxelizer.VoxelizerNet` (``model.cfg``
-    the network's settings), ``config`` the task's section. Unpacks as
-    ``(model, run_config)``, the pair this loader always returned.
+    the network's settings), ``config`` the task's section.
     """
-
-    _unpacks_as: ClassVar[tuple[str, ...]] = ("model", "run_config")
 
 
 def load_voxelizer(
-    checkpoint_path: str | os.PathLike,
-    device: str | torch.device = "cpu",
-    *,
-    weights: Weights = "auto",
-    use_ema: bool | None = None,
+    checkpoint_path: str | os.PathLike, device: str | torch.device = "cpu", *, weights: Weights = "auto"
 ) -> LoadedVoxelizer:
     """A trained voxelizer from a checkpoint written by ``pointforge train voxelizer``, in eval mode on ``device``.
 
-    ``weights`` follows the one EMA rule of :mod:`pointforge.inference.loading`;
-    the older ``use_ema`` still works (``True`` is ``"auto"``, ``False`` is
-    ``"model"``). Raises :class:`CheckpointError` for a missing, corrupt or
-    non-voxelizer checkpoint.
+    ``weights`` follows the one EMA rule of :mod:`pointforge.inference.loading`.
+    Raises :class:`CheckpointError` for a missing, corrupt or non-voxelizer checkpoint.
     """
-    if use_ema is not None:
-        weights = "auto" if use_ema else "model"
     return load_trained(LoadedVoxelizer, checkpoint_path, "voxelizer", device, weights)
-
-
-# --------------------------------------------------------------------------- points → field
-
-
-def _check_shape(volume_shape: Any) -> tuple[int, int, int]:
-    try:
-        shape = tuple(int(s) for s in volume_shape)
-    except (TypeError, ValueError):
-        raise DataError(f"volume shape must be three positive integers, got {volume_shape!r}") from None
-    if len(shape) != 3 or min(shape) < 1:
-        raise DataError(f"volume shape must be three positive integers, got {volume_shape!r}")
-    return shape
-
-
-def unit_points(points_vox: Any, volume_shape: Any) -> torch.Tensor:
-    """Voxel-index points [N, 3] of a volume → float32 [1, N, 3] in [0, 1), as the training data.
-
-    Raises :class:`DataError` for an empty cloud, NaN/infinite values, or
-    coordinates that are not voxel indices of ``volume_shape`` (more than a
-    voxel outside it: millimetres or normalised coordinates, most likely).
-    """
-    shape = _check_shape(volume_shape)
-    points = points_vox.detach().cpu().numpy() if isinstance(points_vox, torch.Tensor) else np.asarray(points_vox)
-    if points.ndim == 3 and points.shape[0] == 1:
-        points = points[0]
-    if points.ndim != 2 or points.shape[-1] != 3:
-        raise DataError(f"points must have shape [N, 3] (voxel indices), got {tuple(points.shape)}")
-    if points.shape[0] == 0:
-        raise DataError("the point cloud is empty; the voxelizer needs the completed skull's surface points")
-    if not np.issubdtype(points.dtype, np.number):
-        raise DataError(f"points must be numbers, got {points.dtype}")
-    points = points.astype(np.float64)
-    if not np.isfinite(points).all():
-        bad = int((~np.isfinite(points)).any(axis=1).sum())
-        raise DataError(f"{bad} of {points.shape[0]} points have NaN or infinite coordinates; drop or fix them first")
-    lo, hi = points.min(axis=0), points.max(axis=0)
-    upper = np.asarray(shape, dtype=np.float64) - 1.0 + _SLACK_VOXELS
-    if (lo < -_SLACK_VOXELS).any() or (hi > upper).any():
-        ranges = ", ".join(f"axis {a}: {lo[a]:.4g}..{hi[a]:.4g}" for a in range(3))
-        raise DataError(
-            f"point coordinates are out of range for a volume of shape {shape} ({ranges}); "
-            "points must be voxel indices of the reference volume, not millimetres or normalised coordinates"
-        )
-    unit = np.clip(points / unit_cube_scale(shape), 0.0, _BELOW_ONE)
-    return torch.from_numpy(unit.astype(np.float32))[None]
-
-
-def _solve(model: nn.Module, points_vox, volume_shape, *, resolution, device, sigma, memory_limit) -> torch.Tensor:
-    if isinstance(model, LoadedModel):
-        model = model.model
-    cfg = getattr(model, "cfg", None)
-    if cfg is None or not hasattr(model, "oriented_points"):
-        raise ConfigError("model must be a voxelizer (a VoxelizerNet, as load_voxelizer returns)")
-    trained = normalize_resolution(cfg.dpsr_res)
-    res = trained if resolution is None else normalize_resolution(resolution)
-    if sigma is None:
-        sigma = float(cfg.dpsr_sigma) * res[0] / trained[0]
-    params = next(iter(model.parameters()), None)
-    device = _device(device, params.device if params is not None else torch.device("cpu"))
-    dtype = params.dtype if params is not None else torch.float32
-    points = unit_points(points_vox, volume_shape).to(device=device, dtype=dtype)
-    limit = memory_limit if memory_limit is not None else getattr(cfg, "dpsr_memory_limit", None)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            moved, normals = model.oriented_points(points)  # type: ignore[operator]  # a VoxelizerNet, checked above
-            field = dpsr(moved, normals, res, sigma, memory_limit=limit)
-    finally:
-        model.train(was_training)
-    return field[0].float()
-
-
-def points_to_field(
-    model: nn.Module,
-    points_vox: Any,
-    volume_shape: Any,
-    *,
-    resolution: int | tuple[int, int, int] | None = None,
-    device: str | torch.device | None = None,
-    sigma: float | None = None,
-    memory_limit: float | None = None,
-) -> torch.Tensor:
-    """The indicator field (CPU float32, ``resolution``³, inside ≤ 0) of voxel-index points.
-
-    ``resolution``: the Poisson grid (default: the one the model was trained
-    on); node ``n`` sits at voxel coordinate ``n * S / R`` (module docs).
-    ``sigma``: the Gaussian smoothing (default: the model's, scaled to this
-    resolution). ``memory_limit`` (bytes): a solve estimated to need more
-    raises :class:`ConfigError` before anything is allocated (default: the
-    memory the device has available). ``device``: default the model's.
-    """
-    return _solve(
-        model, points_vox, volume_shape, resolution=resolution, device=device, sigma=sigma, memory_limit=memory_limit
-    ).cpu()
-
-
-# --------------------------------------------------------------------------- field → volume
-
-
-def _axis_weights(n_out: int, n_field: int, scale: float, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Lower/upper field node and weight for each voxel along one axis (voxel v reads index v * n_field / scale)."""
-    pos = torch.arange(n_out, dtype=torch.float64, device=device) * (n_field / scale)
-    low = pos.floor().clamp_(0, n_field - 1)
-    weight = (pos - low).clamp_(0.0, 1.0).float()
-    low = low.long()
-    high = (low + 1).clamp_(max=n_field - 1)
-    return low, high, weight
-
-
-def resample_inside(field: torch.Tensor, volume_shape: Any, *, chunk_voxels: int = 1 << 22) -> np.ndarray:
-    """Bool mask of ``volume_shape``: the field (on the unit cube) interpolated at each voxel centre, ≤ 0.
-
-    Trilinear and separable, slab by slab along the first axis on the field's
-    device: the temporaries stay near 6 × ``chunk_voxels`` floats (about 100 MB by default).
-    """
-    shape = _check_shape(volume_shape)
-    if field.dim() != 3:
-        raise DataError(f"the field must be a 3-D grid, got shape {tuple(field.shape)}")
-    if all(n == unit_cube_scale(shape) for n in field.shape):
-        # Solved at the volume's own resolution: voxel v reads node v exactly (interpolation weight
-        # 0), so the interpolation is the field itself, cut to the volume: one comparison.
-        return (field[: shape[0], : shape[1], : shape[2]] <= 0).cpu().numpy()
-    return _interpolate_inside(field, shape, chunk_voxels)
-
-
-def _interpolate_inside(field: torch.Tensor, shape: tuple[int, int, int], chunk_voxels: int) -> np.ndarray:
-    scale = unit_cube_scale(shape)
-    device = field.device
-    field = field.float()
-    ax0, ax1, ax2 = (_axis_weights(shape[a], field.shape[a], scale, device) for a in range(3))
-    widest = shape[1] * max(shape[2], field.shape[2])
-    slab = max(1, int(chunk_voxels) // max(1, widest))
-    out = np.empty(shape, dtype=bool)
-    for start in range(0, shape[0], slab):
-        stop = min(start + slab, shape[0])
-        lo, hi, w = (t[start:stop] for t in ax0)
-        rows = torch.lerp(field.index_select(0, lo), field.index_select(0, hi), w[:, None, None])
-        # Advanced indexing gathers along inner axes about twice as fast as index_select.
-        lo, hi, w = ax1
-        rows = torch.lerp(rows[:, lo], rows[:, hi], w[None, :, None])
-        lo, hi, w = ax2
-        rows = torch.lerp(rows[:, :, lo], rows[:, :, hi], w[None, None, :])
-        out[start:stop] = (rows <= 0).cpu().numpy()
-    return out
-
-
-def points_to_volume(
-    model: nn.Module,
-    points_vox: Any,
-    reference: Volume,
-    *,
-    resolution: int | tuple[int, int, int] | None = None,
-    device: str | torch.device | None = None,
-    sigma: float | None = None,
-    memory_limit: float | None = None,
-    chunk_voxels: int = 1 << 22,
-) -> Volume:
-    """The solid the points enclose, as a binary (bool) volume on ``reference``'s grid.
-
-    Same shape, spacing, origin, direction and kept header as ``reference``;
-    inside where the interpolated field is ≤ 0. Options as in
-    :func:`points_to_field`; ``chunk_voxels`` bounds the interpolation's
-    temporaries (module docs).
-    """
-    if not isinstance(reference, Volume):
-        raise DataError(
-            f"reference must be a Volume (pointforge.data.volumes.read_volume), got {type(reference).__name__}"
-        )
-    field = _solve(
-        model, points_vox, reference.shape, resolution=resolution, device=device, sigma=sigma, memory_limit=memory_limit
-    )
-    mask = resample_inside(field, reference.shape, chunk_voxels=chunk_voxels)
-    del field
-    return reference.with_data(mask)
-
-
-# --------------------------------------------------------------------------- → mesh
-
-
-def field_to_mesh(field_or_volume: Any, reference: Volume, *, step_size: int = 1):
-    """A watertight triangle mesh (``trimesh.Trimesh``) in millimetres, normals outward.
-
-    Accepts a :class:`Volume` or bool array on ``reference``'s grid (the
-    surface between inside and outside voxels), or a float field with inside
-    ≤ 0: either on ``reference``'s grid, or a solve grid from
-    :func:`points_to_field` (node ``n`` at voxel ``n * S / R``), which gives a
-    smoother surface. Vertices are mapped to physical space with
-    ``reference``'s affine.
-    """
-    import trimesh
-
-    if not isinstance(reference, Volume):
-        raise DataError(f"reference must be a Volume, got {type(reference).__name__}")
-    data = field_or_volume.data if isinstance(field_or_volume, Volume) else field_or_volume
-    if isinstance(data, torch.Tensor):
-        data = data.detach().cpu().numpy()
-    data = np.asarray(data)
-    if data.ndim != 3:
-        raise DataError(f"expected a 3-D volume or field, got shape {tuple(data.shape)}")
-    voxel_scale = np.ones(3)
-    if data.dtype == bool or isinstance(field_or_volume, Volume):
-        if tuple(data.shape) != reference.shape:
-            raise DataError(
-                f"the volume has shape {tuple(data.shape)} but the reference has {reference.shape}; they must match"
-            )
-        solid = data.astype(bool, copy=False)
-        if not solid.any():
-            raise DataError("the volume is empty: nothing is inside, so there is no surface")
-        verts, faces = volume_to_mesh(solid, step_size=step_size)
-    else:
-        if not np.issubdtype(data.dtype, np.floating):
-            raise DataError(f"a field must hold floats (inside ≤ 0), got {data.dtype}")
-        if tuple(data.shape) != reference.shape:
-            voxel_scale = unit_cube_scale(reference.shape) / np.asarray(data.shape, dtype=np.float64)
-        if not np.isfinite(data).all():
-            raise DataError("the field contains NaN or infinite values")
-        if not (data <= 0).any():
-            raise DataError("the field is positive everywhere: nothing is inside, so there is no surface")
-        # 0.5 - field is >= 0.5 exactly where the field is <= 0; the zero padding
-        # volume_to_mesh adds reads as outside, which closes the surface.
-        verts, faces = volume_to_mesh(0.5 - data.astype(np.float32), level=0.5, step_size=step_size)
-    verts_mm = reference.voxel_to_physical(verts * voxel_scale)
-    if np.linalg.det(reference.affine()[:3, :3]) < 0:
-        faces = faces[:, ::-1].copy()  # a mirroring affine turns outward faces inward
-    return trimesh.Trimesh(vertices=verts_mm, faces=faces, process=False)

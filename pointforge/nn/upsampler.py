@@ -29,7 +29,7 @@ same graph (:func:`plane_start`): the parent projected onto the least-squares
 plane of itself and its neighbours, and its other r − 1 children on that plane
 at half its mean neighbour distance. With ``plane`` the network only learns a
 correction to a geometric upsampler (the ``plane`` baseline of
-:mod:`pointforge.inference.upsampling_baselines`, with deterministic child
+:mod:`pointforge.upsampling.baselines`, with deterministic child
 directions instead of seeded random ones); with its output heads near zero,
 as initialised, it starts out as that baseline. The start uses one hop of the
 graph, which the refinement stage's reach already covers, so a tiled run's
@@ -281,21 +281,3 @@ def build_upsampler(config: UpsamplerConfig | str | None = None, **overrides) ->
     elif overrides:
         config = dataclasses.replace(config or UpsamplerConfig(), **overrides)
     return NodeShuffleUpsampler(config)
-
-
-# upsample_cloud normalises as the training pairs do (pointforge.data.pairs),
-# and data imports this package's knn, so it lives a layer up, in
-# pointforge.inference.upsampler; its old name here imports it by string.
-def __getattr__(name: str):
-    """Keep ``from pointforge.nn.upsampler import upsample_cloud`` working."""
-    if name != "upsample_cloud":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-    import warnings
-
-    warnings.warn(
-        "pointforge.nn.upsampler.upsample_cloud moved to pointforge.inference.upsampler.upsample_cloud",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return importlib.import_module("pointforge.inference.upsampler").upsample_cloud

@@ -16,8 +16,8 @@ from typing import Sequence
 from pointforge.config import TrainConfig, to_dict
 from pointforge.errors import CheckpointError, ConfigError
 from pointforge.nn.pcdiff_import import import_upstream_state_dict
-from pointforge.tasks.completion import PRESET_POINTS, CompletionTask, build_model
 from pointforge.tasks.configs import load_train_config
+from pointforge.tasks.pcdiff.task import PRESET_POINTS, PCDiffTask, build_model
 from pointforge.train.checkpoint import (
     capture_rng,
     is_pointforge_checkpoint,
@@ -91,7 +91,7 @@ def _import_config(
     source: Path, network: str, config: str | os.PathLike | None, overrides: Sequence[str]
 ) -> TrainConfig:
     """The training config the converted file carries: ``config`` and ``overrides`` (else the defaults), for ``network``'s preset."""
-    cfg = load_train_config(CompletionTask.name, config, list(overrides))
+    cfg = load_train_config(PCDiffTask.name, config, list(overrides))
     chosen = cfg.task.model
     named_in_config = config is not None or any(o.split("=", 1)[0].strip() == "task.model" for o in overrides)
     if named_in_config and chosen != network:
@@ -99,7 +99,7 @@ def _import_config(
             f"the config's task.model is '{chosen}' but {source} holds a '{network}' network; use a {network} config"
         )
     if chosen != network:
-        cfg = load_train_config(CompletionTask.name, config, [*overrides, f"task.model={network}"])
+        cfg = load_train_config(PCDiffTask.name, config, [*overrides, f"task.model={network}"])
     return cfg
 
 
@@ -133,7 +133,7 @@ def import_pcdiff_checkpoint(
     _check_upstream_formulation(cfg.task)
     model = build_model(cfg.task)
     load_model_state(model, imported.state_dict)
-    optimizer = build_optimizer(CompletionTask().parameters(model), cfg.optim, cfg.optim.lr)
+    optimizer = build_optimizer(PCDiffTask().parameters(model), cfg.optim, cfg.optim.lr)
     scheduler = build_scheduler(optimizer, cfg.sched, max(1, cfg.train.epochs))
     epochs_done = 0 if imported.epoch is None else imported.epoch + 1
     # A single-rank resume gets the RNG streams a fresh run would have on rank 0.
@@ -144,7 +144,7 @@ def import_pcdiff_checkpoint(
     finally:
         restore_rng(saved_rng)
     state = {
-        "task": CompletionTask.name,
+        "task": PCDiffTask.name,
         "config": to_dict(cfg),
         "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
         "ema": None,
@@ -155,7 +155,7 @@ def import_pcdiff_checkpoint(
             epoch=epochs_done,
             world_size=1,
             global_batch=cfg.data.global_batch,
-            best=BestMetric(CompletionTask.best_metric, CompletionTask.best_mode),
+            best=BestMetric(PCDiffTask.best_metric, PCDiffTask.best_mode),
         ).state_dict(),
         "rng": {"world_size": 1, "per_rank": [rng]},
         "metrics": {},

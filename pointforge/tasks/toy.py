@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from pointforge.errors import ConfigError
-from pointforge.tasks.base import EvalContext, StepContext, Task
+from pointforge.train.task import EvalContext, StepContext, Task
 
 
 @dataclass

@@ -235,9 +235,9 @@ def split_step_output(out: Any) -> tuple[torch.Tensor, Mapping[str, Any]]:
 # reported as unavailable instead of breaking the registry.
 _BUILTIN: dict[str, str] = {
     "toy": "pointforge.tasks.toy:ToyTask",
-    "pcdiff": "pointforge.tasks.completion:CompletionTask",
-    "voxelizer": "pointforge.tasks.voxelization:VoxelizationTask",
-    "upsampler": "pointforge.tasks.upsampling:UpsamplingTask",
+    "pcdiff": "pointforge.tasks.pcdiff.task:PCDiffTask",
+    "voxelizer": "pointforge.tasks.voxelizer:VoxelizerTask",
+    "upsampler": "pointforge.tasks.upsampler:UpsamplerTask",
 }
 _REGISTERED: dict[str, Callable[[], Task]] = {}
 

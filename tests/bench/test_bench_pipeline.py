@@ -1,7 +1,7 @@
 """bench/pipeline.py: how it finds its inputs (the benchmark run itself is minutes, not a test).
 
 A smoke run of the bench (``--quick --cases 1``) needs trained models: training
-the tiny pair as tests/implant/test_generate.py does takes about half a minute and the
+the tiny pair as tests/implant/test_pipeline.py does takes about half a minute and the
 run itself another half, over this suite's 15 s allowance for one test, so the
 run is not tested here; these tests cover the input handling, which decides
 which models every number belongs to.

@@ -9,9 +9,6 @@ from scipy.spatial import cKDTree
 
 from pointforge.data.pairs import SyntheticScene, pair_normalization, synthetic_pair
 from pointforge.errors import ConfigError, DataError
-from pointforge.inference.upsampler import upsample_cloud
-from pointforge.inference.upsampling_baselines import plane_fit
-from pointforge.inference.upsampling_metrics import cloud_metrics
 from pointforge.nn.knn import knn_graph
 from pointforge.nn.losses import chamfer_distance
 from pointforge.nn.upsampler import (
@@ -22,6 +19,9 @@ from pointforge.nn.upsampler import (
     child_graph,
     plane_start,
 )
+from pointforge.upsampling.baselines import plane_fit
+from pointforge.upsampling.metrics import cloud_metrics
+from pointforge.upsampling.pipeline import upsample_cloud
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

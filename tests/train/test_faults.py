@@ -246,9 +246,9 @@ def test_an_error_in_a_loader_worker_is_its_own_line(tmp_path):
 
 @pytest.fixture(scope="module")
 def prepared_copy(tmp_path_factory) -> Path:
-    from pointforge.tasks.completion import SyntheticSection, ensure_prepared_dataset
+    from pointforge.tasks.pcdiff.task import SyntheticSection, ensure_prepared_dataset
 
-    # The same path and spec as tests/tasks/test_completion.py: whichever module runs first builds it.
+    # The same path and spec as tests/tasks/pcdiff/test_task.py: whichever module runs first builds it.
     spec = SyntheticSection(skulls=4, size=64, seed=0, points=4096, split="0.5,0.25,0.25")
     source = ensure_prepared_dataset(tmp_path_factory.getbasetemp() / "pcdiff-synthetic", spec)
     copy = tmp_path_factory.mktemp("broken") / "prepared"
@@ -316,10 +316,10 @@ def test_a_micro_batch_too_large_for_the_device_is_refused_with_the_largest_that
 def test_the_voxelizer_estimates_its_training_step_from_the_dpsr_solve():
     from pointforge.nn.dpsr import dpsr_memory_bytes
     from pointforge.tasks.configs import load_train_config
-    from pointforge.tasks.voxelization import VoxelizationTask
+    from pointforge.tasks.voxelizer import VoxelizerTask
 
     cfg = load_train_config("voxelizer", TOY_TINY.parents[1] / "voxelizer" / "paper.yaml").task
-    task = VoxelizationTask()
+    task = VoxelizerTask()
     one, two = task.memory_estimate(cfg, 1), task.memory_estimate(cfg, 2)
     res = cfg.network().dpsr_res
     assert one > dpsr_memory_bytes(res, cfg.n_points, batch=1, requires_grad=True) and two > one

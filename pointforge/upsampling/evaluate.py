@@ -2,7 +2,7 @@
 
 Clouds are paired by file stem: ``PRED/tile_01.laz`` is scored against
 ``TRUTH/tile_01.<npy|ply|las|laz>`` (formats may differ). Each pair gets the
-metrics of :mod:`pointforge.inference.upsampling_metrics` (Chamfer, Hausdorff,
+metrics of :mod:`pointforge.upsampling.metrics` (Chamfer, Hausdorff,
 point-to-surface, uniformity) and the truth's own uniformity, the floor the
 prediction's is to be read against; the summary holds mean, median, standard
 deviation, minimum and maximum of each over the pairs. Truth clouds without a
@@ -20,7 +20,7 @@ from typing import Callable, Optional
 from pointforge.data.pointio import POINT_SUFFIXES, read_points
 from pointforge.errors import DataError
 from pointforge.formats import summary_stats, write_rows_report
-from pointforge.inference.upsampling_metrics import METRICS, cloud_metrics, uniformity
+from pointforge.upsampling.metrics import METRICS, cloud_metrics, uniformity
 
 __all__ = ["COLUMNS", "UpsamplingEvaluation", "find_clouds", "evaluate_upsampling", "write_upsampling_reports"]
 

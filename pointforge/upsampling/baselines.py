@@ -5,7 +5,7 @@ points, like the network, so every metric compares like with like:
 
 * ``input``: every sparse point repeated ``ratio`` times. Repeating every point
   the same number of times changes none of the metrics of
-  :mod:`pointforge.inference.upsampling_metrics` (nearest distances and ball
+  :mod:`pointforge.upsampling.metrics` (nearest distances and ball
   counts scale alike), so this *is* the sparse input scored as it is.
 * ``midpoint``: the input points plus, for each point, the midpoints of the
   edges to its ``ratio - 1`` nearest neighbours (k-NN edge midpoints). An edge

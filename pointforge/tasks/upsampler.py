@@ -1,6 +1,6 @@
 """The upsampler task: sparse → dense point clouds, trained by the engine.
 
-What this task hands the engine (see :mod:`pointforge.tasks.base`):
+What this task hands the engine (see :mod:`pointforge.train.task`):
 
 * model: :func:`pointforge.nn.upsampler.build_upsampler` from ``task.preset``
   plus any ``task.model.*`` overrides;
@@ -59,14 +59,14 @@ from pointforge.data.pairs import PairEntry, UpsamplingPairs, read_manifest, spr
 from pointforge.errors import ConfigError, DataError
 from pointforge.nn.losses import chamfer_distance, point_to_plane_distance
 from pointforge.nn.upsampler import PRESETS, NodeShuffleUpsampler, UpsamplerConfig
-from pointforge.tasks.base import EvalContext, StepContext, Task
+from pointforge.train.task import EvalContext, StepContext, Task
 from pointforge.train.tracking import get_logger
 
 __all__ = [
     "UpsamplingConfig",
     "ModelOverrides",
     "SyntheticSection",
-    "UpsamplingTask",
+    "UpsamplerTask",
     "ensure_synthetic_pairs",
     "model_config",
     "select_clouds",
@@ -282,7 +282,7 @@ def budget_groups(sizes: list[int], max_points: int) -> list[tuple[int, int]]:
 # --------------------------------------------------------------------------- the task
 
 
-class UpsamplingTask(Task):
+class UpsamplerTask(Task):
     name = "upsampler"
     Config = UpsamplingConfig
     best_metric = "val_chamfer"

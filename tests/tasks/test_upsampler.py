@@ -27,15 +27,16 @@ from pointforge.data.pairs import (
 )
 from pointforge.data.pointio import read_points, write_points
 from pointforge.errors import CheckpointError, ConfigError, DataError
-from pointforge.inference.upsampler import load_upsampler, upsample_file, upsample_points
+from pointforge.inference.upsampler import load_upsampler
 from pointforge.nn.losses import chamfer_distance, point_to_plane_distance
 from pointforge.tasks import get_task
-from pointforge.tasks.base import EvalContext
 from pointforge.tasks.configs import load_train_config
-from pointforge.tasks.upsampling import SyntheticSection, ensure_synthetic_pairs, model_config, select_clouds
+from pointforge.tasks.upsampler import SyntheticSection, ensure_synthetic_pairs, model_config, select_clouds
 from pointforge.train import checkpoint as ck
 from pointforge.train.data import derive_seed, seed_everything
 from pointforge.train.engine import train
+from pointforge.train.task import EvalContext
+from pointforge.upsampling.pipeline import upsample_file, upsample_points
 from tests.helpers import QUIET, REPO
 
 pytestmark = pytest.mark.usefixtures("one_thread")

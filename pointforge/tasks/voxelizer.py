@@ -14,7 +14,7 @@ What the engine gets from this task:
 * augmentation (training split only): upstream's ±10° rotation (p 0.8),
   mirror (p 0.5) and implant-point noise (p 0.25), from the dataset's
   (seed, epoch, index) generator. The dataset moves the points; the target
-  grid is resampled to match in :meth:`VoxelizationTask.training_step`, on the
+  grid is resampled to match in :meth:`VoxelizerTask.training_step`, on the
   training device, where 512³ costs milliseconds rather than CPU seconds.
 * loss: MSE between tanh(prediction) and tanh(target), target +0.5 outside and
   −0.5 inside.
@@ -22,7 +22,7 @@ What the engine gets from this task:
   ``val_l2`` (mean squared difference of the predicted and target grids) and
   ``val_iou`` (inside = field ≤ 0); ``best.pt`` is chosen by ``val_iou`` (max).
 
-The epoch reaches the dataset through :meth:`VoxelizationTask.batch_sampler`,
+The epoch reaches the dataset through :meth:`VoxelizerTask.batch_sampler`,
 which the engine calls before every epoch: the engine itself does not call
 ``set_epoch`` (yet), and without it every epoch would repeat epoch 0's
 augmentation.
@@ -50,8 +50,8 @@ from pointforge.data.synthetic import MAX_SIZE, MIN_SIZE
 from pointforge.errors import ConfigError
 from pointforge.nn.dpsr import dpsr_memory_bytes
 from pointforge.nn.voxelizer import VoxelizerConfig, VoxelizerNet, indicator_target, psr_tanh_mse_loss
-from pointforge.tasks.base import EvalContext, StepContext, Task
 from pointforge.train.data import global_batches
+from pointforge.train.task import EvalContext, StepContext, Task
 from pointforge.train.tracking import get_logger
 
 PRESET_NAMES = ("tiny", "small", "paper")
@@ -85,7 +85,7 @@ class SyntheticSection:
 
 
 @dataclass
-class VoxelizationTaskConfig:
+class VoxelizerTaskConfig:
     """The ``task:`` section of a voxelizer config."""
 
     data_root: str = "data/voxelizer/synthetic"
@@ -160,19 +160,19 @@ def iou(inside_a: torch.Tensor, inside_b: torch.Tensor) -> torch.Tensor:
     return torch.where(union > 0, inter / union.clamp_min(1), torch.ones_like(union))
 
 
-class VoxelizationTask(Task):
+class VoxelizerTask(Task):
     name = "voxelizer"
-    Config = VoxelizationTaskConfig
+    Config = VoxelizerTaskConfig
     best_metric = "val_iou"
     best_mode = "max"
 
-    def configure(self, cfg: VoxelizationTaskConfig) -> None:
+    def configure(self, cfg: VoxelizerTaskConfig) -> None:
         self.eval_on = cfg.eval_on
 
-    def build_model(self, cfg: VoxelizationTaskConfig) -> nn.Module:
+    def build_model(self, cfg: VoxelizerTaskConfig) -> nn.Module:
         return VoxelizerNet(cfg.network())
 
-    def data_root(self, cfg: VoxelizationTaskConfig):
+    def data_root(self, cfg: VoxelizerTaskConfig):
         from pathlib import Path
 
         root = Path(cfg.data_root)
@@ -183,7 +183,7 @@ class VoxelizationTask(Task):
             )
         return root
 
-    def build_datasets(self, cfg: VoxelizationTaskConfig) -> tuple[Dataset, Dataset | None]:
+    def build_datasets(self, cfg: VoxelizerTaskConfig) -> tuple[Dataset, Dataset | None]:
         data = PreparedDataset(self.data_root(cfg))
         res = cfg.network().dpsr_res[0]
         common = dict(
@@ -227,7 +227,7 @@ class VoxelizationTask(Task):
             train_iou = iou(out.psr <= 0, inside).mean()
         return loss, {"iou": train_iou}
 
-    def memory_estimate(self, cfg: VoxelizationTaskConfig, micro_batch: int) -> int:
+    def memory_estimate(self, cfg: VoxelizerTaskConfig, micro_batch: int) -> int:
         """The DPSR solve with gradients (:func:`~pointforge.nn.dpsr.dpsr_memory_bytes`) plus the loss's grids.
 
         Per sample the loss holds a bool inside grid and four float32 grids for

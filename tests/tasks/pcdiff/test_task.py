@@ -18,14 +18,14 @@ from pointforge.errors import CheckpointError, ConfigError, DataError, UserError
 from pointforge.inference.pcdiff import complete, load_pcdiff
 from pointforge.nn.diffusion import NoiseSchedule, diffusion_loss, make_sampler
 from pointforge.ops.pcdiff_import import import_pcdiff_checkpoint
-from pointforge.tasks import completion as pc
-from pointforge.tasks.completion import (
-    CompletionTask,
+from pointforge.tasks.pcdiff import task as pc
+from pointforge.tasks.configs import load_train_config
+from pointforge.tasks.pcdiff.task import (
     PCDiffDataset,
+    PCDiffTask,
     SyntheticSection,
     ensure_prepared_dataset,
 )
-from pointforge.tasks.configs import load_train_config
 from pointforge.train import checkpoint as ck
 from pointforge.train.engine import train
 from tests.helpers import REPO
@@ -86,7 +86,7 @@ def test_presets_load_and_paper_is_the_published_setup():
     assert (d.schedule, d.beta_start, d.beta_end, d.timesteps) == ("linear", 1e-4, 0.02, 1000)
     assert (paper.task.model, paper.task.n_skull, paper.task.n_implant) == ("paper", 27648, 3072)
     for cfg in (tiny, small, paper):
-        task = CompletionTask()
+        task = PCDiffTask()
         task.configure(cfg.task)  # builds the schedule and the evaluation sampler
         assert task.schedule.num_timesteps == cfg.task.diffusion.timesteps
     # Point counts default to the preset's.
@@ -191,7 +191,7 @@ class _Recorder(torch.nn.Module):
 
 def test_training_step_noises_only_the_implant_points(dataset_root):
     cfg = tiny_cfg(Path("unused"), dataset_root).task
-    task = CompletionTask()
+    task = PCDiffTask()
     task.configure(cfg)
     train_ds, val_ds = task.build_datasets(cfg)
     batch = torch.utils.data.default_collate([train_ds[0], train_ds[1]])
@@ -214,7 +214,7 @@ def test_training_step_noises_only_the_implant_points(dataset_root):
 
 def test_batch_sampler_hook_sets_the_dataset_epoch(dataset_root):
     ds = PCDiffDataset(dataset_root, "train", n_skull=896, n_implant=128)
-    task = CompletionTask()
+    task = PCDiffTask()
     first = ds[0]["points"]
     assert task.batch_sampler(ds, rank=0, world_size=1, micro_batch=4, accumulation=1, seed=0, epoch=3) is None
     assert ds.epoch == 3 and not torch.equal(ds[0]["points"], first)
@@ -238,13 +238,13 @@ def test_implant_distances_in_normalised_units_and_mm():
 
 def test_train_tiny_through_the_engine_then_load_and_complete(tmp_path, dataset_root, monkeypatch):
     epochs_seen = []
-    hook = CompletionTask.batch_sampler
+    hook = PCDiffTask.batch_sampler
 
     def spy(self, dataset, **kwargs):
         epochs_seen.append(kwargs["epoch"])
         return hook(self, dataset, **kwargs)
 
-    monkeypatch.setattr(CompletionTask, "batch_sampler", spy)
+    monkeypatch.setattr(PCDiffTask, "batch_sampler", spy)
     cfg = tiny_cfg(
         tmp_path / "run",
         dataset_root,
@@ -265,7 +265,8 @@ def test_train_tiny_through_the_engine_then_load_and_complete(tmp_path, dataset_
         assert len(samples["case_id"]) == 2
     assert epochs_seen[-2:] == [0, 1]  # the hook ran before each epoch: the datasets' epochs advance
 
-    model, schedule, config = loaded = load_pcdiff(run / "checkpoints" / "latest.pt")
+    loaded = load_pcdiff(run / "checkpoints" / "latest.pt")
+    model, schedule, config = loaded.model, loaded.schedule, loaded.config
     assert loaded.weights == "ema" and not model.training and config.n_implant == 128
     assert load_pcdiff(run / "checkpoints" / "latest.pt", weights="model").weights == "model"
     data = PreparedDataset(dataset_root)
@@ -364,7 +365,8 @@ def test_imported_checkpoint_loads_and_reproduces_upstream(tmp_path, upstream_ti
     state = ck.load_checkpoint(tmp_path / "ours.pt")
     assert ck.is_pointforge_checkpoint(state) and state["task"] == "pcdiff" and state["ema"] is None
     assert state["progress"]["epoch"] == 8 and state["imported_from"]["optimizer_state"].startswith("dropped")
-    model, schedule, config = loaded = load_pcdiff(tmp_path / "ours.pt")
+    loaded = load_pcdiff(tmp_path / "ours.pt")
+    model, schedule, config = loaded.model, loaded.schedule, loaded.config
     assert loaded.weights == "model" and config.model == "tiny" and schedule.num_timesteps == 1000
     with torch.no_grad():
         y = model(upstream_tiny["x"], upstream_tiny["t"])

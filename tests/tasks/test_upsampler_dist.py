@@ -16,7 +16,7 @@ import pytest
 
 from pointforge.data.batching import PointBudgetBatchSampler
 from pointforge.data.pairs import UpsamplingPairs, read_manifest
-from pointforge.tasks.upsampling import _split
+from pointforge.tasks.upsampler import _split
 from tests.helpers import REPO, Job, torchrun_command
 
 pytestmark = pytest.mark.dist

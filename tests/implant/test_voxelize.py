@@ -14,14 +14,8 @@ from torch import nn
 from pointforge.config import to_dict
 from pointforge.data.volumes import Volume
 from pointforge.errors import CheckpointError, ConfigError, DataError
-from pointforge.inference.voxelizer import (
-    field_to_mesh,
-    load_voxelizer,
-    points_to_field,
-    points_to_volume,
-    resample_inside,
-    unit_points,
-)
+from pointforge.implant.voxelize import field_to_mesh, points_to_field, points_to_volume, resample_inside, unit_points
+from pointforge.inference.voxelizer import load_voxelizer
 from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config
 from pointforge.train import checkpoint as ck
@@ -140,7 +134,7 @@ def test_resampling_is_trilinear_and_chunking_changes_nothing():
 @pytest.mark.parametrize("shape", [(16, 16, 16), (16, 12, 9)])
 def test_a_field_at_the_volumes_resolution_is_only_thresholded(shape):
     """The shortcut for a solve at the volume's own resolution gives what interpolating would."""
-    from pointforge.inference.voxelizer import _interpolate_inside
+    from pointforge.implant.voxelize import _interpolate_inside
 
     field = torch.randn(16, 16, 16, generator=torch.Generator().manual_seed(1))
     fast = resample_inside(field, shape)
@@ -203,13 +197,14 @@ def _voxelizer_checkpoint(path: Path, *, ema: bool) -> nn.Module:
 
 def test_load_voxelizer_builds_the_trained_network(tmp_path):
     model = _voxelizer_checkpoint(tmp_path / "v.pt", ema=True)
-    loaded, cfg = load_voxelizer(tmp_path / "v.pt", "cpu")
+    result = load_voxelizer(tmp_path / "v.pt", "cpu")
+    loaded, cfg = result.model, result.run_config
     assert cfg.run.task == "voxelizer" and cfg.task.preset == "tiny" and loaded.cfg.dpsr_res == (64, 64, 64)
     assert loaded.cfg.grid_resolution == 16  # the config's override of the preset
     assert not loaded.training
     weight = "encoder.fc_pos.weight"
     assert torch.equal(loaded.state_dict()[weight], model.state_dict()[weight] + 1.0)  # EMA weights preferred
-    raw, _ = load_voxelizer(tmp_path / "v.pt", use_ema=False)
+    raw = load_voxelizer(tmp_path / "v.pt", weights="model").model
     assert torch.equal(raw.state_dict()[weight], model.state_dict()[weight])
 
 

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from pointforge.data.frames import LocalFrame, estimate_implant_center, nearest_indices
 from pointforge.errors import ConfigError
 from pointforge.nn.diffusion import (
     MarkConditioning,
@@ -19,9 +18,16 @@ from pointforge.nn.diffusion import (
     model_prediction,
     rescale_zero_terminal_snr,
 )
-from pointforge.nn.placement import condition_use, placement_metrics
-from pointforge.tasks.completion_frame import FramedDenoiser, FrameSection, frame_condition
 from pointforge.tasks.configs import load_train_config
+from pointforge.tasks.pcdiff.frame import (
+    FramedDenoiser,
+    FrameSection,
+    LocalFrame,
+    estimate_implant_center,
+    frame_condition,
+    nearest_indices,
+)
+from pointforge.tasks.pcdiff.placement import condition_use, placement_metrics
 from tests.helpers import CONFIGS as REPO_CONFIGS
 
 CONFIGS = REPO_CONFIGS / "pcdiff"
@@ -229,10 +235,10 @@ def test_formulation_config_errors(override, fragment):
 def test_framed_run_logs_placement_and_its_checkpoint_places_implants_alone(tmp_path, tmp_path_factory):
     from pointforge.data.skulls import PreparedDataset
     from pointforge.inference.pcdiff import complete, load_pcdiff
-    from pointforge.tasks.completion import SyntheticSection, ensure_prepared_dataset
+    from pointforge.tasks.pcdiff.task import SyntheticSection, ensure_prepared_dataset
     from pointforge.train.engine import train
 
-    # The same path and spec as test_completion.py's dataset: whichever module runs first builds it.
+    # The same path and spec as tests/tasks/pcdiff/test_task.py's dataset: whichever module runs first builds it.
     root = ensure_prepared_dataset(
         tmp_path_factory.getbasetemp() / "pcdiff-synthetic",
         SyntheticSection(skulls=4, size=64, seed=0, points=4096, split="0.5,0.25,0.25"),
@@ -289,7 +295,7 @@ def test_framed_run_logs_placement_and_its_checkpoint_places_implants_alone(tmp_
 
 
 def test_mirror_flips_half_the_training_items_left_right_and_nothing_else(tmp_path_factory):
-    from pointforge.tasks.completion import CompletionTask, PCDiffDataset, SyntheticSection, ensure_prepared_dataset
+    from pointforge.tasks.pcdiff.task import PCDiffDataset, PCDiffTask, SyntheticSection, ensure_prepared_dataset
 
     root = ensure_prepared_dataset(
         tmp_path_factory.getbasetemp() / "pcdiff-synthetic",
@@ -310,7 +316,7 @@ def test_mirror_flips_half_the_training_items_left_right_and_nothing_else(tmp_pa
     # Only the training split is mirrored.
     cfg = load_train_config("pcdiff", CONFIGS / "demo.yaml", [f"task.data_root={root}"])
     assert cfg.task.mirror
-    train_set, val_set = CompletionTask().build_datasets(cfg.task)
+    train_set, val_set = PCDiffTask().build_datasets(cfg.task)
     assert train_set.mirror and (val_set is None or not val_set.mirror)
 
 

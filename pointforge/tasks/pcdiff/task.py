@@ -50,10 +50,10 @@ from pointforge.nn.diffusion import (
 )
 from pointforge.nn.knn import knn
 from pointforge.nn.losses import chamfer_distance
-from pointforge.nn.placement import condition_use, placement_metrics
 from pointforge.nn.pvcnn import PVCNN2, get_preset
-from pointforge.tasks.base import EvalContext, StepContext, Task
-from pointforge.tasks.completion_frame import FramedDenoiser, FrameSection, atlas_center, build_atlas, frame_condition
+from pointforge.tasks.pcdiff.frame import FramedDenoiser, FrameSection, atlas_center, build_atlas, frame_condition
+from pointforge.tasks.pcdiff.placement import condition_use, placement_metrics
+from pointforge.train.task import EvalContext, StepContext, Task
 from pointforge.train.tracking import get_logger
 
 __all__ = [
@@ -62,7 +62,7 @@ __all__ = [
     "DiffusionSection",
     "EvalSection",
     "PCDiffConfig",
-    "CompletionTask",
+    "PCDiffTask",
     "PCDiffDataset",
     "build_schedule",
     "build_eval_sampler",
@@ -434,7 +434,7 @@ def implant_distances(
 # --------------------------------------------------------------------------- the task
 
 
-class CompletionTask(Task):
+class PCDiffTask(Task):
     """PCDiff training: PVCNN2 + Gaussian diffusion on the implant points (module docs)."""
 
     name = "pcdiff"
@@ -560,26 +560,3 @@ def _save_samples(path: Path, saved: Mapping[str, list]) -> None:
             pred_voxel=np.concatenate(saved["pred_voxel"]),
             true_voxel=np.concatenate(saved["true_voxel"]),
         )
-
-
-# Names that moved up a layer (inference, ops): imported by string on first use,
-# since importing them here would import upward (they import this module).
-_MOVED = {
-    "LoadedPCDiff": "pointforge.inference.pcdiff",
-    "load_pcdiff": "pointforge.inference.pcdiff",
-    "complete": "pointforge.inference.pcdiff",
-    "ImportResult": "pointforge.ops.pcdiff_import",
-    "import_pcdiff_checkpoint": "pointforge.ops.pcdiff_import",
-}
-
-
-def __getattr__(name: str) -> Any:
-    """Keep ``from pointforge.tasks.completion import load_pcdiff`` (and the other moved names) working."""
-    home = _MOVED.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-    import warnings
-
-    warnings.warn(f"pointforge.tasks.completion.{name} moved to {home}.{name}", DeprecationWarning, stacklevel=2)
-    return getattr(importlib.import_module(home), name)

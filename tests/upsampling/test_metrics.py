@@ -12,9 +12,9 @@ from pointforge.cli.entry import run
 from pointforge.cli.main import app
 from pointforge.data.pointio import write_points
 from pointforge.errors import DataError
-from pointforge.inference.upsampling_baselines import BASELINES, knn_midpoints, plane_fit, upsample_baseline
-from pointforge.inference.upsampling_eval import evaluate_upsampling, write_upsampling_reports
-from pointforge.inference.upsampling_metrics import (
+from pointforge.upsampling.baselines import BASELINES, knn_midpoints, plane_fit, upsample_baseline
+from pointforge.upsampling.evaluate import evaluate_upsampling, write_upsampling_reports
+from pointforge.upsampling.metrics import (
     chamfer,
     cloud_metrics,
     hausdorff,

@@ -20,14 +20,14 @@ import torch
 
 from pointforge.inference.pcdiff import load_pcdiff
 from pointforge.nn.diffusion import diffusion_loss, make_sampler
-from pointforge.tasks.completion import (
-    CompletionTask,
+from pointforge.tasks.configs import load_train_config
+from pointforge.tasks.pcdiff.task import (
     PCDiffDataset,
+    PCDiffTask,
     SyntheticSection,
     ensure_prepared_dataset,
     implant_distances,
 )
-from pointforge.tasks.configs import load_train_config
 from pointforge.train.data import derive_seed, seed_everything
 from pointforge.train.engine import train
 from tests.helpers import REPO, torch_threads
@@ -38,7 +38,7 @@ SYNTH = SyntheticSection(skulls=4, size=64, seed=0, points=4096, split="0.5,0.25
 
 @pytest.fixture(scope="session")
 def dataset_root(tmp_path_factory) -> Path:
-    # The same path and spec as test_completion.py: whichever module runs first builds it.
+    # The same path and spec as tests/tasks/pcdiff/test_task.py: whichever module runs first builds it.
     return ensure_prepared_dataset(tmp_path_factory.getbasetemp() / "pcdiff-synthetic", SYNTH)
 
 
@@ -70,7 +70,7 @@ def test_loss_falls_through_the_engine(tmp_path, dataset_root):
             "log.every_steps=2",
         ],
     )
-    task = CompletionTask()
+    task = PCDiffTask()
     task.configure(cfg.task)
     train_ds, _ = task.build_datasets(cfg.task)
     x0 = torch.stack([train_ds[i]["points"] for i in range(len(train_ds))]).transpose(1, 2)
@@ -113,7 +113,7 @@ def test_overfit_one_case_samples_its_implant_under_every_sampler(dataset_root):
             "task.eval.steps=10",
         ],
     ).task
-    task = CompletionTask()
+    task = PCDiffTask()
     task.configure(cfg)
     case = PCDiffDataset(dataset_root, "train", n_skull=n_skull, n_implant=n_implant)[0]
     batch = {"points": case["points"][None].repeat(4, 1, 1)}  # one case, four noise draws per step

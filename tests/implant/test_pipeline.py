@@ -24,7 +24,9 @@ from pointforge.data.cache import ensure_synthetic_prepared
 from pointforge.data.skulls import PreparedDataset
 from pointforge.data.volumes import read_volume, write_volume
 from pointforge.errors import UserError
-from pointforge.implant.generate import GenerateOptions, case_done, generate_case, generate_folder, load_models
+from pointforge.implant.folder import generate_folder
+from pointforge.implant.pipeline import GenerateOptions, load_models
+from pointforge.implant.writer import case_done, generate_case
 from pointforge.tasks.configs import load_train_config
 from pointforge.train.engine import train
 from tests.helpers import QUIET, REPO

@@ -22,7 +22,8 @@ from pointforge.data.skulls import (
 )
 from pointforge.data.volumes import read_binary_volume
 from pointforge.errors import ConfigError
-from pointforge.inference.voxelizer import load_voxelizer, points_to_volume
+from pointforge.implant.voxelize import points_to_volume
+from pointforge.inference.voxelizer import load_voxelizer
 from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config
 from pointforge.train import checkpoint as ck
@@ -252,7 +253,8 @@ class RadialNormals(torch.nn.Module):
 
 def test_trained_tiny_reconstructs_held_out_skulls(trained):
     result, cfg, data_root = trained
-    model, loaded_cfg = load_voxelizer(Path(cfg.run.dir) / "checkpoints" / "best.pt")
+    loaded = load_voxelizer(Path(cfg.run.dir) / "checkpoints" / "best.pt")
+    model, loaded_cfg = loaded.model, loaded.run_config
     assert loaded_cfg.task.model == cfg.task.model
     scores = _held_out_iou(model, data_root)
     blob = _held_out_iou(RadialNormals(model.cfg), data_root)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from pointforge.errors import ConfigError
-from pointforge.inference.upsampler import check_upsample_memory, upsample_cloud, upsample_memory_bytes
 from pointforge.nn.upsampler import UpsamplerConfig, build_upsampler
+from pointforge.upsampling.pipeline import check_upsample_memory, upsample_cloud, upsample_memory_bytes
 
 
 def test_upsample_estimate_grows_with_points_and_width_and_names_the_most_that_fit():
