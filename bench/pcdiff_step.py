@@ -1,6 +1,6 @@
 """PCDiff training step of the demo recipe on CPU: seconds per step and steps per second.
 
-The workload is one optimizer step of ``configs/pcdiff/demo.yaml`` (PVCNN2 ``tiny``,
+The workload is one optimizer step of ``pointforge/configs/pcdiff/demo.yaml`` (PVCNN2 ``tiny``,
 1536 skull + 256 implant points, batch 4, Adam, one torch thread): forward, diffusion
 loss, backward, Adam step, zero_grad. Data loading (the task's dataset and collate, as
 the engine's loader runs them with ``num_workers: 0``) is timed separately. Two recipes:

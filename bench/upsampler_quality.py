@@ -3,7 +3,7 @@
 The held-out pairs are synthetic airborne-lidar tiles (terrain, tree crowns,
 buildings on the larger tiles; :func:`pointforge.data.pairs.synthetic_pair`)
 drawn from ``--seed`` (default 1000), which the training presets never use
-(``configs/upsampler/*.yaml`` draw their pairs from seed 0), with sizes spread
+(``pointforge/configs/upsampler/*.yaml`` draw their pairs from seed 0), with sizes spread
 log-uniformly over ``--min``..``--max`` sparse points. Every method turns each
 sparse cloud into exactly r·N points and is scored by
 :func:`pointforge.upsampling.evaluate.evaluate_upsampling` (Chamfer,
@@ -20,7 +20,7 @@ run: ``DIR/checkpoints/best.pt``; training minutes = its run.json's wall time)
 or ``--train CONFIG`` (trains it here first, in a subprocess, and also records
 the training's CPU minutes).
 
-    python bench/upsampler_quality.py --train configs/upsampler/small.yaml [--set train.epochs=25]
+    python bench/upsampler_quality.py --train pointforge/configs/upsampler/small.yaml [--set train.epochs=25]
     python bench/upsampler_quality.py --run runs/upsampler/small
 """
 
@@ -115,7 +115,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--run", type=Path, help="existing upsampler run dir (uses checkpoints/best.pt)")
-    source.add_argument("--train", help="train this config first, e.g. configs/upsampler/small.yaml")
+    source.add_argument("--train", help="train this config first, e.g. pointforge/configs/upsampler/small.yaml")
     parser.add_argument("--pairs", type=int, default=12)
     parser.add_argument("--min", type=int, default=2_000)
     parser.add_argument("--max", type=int, default=10_000)

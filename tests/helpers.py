@@ -23,7 +23,7 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIGS = REPO / "configs"
+CONFIGS = REPO / "pointforge" / "configs"
 TOY_TINY = CONFIGS / "toy" / "tiny.yaml"
 # Outputs of the upstream implementations on fixed inputs, kept beside the repository.
 FIXTURES = REPO.parent / "shared" / "fixtures"

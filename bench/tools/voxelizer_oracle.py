@@ -10,7 +10,7 @@ the completed skull's volume IoU, the implant without post-processing
 (``dsc_raw_near``: completed minus defective, near the implant points) and,
 with --pp, the chain's own losses (on the true complete skull, dilate 0, ...).
 
-A measuring script kept with the numbers it produced (configs/voxelizer/demo.yaml,
+A measuring script kept with the numbers it produced (pointforge/configs/voxelizer/demo.yaml,
 bench/voxelizer_demo.md), not one of the benchmarks ``make bench`` runs. It calls the
 chain without a spacing, i.e. upstream's fixed 3³ sizes; ``pointforge generate`` now
 sizes them in millimetres (pointforge/implant/postprocess.py).

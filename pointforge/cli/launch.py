@@ -71,7 +71,7 @@ def launch_command(
 
     if spec is None:
         raise ConfigError(
-            "nothing to launch; give a plan file (see configs/launch/example.yaml) or --job NAME:TASK:GPUS[:CONFIG]"
+            "nothing to launch; give a plan file (see pointforge/configs/launch/example.yaml) or --job NAME:TASK:GPUS[:CONFIG]"
         )
     if resume not in (None, "auto", "none") and len(spec.jobs) > 1:
         raise ConfigError(

@@ -33,7 +33,9 @@ def train_command(
     overrides: Optional[List[str]] = typer.Argument(
         None, help="key=value overrides, e.g. optim.lr=1e-4 data.global_batch=16."
     ),
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML preset (e.g. configs/toy/tiny.yaml)."),
+    config: Optional[Path] = typer.Option(
+        None, "--config", "-c", help="A preset name (tiny, small, demo, paper) or a YAML file."
+    ),
     resume: Optional[str] = typer.Option(
         None, "--resume", help="'auto' (newest good checkpoint in the run dir) or a checkpoint path."
     ),
@@ -200,7 +202,10 @@ def ckpt_import_pcdiff(
         help="PVCNN2 preset the weights are for (paper, small, tiny); default: found from the weights.",
     ),
     config: Optional[Path] = typer.Option(
-        None, "--config", "-c", help="PCDiff training config to store with it (e.g. configs/pcdiff/paper.yaml)."
+        None,
+        "--config",
+        "-c",
+        help="PCDiff training config to store with it: a preset name (e.g. paper) or a YAML file.",
     ),
     force: bool = typer.Option(False, "--force", help="Replace TARGET if it exists."),
     trust: bool = typer.Option(

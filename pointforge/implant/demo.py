@@ -61,7 +61,7 @@ from pointforge.implant.view import PLOTLY_JS
 from pointforge.implant.writer import generate_case
 from pointforge.tasks.pcdiff.placement import placement_metrics
 
-REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+REPO_CONFIGS = Path(__file__).resolve().parents[1] / "configs"  # package data
 PCDIFF_CONFIG = REPO_CONFIGS / "pcdiff" / "demo.yaml"
 VOXELIZER_CONFIG = REPO_CONFIGS / "voxelizer" / "demo.yaml"
 
@@ -534,11 +534,11 @@ def _reproduce_commands() -> list[tuple[str, str]]:
         ("prepare SkullBreak", "pointforge data prepare /data/SkullBreak --out data/skullbreak"),
         (
             "train PCDiff on 8 GPUs",
-            "pointforge train pcdiff --config configs/pcdiff/paper.yaml --nproc 8 task.data_root=data/skullbreak",
+            "pointforge train pcdiff --config paper --nproc 8 task.data_root=data/skullbreak",
         ),
         (
             "train the voxelizer on 8 GPUs",
-            "pointforge train voxelizer --config configs/voxelizer/paper.yaml --nproc 8 task.data_root=data/skullbreak",
+            "pointforge train voxelizer --config paper --nproc 8 task.data_root=data/skullbreak",
         ),
         (
             "generate the test split's implants",

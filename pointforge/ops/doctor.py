@@ -941,7 +941,7 @@ def _plan_checks(
 
 
 def _task_from_config(config: str | os.PathLike | None) -> str | None:
-    """``run.task`` in the file, else the preset folder's name when it is a task (configs/toy/tiny.yaml → toy)."""
+    """``run.task`` in the file, else the preset folder's name when it is a task (pointforge/configs/toy/tiny.yaml → toy)."""
     if config is None:
         return None
     from pointforge.config import load_yaml

@@ -254,7 +254,7 @@ def parse_job_flag(text: str) -> JobSpec:
     parts = text.split(":", 3)
     if len(parts) < 3 or not all(parts[:3]):
         raise ConfigError(
-            f"--job {text!r}: write NAME:TASK:GPUS[:CONFIG], e.g. --job pcdiff:pcdiff:0-6:configs/pcdiff/paper.yaml"
+            f"--job {text!r}: write NAME:TASK:GPUS[:CONFIG], e.g. --job pcdiff:pcdiff:0-6:pointforge/configs/pcdiff/paper.yaml"
         )
     name, task, gpus = parts[:3]
     data: dict[str, Any] = {"name": name, "task": task}

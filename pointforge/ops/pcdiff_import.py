@@ -61,7 +61,7 @@ def _check_upstream_formulation(task) -> None:
     if changed:
         raise ConfigError(
             f"an upstream PCDiff checkpoint uses the upstream formulation, but the config sets {', '.join(changed)}; "
-            "import with configs/pcdiff/paper.yaml or a config without them"
+            "import with pointforge/configs/pcdiff/paper.yaml or a config without them"
         )
 
 

@@ -6,7 +6,7 @@ three per-cloud statistics (mean of x·y, of z², of sin 3x). A PointNet-style
 MLP with mean+max pooling learns them in seconds on a CPU.
 
 ``step_delay_s`` paces a run (a sleep in every training step) so that a
-rehearsal of launch, monitor and stop (``configs/launch/toy.yaml``) lasts long
+rehearsal of launch, monitor and stop (``pointforge/configs/launch/toy.yaml``) lasts long
 enough to watch. The engine's tests inject faults through a subclass of this
 task that they register themselves (``tests/faulty_toy.py``); nothing here is
 test-only.

@@ -185,7 +185,7 @@ def test_the_report_counts_failures_as_zero_and_says_who_wins(tmp_path):
     # Which stage limits the result: PCDiff's row with its placement, the oracle's, the baseline's.
     assert "| PCDiff (chosen models) | 0.400 |" in text and "| 4.2 | 1.12 | 3.0 | 2.5 |" in text
     assert "| the true implant (oracle) | 0.800 |" in text and "| baseline (mean registered skull) | 0.500 |" in text
-    assert "pointforge train pcdiff --config configs/pcdiff/paper.yaml --nproc 8" in text
+    assert "pointforge train pcdiff --config paper --nproc 8" in text
     assert (tmp_path / "curve.png").stat().st_size > 5_000
     html_text = page.read_text()
     assert html_text.startswith("<!doctype html>") and "does NOT beat the baseline" in html_text

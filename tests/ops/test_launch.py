@@ -59,8 +59,13 @@ def test_gpu_lists_and_job_flags():
     ):
         with pytest.raises(ConfigError, match=match):
             parse_gpu_list(bad, "t")
-    spec = ops.parse_job_flag("pc:toy:0-6:configs/toy/tiny.yaml")
-    assert (spec.name, spec.task, spec.gpus, spec.config) == ("pc", "toy", list(range(7)), "configs/toy/tiny.yaml")
+    spec = ops.parse_job_flag("pc:toy:0-6:pointforge/configs/toy/tiny.yaml")
+    assert (spec.name, spec.task, spec.gpus, spec.config) == (
+        "pc",
+        "toy",
+        list(range(7)),
+        "pointforge/configs/toy/tiny.yaml",
+    )
     cpu = ops.parse_job_flag("c:toy:cpu2")
     assert cpu.cpu == 2 and cpu.gpus == [] and cpu.config is None
     with pytest.raises(ConfigError, match="NAME:TASK:GPUS"):

@@ -33,7 +33,7 @@ from tests.helpers import REPO
 
 TINY = REPO / "configs" / "voxelizer" / "tiny.yaml"
 
-# Measured with configs/voxelizer/tiny.yaml as it is (100 steps of batch 2, one
+# Measured with pointforge/configs/voxelizer/tiny.yaml as it is (100 steps of batch 2, one
 # thread, torch 2.13 CPU, about 12 s): mean volume IoU over the 5 held-out test
 # cases (the 5 defects of the skull the split holds out) 0.444, per case
 # 0.39-0.48. Baselines: all outside 0; a blob (the same points with normals

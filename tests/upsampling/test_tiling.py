@@ -15,10 +15,10 @@ from pointforge.data.pairs import synthetic_pair
 from pointforge.data.pointio import LasGeometry, read_points, write_points
 from pointforge.data.pointstream import cloud_writer, open_cloud
 from pointforge.errors import ConfigError
-from pointforge.upsampling import pipeline as upsampler_module, tiling as tiling_module
 from pointforge.inference.upsampler import LoadedUpsampler
 from pointforge.nn.upsampler import build_upsampler
 from pointforge.tasks.configs import load_train_config
+from pointforge.upsampling import pipeline as upsampler_module, tiling as tiling_module
 from pointforge.upsampling.pipeline import upsample_cloud, upsample_file, upsample_points
 from pointforge.upsampling.tiling import choose_tile_points, iter_tiles, tile_cloud
 from tests.helpers import REPO, run_cli

@@ -1,6 +1,6 @@
 """PCDiff: skull completion by point cloud diffusion, as a training task and a Python API.
 
-The task (``pointforge train pcdiff --config configs/pcdiff/{tiny,small,paper}.yaml``):
+The task (``pointforge train pcdiff --config pointforge/configs/pcdiff/{tiny,small,paper}.yaml``):
 
 * model: a :class:`~pointforge.nn.pvcnn.PVCNN2` preset (``task.model``);
 * data: a prepared dataset (``task.data_root``, written by ``pointforge data

@@ -18,8 +18,8 @@ from pointforge.errors import CheckpointError, ConfigError, DataError, UserError
 from pointforge.inference.pcdiff import complete, load_pcdiff
 from pointforge.nn.diffusion import NoiseSchedule, diffusion_loss, make_sampler
 from pointforge.ops.pcdiff_import import import_pcdiff_checkpoint
-from pointforge.tasks.pcdiff import task as pc
 from pointforge.tasks.configs import load_train_config
+from pointforge.tasks.pcdiff import task as pc
 from pointforge.tasks.pcdiff.task import (
     PCDiffDataset,
     PCDiffTask,
