@@ -56,7 +56,7 @@ import torch
 from torch import nn
 
 from _common import machine, print_table, proc_status_mb, reset_peak, write_json
-from pointforge.config import to_dict
+from pointforge.config.coercion import to_dict
 from pointforge.data.skulls import bbox_normalization
 from pointforge.data.surface import surface_points
 from pointforge.data.synthetic import make_defect, make_skull

@@ -47,7 +47,7 @@ import torch
 import yaml
 
 from _common import machine, print_table, write_json
-from pointforge.config import from_dict
+from pointforge.config.coercion import from_dict
 from pointforge.nn import pvcnn, pvops
 from pointforge.tasks.pcdiff.task import PCDiffConfig, PCDiffTask
 

@@ -8,12 +8,13 @@ from typing import Literal
 import pytest
 import yaml
 
-from pointforge import config as C
+from pointforge.config.coercion import from_dict, to_dict
+from pointforge.config.loader import dump_yaml, load, load_yaml, parse_overrides
 from pointforge.errors import ConfigError
 from pointforge.tasks.configs import load_train_config, train_config_from_dict
-from tests.helpers import REPO
+from tests.helpers import CONFIGS
 
-TINY = REPO / "configs" / "toy" / "tiny.yaml"
+TINY = CONFIGS / "toy" / "tiny.yaml"
 
 
 @dataclass
@@ -34,7 +35,7 @@ class Outer:
 
 
 def test_overrides_coerce_to_field_types():
-    cfg = C.load(
+    cfg = load(
         Outer,
         overrides=[
             "inner.size=7",
@@ -58,36 +59,36 @@ def test_overrides_coerce_to_field_types():
 def test_yaml_then_overrides(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump({"inner": {"size": 4, "mode": "slow"}}))
-    cfg = C.load(Outer, path, ["inner.size=5"])
+    cfg = load(Outer, path, ["inner.size=5"])
     assert (cfg.inner.size, cfg.inner.mode) == (5, "slow")
 
 
 def test_unknown_key_names_key_choices_and_suggestion():
     with pytest.raises(ConfigError) as info:
-        C.load(Outer, overrides=["inner.sise=3"])
+        load(Outer, overrides=["inner.sise=3"])
     msg = str(info.value)
     assert "inner.sise" in msg and "did you mean 'inner.size'" in msg and "ratio" in msg
 
 
 def test_wrong_type_names_key_value_and_type():
     with pytest.raises(ConfigError, match=r"inner.size' got 'abc', expected int"):
-        C.load(Outer, overrides=["inner.size=abc"])
+        load(Outer, overrides=["inner.size=abc"])
     with pytest.raises(ConfigError, match=r"inner.size' got 2.5, expected int"):
-        C.load(Outer, overrides=["inner.size=2.5"])
+        load(Outer, overrides=["inner.size=2.5"])
     with pytest.raises(ConfigError, match="valid choices: fast, slow"):
-        C.load(Outer, overrides=["inner.mode=medium"])
+        load(Outer, overrides=["inner.mode=medium"])
     with pytest.raises(ConfigError, match="is a section"):
-        C.load(Outer, overrides=["inner=3"])
+        load(Outer, overrides=["inner=3"])
 
 
 def test_malformed_override():
     with pytest.raises(ConfigError, match="key=value"):
-        C.parse_overrides(["optim.lr"])
+        parse_overrides(["optim.lr"])
 
 
 def test_round_trip_through_dict():
-    cfg = C.load(Outer, overrides=["inner.betas=[0.1,0.2]"])
-    again = C.from_dict(Outer, yaml.safe_load(C.dump_yaml(cfg)))
+    cfg = load(Outer, overrides=["inner.betas=[0.1,0.2]"])
+    again = from_dict(Outer, yaml.safe_load(dump_yaml(cfg)))
     assert again == cfg
 
 
@@ -98,7 +99,7 @@ def test_train_config_from_preset_and_task_section():
     assert cfg.task.hidden == 8 and type(cfg.task).__name__ == "ToyConfig"
     assert cfg.log.progress == "off"
     assert cfg.run.task == "toy" and cfg.run.dir == "runs/toy/tiny"
-    rebuilt = train_config_from_dict(C.to_dict(cfg))
+    rebuilt = train_config_from_dict(to_dict(cfg))
     assert rebuilt == cfg
 
 
@@ -117,14 +118,7 @@ def test_bad_yaml_reports_line(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("train:\n  epochs: [1,\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
-        C.load_yaml(path)
-
-
-def test_the_registry_aware_loaders_still_import_from_config_with_a_warning():
-    with pytest.warns(DeprecationWarning, match="pointforge.tasks.configs"):
-        assert C.load_train_config is load_train_config
-    with pytest.warns(DeprecationWarning, match="pointforge.tasks.configs"):
-        assert C.train_config_from_dict is train_config_from_dict
+        load_yaml(path)
 
 
 def test_a_typo_inside_an_optional_section_names_the_key():

@@ -19,7 +19,7 @@ from typing import Any, Literal, TypeVar
 import torch
 from torch import nn
 
-from pointforge.config import TrainConfig
+from pointforge.config.training import TrainConfig
 from pointforge.devices import resolve_device
 from pointforge.errors import CheckpointError, ConfigError
 from pointforge.tasks import get_task
@@ -46,7 +46,7 @@ class LoadedModel:
     """A trained network in eval mode on ``device``, with what it was trained with.
 
     ``config`` is the task's section of the run config, ``run_config`` the
-    whole resolved :class:`~pointforge.config.TrainConfig`, ``weights`` which
+    whole resolved :class:`~pointforge.config.training.TrainConfig`, ``weights`` which
     weights were loaded (``"ema"`` or ``"model"``), ``source`` the checkpoint.
     """
 

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pointforge.config import TrainConfig
+from pointforge.config.training import TrainConfig
 from pointforge.data.skulls import bbox_normalization
 from pointforge.errors import ConfigError, DataError
 from pointforge.inference.loading import LoadedModel, Weights, load_trained

@@ -944,7 +944,7 @@ def _task_from_config(config: str | os.PathLike | None) -> str | None:
     """``run.task`` in the file, else the preset folder's name when it is a task (pointforge/configs/toy/tiny.yaml → toy)."""
     if config is None:
         return None
-    from pointforge.config import load_yaml
+    from pointforge.config.loader import load_yaml
     from pointforge.tasks import available_tasks
 
     data = load_yaml(config)

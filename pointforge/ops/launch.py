@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from pointforge.atomic import atomic_write_json, atomic_write_text
-from pointforge.config import load_yaml
+from pointforge.config.loader import load_yaml
 from pointforge.errors import CheckpointError, ConfigError, DeviceError, UserError
 from pointforge.ops.host import (
     FAKE_GPUS_ENV,

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from pointforge.config import TrainConfig, to_dict
+from pointforge.config.coercion import to_dict
+from pointforge.config.training import TrainConfig
 from pointforge.errors import CheckpointError, ConfigError
 from pointforge.nn.pcdiff_import import import_upstream_state_dict
 from pointforge.tasks.configs import load_train_config

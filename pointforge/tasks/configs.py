@@ -2,7 +2,7 @@
 
 ``config.py`` sits below every network and task, so it cannot ask the
 registry which dataclass a task's ``task`` section is; this module can, and
-hands that class to :func:`pointforge.config.resolve_train_config`.
+hands that class to :func:`pointforge.config.training.resolve_train_config`.
 
 A config is a YAML file or the name of a preset shipped with the package
 (``pointforge/configs/<task>/<name>.yaml``: ``tiny`` for CI, ``small`` for a
@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from pointforge.config import TrainConfig, resolve_train_config, stored_task_name
+from pointforge.config.training import TrainConfig, resolve_train_config, stored_task_name
 from pointforge.errors import ConfigError
 from pointforge.tasks import get_task
 

@@ -7,7 +7,7 @@ loading). Its top-level keys:
 ``format``/``format_version``  ``"pointforge.checkpoint"``, 1
 ``pointforge_version``/``torch_version``/``saved_at``
 ``task``           task name (``"toy"``, ``"pcdiff"``, ...)
-``config``         the resolved :class:`~pointforge.config.TrainConfig` as a dict
+``config``         the resolved :class:`~pointforge.config.training.TrainConfig` as a dict
 ``model``          state dict of the bare model (no ``module.``/``_orig_mod.``), CPU tensors
 ``ema``            EMA state dict or ``None``
 ``optimizer``/``scheduler``/``scaler``   their ``state_dict()`` (scaler may be ``None``)

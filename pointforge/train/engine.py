@@ -40,7 +40,9 @@ from torch import nn
 
 from pointforge import __version__
 from pointforge.atomic import atomic_write_json
-from pointforge.config import TrainConfig, save_yaml, to_dict
+from pointforge.config.coercion import to_dict
+from pointforge.config.loader import save_yaml
+from pointforge.config.training import TrainConfig
 from pointforge.devices import available_memory_bytes
 from pointforge.errors import CheckpointError, ConfigError, DataError, DeviceError, DiskFullError, UserError
 from pointforge.formats import format_bytes, json_safe

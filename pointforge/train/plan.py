@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from pointforge.config import TrainConfig
+from pointforge.config.training import TrainConfig
 from pointforge.errors import ConfigError, DataError, DeviceError
 from pointforge.train import checkpoint as ckpt_io
 from pointforge.train.data import derive_seed, seed_everything

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from pointforge.config import to_dict
+from pointforge.config.coercion import to_dict
 from pointforge.data.volumes import Volume
 from pointforge.errors import CheckpointError, ConfigError, DataError
 from pointforge.implant.voxelize import field_to_mesh, points_to_field, points_to_volume, resample_inside, unit_points
