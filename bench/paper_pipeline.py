@@ -59,7 +59,8 @@ from _common import machine, print_table, proc_status_mb, reset_peak, write_json
 from pointforge.config.coercion import to_dict
 from pointforge.data.skulls import bbox_normalization
 from pointforge.data.surface import surface_points
-from pointforge.data.synthetic import make_defect, make_skull
+from pointforge.data.synthetic.defects import make_defect
+from pointforge.data.synthetic.domes import make_skull
 from pointforge.data.volumes import Volume, write_volume
 from pointforge.devices import use_threads
 from pointforge.implant.pipeline import GenerateOptions, Models, load_models

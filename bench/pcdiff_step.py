@@ -103,7 +103,7 @@ def switched(path: str) -> Iterator[None]:
 
 def demo_dataset(folder: Path) -> Path:
     from pointforge.data.prepare import prepare_dataset
-    from pointforge.data.synthetic import synthesize
+    from pointforge.data.synthetic.dataset import synthesize
 
     synthesize(str(folder / "raw"), 10, 64, 0, layout="skullbreak")
     prepare_dataset(

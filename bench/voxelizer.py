@@ -67,7 +67,7 @@ def make_inputs(work: Path, seed: int) -> dict:
     import trimesh
 
     from pointforge.data.surface import volume_to_mesh
-    from pointforge.data.synthetic import make_skull
+    from pointforge.data.synthetic.domes import make_skull
 
     mask, spacing = make_skull(SIZE, np.random.default_rng(seed))
     verts, faces = volume_to_mesh(mask)

@@ -20,7 +20,7 @@ def synth(
     layout: str = typer.Option("skullbreak", "--layout", help="skullbreak or skullfix."),
 ) -> None:
     """Write a synthetic SkullBreak- or SkullFix-style dataset."""
-    from pointforge.data.synthetic import synthesize
+    from pointforge.data.synthetic.dataset import synthesize
 
     with progress_bar("synthesising", total=skulls) as advance:
         summary = synthesize(

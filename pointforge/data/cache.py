@@ -137,7 +137,7 @@ def ensure_synthetic_prepared(
 ) -> Path:
     """The prepared dataset folder ``root``, synthesised and prepared first if it does not exist.
 
-    ``skulls`` synthetic skulls of ``size``³ voxels (:func:`pointforge.data.synthetic.synthesize`
+    ``skulls`` synthetic skulls of ``size``³ voxels (:func:`pointforge.data.synthetic.dataset.synthesize`
     with ``seed`` and ``layout``), prepared with ``n_points`` surface points per
     volume and the seeded ``split`` (:func:`pointforge.data.prepare.prepare_dataset`).
     An existing non-empty ``root`` is returned as it is, unless it records a
@@ -145,7 +145,7 @@ def ensure_synthetic_prepared(
     """
     from pointforge.atomic import atomic_write_text
     from pointforge.data.prepare import prepare_dataset
-    from pointforge.data.synthetic import synthesize
+    from pointforge.data.synthetic.dataset import synthesize
 
     root = Path(root)
     wanted = _recipe(skulls, size, seed, n_points, split, layout)

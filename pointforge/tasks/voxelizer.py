@@ -46,7 +46,7 @@ from pointforge.data.skulls import (
     parse_ratios,
     transform_inside,
 )
-from pointforge.data.synthetic import MAX_SIZE, MIN_SIZE
+from pointforge.data.synthetic.grid import MAX_SIZE, MIN_SIZE
 from pointforge.errors import ConfigError
 from pointforge.nn.dpsr import dpsr_memory_bytes
 from pointforge.nn.voxelizer import VoxelizerConfig, VoxelizerNet, indicator_target, psr_tanh_mse_loss

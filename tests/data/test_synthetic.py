@@ -11,8 +11,11 @@ import pytest
 from scipy import ndimage
 from skimage.measure import euler_number
 
-from pointforge.data import synthetic
-from pointforge.data.synthetic import DEFECT_CLASSES, make_defect, make_skull, synthesize
+from pointforge.data.surface import make_well_composed
+from pointforge.data.synthetic import domes, raster
+from pointforge.data.synthetic.dataset import synthesize
+from pointforge.data.synthetic.defects import DEFECT_CLASSES, make_defect
+from pointforge.data.synthetic.domes import make_skull
 from pointforge.data.volumes import read_volume
 from pointforge.errors import ConfigError, DataError
 
@@ -274,9 +277,9 @@ def test_skulls_vary_in_size_and_shape():
 def test_block_sparse_rasterisation_equals_evaluating_every_voxel():
     for seed in (0, 1):
         spacing = np.full(3, 230 / 64)
-        params = synthetic._draw_params(np.random.default_rng(seed), spacing, spacing * 64)
-        sparse = synthetic._rasterize(params, (64, 64, 64), spacing)
-        dense = synthetic._rasterize_dense(params, (64, 64, 64), spacing)
+        params = domes.draw_params(np.random.default_rng(seed), spacing, spacing * 64)
+        sparse = raster.rasterize(params, (64, 64, 64), spacing)
+        dense = raster.rasterize_dense(params, (64, 64, 64), spacing)
         assert sparse.any() and np.array_equal(sparse, dense)
 
 
@@ -292,7 +295,7 @@ def test_well_composed_repair_makes_6_and_26_connectivity_agree():
                 mask[x + 1, y + 1, z] = c == "#"
     assert euler_number(mask, connectivity=1) != euler_number(mask, connectivity=3)
     assert _critical_configurations(mask) > 0
-    repaired = synthetic._make_well_composed(mask.copy())
+    repaired = make_well_composed(mask.copy())
     assert (repaired & mask).sum() == mask.sum() and repaired.sum() - mask.sum() <= 2
     assert euler_number(repaired, connectivity=1) == euler_number(repaired, connectivity=3) == 1
     assert _critical_configurations(repaired) == 0

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
-from pointforge.data.synthetic import make_defect, make_skull
+from pointforge.data.synthetic.defects import make_defect
+from pointforge.data.synthetic.domes import make_skull
 from pointforge.data.volumes import Volume
 from pointforge.errors import DataError
 from pointforge.implant import baseline as B

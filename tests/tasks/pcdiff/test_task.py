@@ -115,7 +115,7 @@ def test_config_errors_name_the_key(override, key):
 
 
 def test_synthetic_dataset_is_built_once_while_other_callers_wait(tmp_path, monkeypatch):
-    import pointforge.data.synthetic as synthetic
+    import pointforge.data.synthetic.dataset as synthetic
 
     calls = []
     real = synthetic.synthesize
