@@ -57,7 +57,7 @@ from torch import nn
 
 from _common import machine, print_table, proc_status_mb, reset_peak, write_json
 from pointforge.config.coercion import to_dict
-from pointforge.data.skulls import bbox_normalization
+from pointforge.data.skulls.normalization import bbox_normalization
 from pointforge.data.surface import surface_points
 from pointforge.data.synthetic.defects import make_defect
 from pointforge.data.synthetic.domes import make_skull

@@ -98,7 +98,7 @@ from _common import machine, print_table, write_json
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pointforge.data.skulls import PreparedDataset  # noqa: E402
+from pointforge.data.skulls.prepared import PreparedDataset  # noqa: E402
 from pointforge.data.volumes import Volume, read_binary_volume  # noqa: E402
 from pointforge.errors import DataError, UserError  # noqa: E402
 from pointforge.formats import json_safe  # noqa: E402

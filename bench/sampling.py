@@ -44,7 +44,8 @@ from _common import machine, print_table, write_json
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pointforge.data.skulls import PreparedDataset, bbox_normalization  # noqa: E402
+from pointforge.data.skulls.normalization import bbox_normalization  # noqa: E402
+from pointforge.data.skulls.prepared import PreparedDataset  # noqa: E402
 from pointforge.inference.pcdiff import complete, load_pcdiff  # noqa: E402
 from pointforge.nn.diffusion import make_sampler  # noqa: E402
 from pointforge.tasks.configs import load_train_config  # noqa: E402

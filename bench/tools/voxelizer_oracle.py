@@ -28,7 +28,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from pointforge.data.skulls import PreparedDataset
+from pointforge.data.skulls.prepared import PreparedDataset
 from pointforge.data.volumes import read_binary_volume, read_volume
 from pointforge.implant.metrics import evaluate_case
 from pointforge.implant.postprocess import implant_from_proposals

@@ -13,7 +13,7 @@ folder and return. No collective is involved, so ranks may arrive at any time.
 A crash mid-build leaves only a temporary folder, which the next builder
 removes: a folder under the final name is always complete.
 
-The prepared folder (what :class:`~pointforge.data.skulls.PreparedDataset`
+The prepared folder (what :class:`~pointforge.data.skulls.prepared.PreparedDataset`
 reads) also holds the raw volumes under ``raw/`` (useful as reference volumes
 for inference) and ``synthetic.json``, the recipe it was made with.
 """

@@ -26,14 +26,9 @@ import numpy as np
 
 from pointforge import __version__
 from pointforge.atomic import atomic_save_npy, atomic_save_npz, atomic_write_text
-from pointforge.data.skulls import (
-    PreparedCase,
-    RawCase,
-    list_cases,
-    parse_ratios,
-    split_skulls,
-    write_manifest,
-)
+from pointforge.data.skulls.layouts import RawCase, list_cases
+from pointforge.data.skulls.prepared import PreparedCase, write_manifest
+from pointforge.data.skulls.splits import parse_ratios, split_skulls
 from pointforge.data.surface import surface_points
 from pointforge.data.volumes import Volume, read_binary_volume
 from pointforge.errors import ConfigError, DataError

@@ -52,7 +52,7 @@ from scipy import ndimage
 from scipy.spatial import cKDTree
 
 from pointforge.data.registration import Registration, register
-from pointforge.data.skulls import PreparedCase, PreparedDataset
+from pointforge.data.skulls.prepared import PreparedCase, PreparedDataset
 from pointforge.data.surface import surface_points
 from pointforge.data.volumes import Volume
 from pointforge.errors import DataError

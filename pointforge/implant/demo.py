@@ -47,7 +47,7 @@ import yaml
 
 from pointforge.atomic import atomic_write_bytes, atomic_write_text
 from pointforge.data.prepare import prepare_dataset
-from pointforge.data.skulls import PreparedDataset
+from pointforge.data.skulls.prepared import PreparedDataset
 from pointforge.data.synthetic.dataset import synthesize
 from pointforge.data.volumes import read_binary_volume, write_volume
 from pointforge.errors import DataError, UserError

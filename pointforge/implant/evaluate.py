@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from pointforge.data.skulls import list_cases
+from pointforge.data.skulls.layouts import list_cases
 from pointforge.data.volumes import read_binary_volume
 from pointforge.errors import DataError
 from pointforge.formats import summary_stats, write_rows_report

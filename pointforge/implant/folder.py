@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Callable
 
 from pointforge.atomic import atomic_write_text
-from pointforge.data.skulls import PreparedDataset, list_cases
+from pointforge.data.skulls.layouts import list_cases
+from pointforge.data.skulls.prepared import PreparedDataset
 from pointforge.errors import ConfigError, DataError, UserError, disk_full_cause
 from pointforge.implant.pipeline import GenerateOptions, Models
 from pointforge.implant.view import PLOTLY_JS

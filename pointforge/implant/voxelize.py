@@ -4,7 +4,7 @@ Coordinates. Points come in the voxel-index coordinates of a reference volume
 (what ``pointforge data prepare`` stores, and what PCDiff's samples are mapped
 back to): voxel ``(i, j, k)`` has its centre at ``(i, j, k)``. They are scaled
 to the unit cube exactly as the training data was, by dividing by the
-volume's longest side ``S`` (:func:`~pointforge.data.skulls.unit_cube_scale`),
+volume's longest side ``S`` (:func:`~pointforge.data.skulls.grids.unit_cube_scale`),
 so the solve grid's node ``n`` along an axis of ``R`` nodes sits at voxel
 coordinate ``n * S / R``.
 
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pointforge.data.skulls import unit_cube_scale
+from pointforge.data.skulls.grids import unit_cube_scale
 from pointforge.data.surface import volume_to_mesh
 from pointforge.data.volumes import Volume
 from pointforge.devices import resolve_device

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from pointforge.config.training import TrainConfig
-from pointforge.data.skulls import bbox_normalization
+from pointforge.data.skulls.normalization import bbox_normalization
 from pointforge.errors import ConfigError, DataError
 from pointforge.inference.loading import LoadedModel, Weights, load_trained
 from pointforge.nn.diffusion import NoiseSchedule, Sampler, sample_ensemble

@@ -275,7 +275,8 @@ def check_dataset(root: str | os.PathLike) -> Check:
     """The layout (prepared, or raw SkullBreak/SkullFix) and a sample of files readable."""
     import numpy as np
 
-    from pointforge.data.skulls import PreparedDataset, list_cases
+    from pointforge.data.skulls.layouts import list_cases
+    from pointforge.data.skulls.prepared import PreparedDataset
 
     root = Path(root)
     name = "dataset"

@@ -4,7 +4,7 @@ What the engine gets from this task:
 
 * model: :class:`~pointforge.nn.voxelizer.VoxelizerNet` from a preset
   (``tiny``/``small``/``paper``) with optional field overrides (``task.model``).
-* data: :class:`~pointforge.data.skulls.VoxelizationDataset` over a prepared
+* data: :class:`~pointforge.data.skulls.datasets.VoxelizationDataset` over a prepared
   dataset (``task.data_root``): defective-skull plus implant surface points
   scaled to [0, 1), and the complete skull's inside grid at the DPSR
   resolution. When ``data_root`` does not exist and ``task.synthetic`` is set,
@@ -39,13 +39,10 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from pointforge.data.cache import ensure_synthetic_prepared
-from pointforge.data.skulls import (
-    PreparedDataset,
-    VoxelAugmentation,
-    VoxelizationDataset,
-    parse_ratios,
-    transform_inside,
-)
+from pointforge.data.skulls.datasets import VoxelAugmentation, VoxelizationDataset
+from pointforge.data.skulls.grids import transform_inside
+from pointforge.data.skulls.prepared import PreparedDataset
+from pointforge.data.skulls.splits import parse_ratios
 from pointforge.data.synthetic.grid import MAX_SIZE, MIN_SIZE
 from pointforge.errors import ConfigError
 from pointforge.nn.dpsr import dpsr_memory_bytes

@@ -9,16 +9,12 @@ import torch
 import trimesh
 
 from pointforge.data.prepare import prepare_dataset, resample_isotropic
-from pointforge.data.skulls import (
-    CompletionDataset,
-    PreparedDataset,
-    VoxelizationDataset,
-    bbox_normalization,
-    detect_layout,
-    indicator_grid,
-    parse_ratios,
-    split_skulls,
-)
+from pointforge.data.skulls.datasets import CompletionDataset, VoxelizationDataset
+from pointforge.data.skulls.grids import indicator_grid
+from pointforge.data.skulls.layouts import detect_layout
+from pointforge.data.skulls.normalization import bbox_normalization
+from pointforge.data.skulls.prepared import PreparedDataset
+from pointforge.data.skulls.splits import parse_ratios, split_skulls
 from pointforge.data.surface import farthest_point_sample, surface_points, volume_to_mesh
 from pointforge.data.volumes import Volume
 from pointforge.errors import ConfigError, DataError

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from pointforge.cli.main import app
 from pointforge.data.cache import ensure_synthetic_prepared
-from pointforge.data.skulls import PreparedDataset
+from pointforge.data.skulls.prepared import PreparedDataset
 from pointforge.data.volumes import read_volume, write_volume
 from pointforge.errors import UserError
 from pointforge.implant.folder import generate_folder

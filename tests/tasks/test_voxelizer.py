@@ -13,13 +13,9 @@ import pytest
 import torch
 
 from pointforge.data.cache import ensure_synthetic_prepared
-from pointforge.data.skulls import (
-    PreparedDataset,
-    VoxelAugmentation,
-    VoxelizationDataset,
-    inside_grid,
-    transform_inside,
-)
+from pointforge.data.skulls.datasets import VoxelAugmentation, VoxelizationDataset
+from pointforge.data.skulls.grids import inside_grid, transform_inside
+from pointforge.data.skulls.prepared import PreparedDataset
 from pointforge.data.volumes import read_binary_volume
 from pointforge.errors import ConfigError
 from pointforge.implant.voxelize import points_to_volume

@@ -257,7 +257,7 @@ def prepared_copy(tmp_path_factory) -> Path:
 
 
 def test_a_deleted_point_file_stops_training_before_the_first_step(tmp_path, prepared_copy, capsys):
-    from pointforge.data.skulls import PreparedDataset
+    from pointforge.data.skulls.prepared import PreparedDataset
 
     case = PreparedDataset(prepared_copy).split("train")[-1]
     missing = prepared_copy / case.implant

@@ -14,7 +14,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from pointforge.data.skulls import LAYOUTS
+from pointforge.data.skulls.layouts import LAYOUTS
 from pointforge.data.synthetic import domes
 from pointforge.data.synthetic.defects import DEFECT_CLASSES, SKULLFIX_DEFECT, make_defect
 from pointforge.data.synthetic.grid import check_size, grid_origin, skullfix_shape, triple

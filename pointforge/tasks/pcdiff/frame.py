@@ -38,7 +38,8 @@ from scipy.spatial import cKDTree
 from torch import nn
 
 from pointforge.data.registration import SurfaceTarget, invert, register
-from pointforge.data.skulls import Normalization, PreparedDataset, bbox_normalization
+from pointforge.data.skulls.normalization import Normalization, bbox_normalization
+from pointforge.data.skulls.prepared import PreparedDataset
 from pointforge.errors import ConfigError, DataError
 
 __all__ = [

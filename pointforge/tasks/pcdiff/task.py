@@ -4,7 +4,7 @@ The task (``pointforge train pcdiff --config pointforge/configs/pcdiff/{tiny,sma
 
 * model: a :class:`~pointforge.nn.pvcnn.PVCNN2` preset (``task.model``);
 * data: a prepared dataset (``task.data_root``, written by ``pointforge data
-  prepare``), served by :class:`~pointforge.data.skulls.CompletionDataset`:
+  prepare``), served by :class:`~pointforge.data.skulls.datasets.CompletionDataset`:
   ``n_skull`` defective-skull points then ``n_implant`` implant points,
   normalised by the defective skull's bounding box. With ``task.synthetic`` set
   and no dataset at ``data_root`` yet, a synthetic SkullBreak-style dataset is
@@ -39,7 +39,9 @@ from torch.utils.data import Dataset
 
 from pointforge.atomic import atomic_writer
 from pointforge.data.cache import ensure_synthetic_prepared
-from pointforge.data.skulls import CompletionDataset, PreparedDataset, parse_ratios
+from pointforge.data.skulls.datasets import CompletionDataset
+from pointforge.data.skulls.prepared import PreparedDataset
+from pointforge.data.skulls.splits import parse_ratios
 from pointforge.errors import ConfigError, DataError
 from pointforge.nn.diffusion import (
     MarkConditioning,

@@ -13,7 +13,8 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from pointforge.data.skulls import PreparedDataset, bbox_normalization
+from pointforge.data.skulls.normalization import bbox_normalization
+from pointforge.data.skulls.prepared import PreparedDataset
 from pointforge.errors import CheckpointError, ConfigError, DataError, UserError
 from pointforge.inference.pcdiff import complete, load_pcdiff
 from pointforge.nn.diffusion import NoiseSchedule, diffusion_loss, make_sampler
