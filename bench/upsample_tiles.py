@@ -1,6 +1,6 @@
 """Time and peak memory of `pointforge upsample` on LAZ tiles of 1, 5 and 10 million points.
 
-For each size a synthetic airborne-lidar LAZ (:func:`pointforge.data.pairs.synthetic_pair`,
+For each size a synthetic airborne-lidar LAZ (:func:`pointforge.data.pairs.scenes.synthetic_pair`,
 millimetre scales, UTM-like offsets) is written, then upsampled by
 :func:`pointforge.inference.upsampler.upsample_file` (what the command runs:
 tiles by the point budget, streamed to a LAZ output) in a fresh subprocess,
@@ -60,7 +60,7 @@ class TileMemory:
 
 
 def worker_make(args) -> dict:
-    from pointforge.data.pairs import synthetic_pair
+    from pointforge.data.pairs.scenes import synthetic_pair
     from pointforge.data.pointio import LasGeometry, write_points
 
     start = time.perf_counter()

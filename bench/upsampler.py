@@ -53,7 +53,9 @@ import torch
 
 from _common import machine, print_table, write_json
 from pointforge.data.batching import PointBudgetBatchSampler, collate_pairs
-from pointforge.data.pairs import CloudPair, pair_normalization, spread_sizes, synthetic_pair, write_synthetic_pairs
+from pointforge.data.pairs.dataset import CloudPair
+from pointforge.data.pairs.normalization import pair_normalization
+from pointforge.data.pairs.scenes import spread_sizes, synthetic_pair, write_synthetic_pairs
 from pointforge.nn.knn import knn_graph
 from pointforge.nn.losses import chamfer_distance
 from pointforge.nn.upsampler import build_upsampler

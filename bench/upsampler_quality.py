@@ -1,7 +1,7 @@
 """Upsampler quality on held-out synthetic lidar pairs: a trained model against geometric baselines.
 
 The held-out pairs are synthetic airborne-lidar tiles (terrain, tree crowns,
-buildings on the larger tiles; :func:`pointforge.data.pairs.synthetic_pair`)
+buildings on the larger tiles; :func:`pointforge.data.pairs.scenes.synthetic_pair`)
 drawn from ``--seed`` (default 1000), which the training presets never use
 (``pointforge/configs/upsampler/*.yaml`` draw their pairs from seed 0), with sizes spread
 log-uniformly over ``--min``..``--max`` sparse points. Every method turns each
@@ -39,7 +39,8 @@ from pathlib import Path
 import torch
 
 from _common import machine, print_table, write_json
-from pointforge.data.pairs import read_manifest, spread_sizes, write_synthetic_pairs
+from pointforge.data.pairs.manifest import read_manifest
+from pointforge.data.pairs.scenes import spread_sizes, write_synthetic_pairs
 from pointforge.data.pointio import read_points, write_points
 from pointforge.inference.upsampler import LoadedUpsampler, load_upsampler
 from pointforge.nn.upsampler import NodeShuffleUpsampler

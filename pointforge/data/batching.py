@@ -46,7 +46,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pointforge.data.pairs import CloudPair, PairNormalization
+from pointforge.data.pairs.dataset import CloudPair
+from pointforge.data.pairs.normalization import PairNormalization
 from pointforge.errors import ConfigError, DataError
 
 __all__ = ["PairBatch", "collate_pairs", "PointBudgetBatchSampler"]

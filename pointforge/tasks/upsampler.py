@@ -4,7 +4,7 @@ What this task hands the engine (see :mod:`pointforge.train.task`):
 
 * model: :func:`pointforge.nn.upsampler.build_upsampler` from ``task.preset``
   plus any ``task.model.*`` overrides;
-* data: :class:`~pointforge.data.pairs.UpsamplingPairs` from a manifest under
+* data: :class:`~pointforge.data.pairs.dataset.UpsamplingPairs` from a manifest under
   ``task.data_root``, split into training and validation pairs by a seeded
   draw (``task.val_fraction``) or given a validation manifest of its own;
 * batches: by a point budget (``task.batching=budget``, the default) through
@@ -55,7 +55,9 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from pointforge.data.batching import PairBatch, PointBudgetBatchSampler, collate_pairs
-from pointforge.data.pairs import PairEntry, UpsamplingPairs, read_manifest, spread_sizes, write_synthetic_pairs
+from pointforge.data.pairs.dataset import UpsamplingPairs
+from pointforge.data.pairs.manifest import PairEntry, read_manifest
+from pointforge.data.pairs.scenes import spread_sizes, write_synthetic_pairs
 from pointforge.errors import ConfigError, DataError
 from pointforge.nn.losses import chamfer_distance, point_to_plane_distance
 from pointforge.nn.upsampler import PRESETS, NodeShuffleUpsampler, UpsamplerConfig

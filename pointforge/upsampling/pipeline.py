@@ -40,7 +40,7 @@ from typing import Callable, Optional, Union, cast
 import numpy as np
 import torch
 
-from pointforge.data.pairs import PairNormalization, pair_normalization
+from pointforge.data.pairs.normalization import PairNormalization, pair_normalization
 from pointforge.data.pointio import LasGeometry, PointCloud, point_format, read_points, write_points
 from pointforge.data.pointstream import CloudSource, cloud_writer, open_cloud
 from pointforge.devices import available_memory_bytes, map_large_blocks, resolve_device
@@ -85,7 +85,7 @@ def upsample_cloud(
 ) -> np.ndarray:
     """Upsample one cloud in source coordinates: float64 ``[N, 3]`` in, float64 ``[r·N, 3]`` out.
 
-    Normalises as the training pairs are (:func:`pointforge.data.pairs.pair_normalization`),
+    Normalises as the training pairs are (:func:`pointforge.data.pairs.normalization.pair_normalization`),
     or by ``norm`` when given (a tile takes the whole cloud's scale), builds the
     graph, runs the model in eval mode and maps the result back.
     """

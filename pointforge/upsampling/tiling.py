@@ -46,7 +46,7 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 from scipy.spatial import cKDTree
 
-from pointforge.data.pairs import PairNormalization
+from pointforge.data.pairs.normalization import PairNormalization
 from pointforge.data.pointstream import CloudSource
 from pointforge.devices import release_freed_memory
 from pointforge.errors import ConfigError, DataError
@@ -247,7 +247,7 @@ def _tile_records(folder: Path, t: int) -> np.ndarray:
 
 
 def _scale(plan: TilePlan, folder: Path, bounds: np.ndarray, normalization: str) -> float:
-    """The whole cloud's normalisation scale, as :func:`pointforge.data.pairs.pair_normalization` computes it."""
+    """The whole cloud's normalisation scale, as :func:`pointforge.data.pairs.normalization.pair_normalization` computes it."""
     scale = 0.0
     if normalization == "spacing":
         nearest = []

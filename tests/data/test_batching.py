@@ -10,7 +10,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from pointforge.data.batching import PairBatch, PointBudgetBatchSampler, collate_pairs
-from pointforge.data.pairs import CloudPair, UpsamplingPairs, write_synthetic_pairs
+from pointforge.data.pairs.dataset import CloudPair, UpsamplingPairs
+from pointforge.data.pairs.scenes import write_synthetic_pairs
 from pointforge.errors import ConfigError, DataError
 from pointforge.nn.knn import knn_graph
 

@@ -9,19 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from pointforge.data import pairs as pairs_module
-from pointforge.data.pairs import (
-    PairEntry,
-    SyntheticScene,
-    UpsamplingPairs,
-    graph_cache_path,
-    pair_normalization,
-    read_manifest,
-    spread_sizes,
-    synthetic_pair,
-    write_manifest,
-    write_synthetic_pairs,
-)
+from pointforge.data.pairs import dataset as pairs_module
+from pointforge.data.pairs.dataset import UpsamplingPairs, graph_cache_path
+from pointforge.data.pairs.manifest import PairEntry, read_manifest, write_manifest
+from pointforge.data.pairs.normalization import pair_normalization
+from pointforge.data.pairs.scenes import SyntheticScene, spread_sizes, synthetic_pair, write_synthetic_pairs
 from pointforge.data.pointio import LasGeometry, count_points, read_points, write_points
 from pointforge.errors import ConfigError, DataError
 

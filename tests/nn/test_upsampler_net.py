@@ -7,7 +7,8 @@ import pytest
 import torch
 from scipy.spatial import cKDTree
 
-from pointforge.data.pairs import SyntheticScene, pair_normalization, synthetic_pair
+from pointforge.data.pairs.normalization import pair_normalization
+from pointforge.data.pairs.scenes import SyntheticScene, synthetic_pair
 from pointforge.errors import ConfigError, DataError
 from pointforge.nn.knn import knn_graph
 from pointforge.nn.losses import chamfer_distance

@@ -16,15 +16,9 @@ from typer.testing import CliRunner
 
 from pointforge.cli.upsample import upsample as upsample_command
 from pointforge.data.batching import collate_pairs
-from pointforge.data.pairs import (
-    PairEntry,
-    UpsamplingPairs,
-    read_manifest,
-    spread_sizes,
-    synthetic_pair,
-    write_manifest,
-    write_synthetic_pairs,
-)
+from pointforge.data.pairs.dataset import UpsamplingPairs
+from pointforge.data.pairs.manifest import PairEntry, read_manifest, write_manifest
+from pointforge.data.pairs.scenes import spread_sizes, synthetic_pair, write_synthetic_pairs
 from pointforge.data.pointio import read_points, write_points
 from pointforge.errors import CheckpointError, ConfigError, DataError
 from pointforge.inference.upsampler import load_upsampler

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from pointforge.data.batching import PointBudgetBatchSampler
-from pointforge.data.pairs import UpsamplingPairs, read_manifest
+from pointforge.data.pairs.dataset import UpsamplingPairs
+from pointforge.data.pairs.manifest import read_manifest
 from pointforge.tasks.upsampler import _split
 from tests.helpers import REPO, Job, torchrun_command
 

@@ -11,7 +11,7 @@ import torch
 from scipy.spatial import cKDTree
 
 from pointforge import devices
-from pointforge.data.pairs import synthetic_pair
+from pointforge.data.pairs.scenes import synthetic_pair
 from pointforge.data.pointio import LasGeometry, read_points, write_points
 from pointforge.data.pointstream import cloud_writer, open_cloud
 from pointforge.errors import ConfigError
