@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -76,6 +76,12 @@ def volume_format(path: str | os.PathLike) -> str:
     if name.endswith(NIFTI_SUFFIXES):
         return "nifti"
     raise DataError(f"{path}: unknown volume format; use .nrrd, .nhdr, .nii or .nii.gz")
+
+
+def as_triple(values: Sequence[float] | np.ndarray) -> tuple[float, float, float]:
+    """Three numbers as plain floats, the form of a volume's spacing and origin."""
+    x, y, z = (float(v) for v in values)
+    return x, y, z
 
 
 # --------------------------------------------------------------------------- reading
@@ -169,12 +175,14 @@ def _read_nrrd(path: Path) -> Volume:
         sp = np.asarray(header["spacings"], dtype=np.float64)
         if sp.shape == (3,) and np.all(np.isfinite(sp)) and np.all(sp > 0):
             spacing = sp
-    if header.get("space origin") is not None:
+    if header.get("space origin") is not None and ndim == 3:
         origin = np.asarray(header["space origin"], dtype=np.float64).reshape(-1)[:3]
+        if origin.shape != (3,):
+            raise DataError(f"{path}: 'space origin' has {origin.size} values for 3-D data; the header is broken")
     return Volume(
         data=data,
-        spacing=tuple(float(s) for s in spacing),
-        origin=tuple(float(o) for o in origin),
+        spacing=as_triple(spacing),
+        origin=as_triple(origin),
         direction=direction,
         header={"format": "nrrd", "nrrd": header},
     )
@@ -184,6 +192,8 @@ def _read_nifti(path: Path) -> Volume:
     import nibabel as nib
 
     img = nib.load(str(path))
+    if not isinstance(img, nib.spatialimages.SpatialImage):
+        raise DataError(f"{path}: holds no NIfTI image (nibabel read a {type(img).__name__}); re-export it as NIfTI")
     data = np.asanyarray(img.dataobj)
     if data.ndim == 4 and data.shape[3] == 1:
         data = data[..., 0]
@@ -198,8 +208,8 @@ def _read_nifti(path: Path) -> Volume:
         data = transposed_copy(data.T)  # nibabel's arrays are Fortran-ordered; the pipeline's are C-ordered
     return Volume(
         data=data,
-        spacing=tuple(float(s) for s in spacing),
-        origin=tuple(float(o) for o in affine[:3, 3]),
+        spacing=as_triple(spacing),
+        origin=as_triple(affine[:3, 3]),
         direction=direction,
         header={"format": "nifti", "nifti_header": img.header.copy()},
     )
@@ -227,12 +237,12 @@ def write_volume(
     if isinstance(volume, np.ndarray):
         volume = Volume(
             data=volume,
-            spacing=tuple(spacing) if spacing is not None else (1.0, 1.0, 1.0),
-            origin=tuple(origin) if origin is not None else (0.0, 0.0, 0.0),
+            spacing=as_triple(spacing) if spacing is not None else (1.0, 1.0, 1.0),
+            origin=as_triple(origin) if origin is not None else (0.0, 0.0, 0.0),
             direction=np.asarray(direction) if direction is not None else np.eye(3),
         )
     else:
-        overrides = {
+        overrides: dict[str, Any] = {
             k: v for k, v in (("spacing", spacing), ("origin", origin), ("direction", direction)) if v is not None
         }
         if overrides:

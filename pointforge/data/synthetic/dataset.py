@@ -17,8 +17,8 @@ import numpy as np
 from pointforge.data.skulls.layouts import LAYOUTS
 from pointforge.data.synthetic import domes
 from pointforge.data.synthetic.defects import DEFECT_CLASSES, SKULLFIX_DEFECT, make_defect
-from pointforge.data.synthetic.grid import check_size, grid_origin, skullfix_shape, triple
-from pointforge.data.volumes import write_volume
+from pointforge.data.synthetic.grid import check_size, grid_origin, skullfix_shape
+from pointforge.data.volumes import as_triple, write_volume
 from pointforge.errors import ConfigError, DataError
 
 
@@ -118,7 +118,7 @@ def _write_case(
     defect_seeds: list[np.random.SeedSequence],
 ) -> dict[str, Any]:
     """Write one skull and its defects; the case's entry in the summary."""
-    origin = triple(grid_origin(complete.shape, np.asarray(spacing)))
+    origin = as_triple(grid_origin(complete.shape, np.asarray(spacing)))
     write_volume(out / "complete_skull" / f"{case_id}.nrrd", complete, spacing=spacing, origin=origin)
     defects = {}
     for defect_class, defect_seed in zip(classes, defect_seeds):

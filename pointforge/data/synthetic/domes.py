@@ -32,9 +32,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from pointforge.data.synthetic.grid import check_size, grid_geometry, triple
+from pointforge.data.synthetic.grid import check_size, grid_geometry
 from pointforge.data.synthetic.raster import rasterize
 from pointforge.data.synthetic.sphere import SphereField, bump, fibonacci_sphere, unit
+from pointforge.data.volumes import as_triple
 from pointforge.errors import ConfigError
 
 # Bone narrower than this many voxels leaves 26-connected gaps between the
@@ -61,7 +62,7 @@ def make_skull(
     grid_shape, grid_spacing = grid_geometry(size, shape, spacing)
     extent = grid_spacing * np.asarray(grid_shape)
     params = draw_params(rng, grid_spacing, extent)
-    return rasterize(params, grid_shape, grid_spacing), triple(grid_spacing)
+    return rasterize(params, grid_shape, grid_spacing), as_triple(grid_spacing)
 
 
 @dataclass(frozen=True)

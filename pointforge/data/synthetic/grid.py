@@ -62,9 +62,3 @@ def grid_origin(shape: Sequence[int], spacing: np.ndarray) -> np.ndarray:
 
 def skullfix_shape(size: int, rng: np.random.Generator) -> tuple[int, int, int]:
     return (size, size, int(round(size * rng.uniform(*SKULLFIX_DEPTH_RANGE))))
-
-
-def triple(values: Sequence[float] | np.ndarray) -> tuple[float, float, float]:
-    """Three numbers as plain floats, the form volume headers and summaries take."""
-    x, y, z = (float(v) for v in values)
-    return x, y, z
