@@ -226,6 +226,7 @@ def test_checkpoints_that_are_not_voxelizers_are_refused(tmp_path):
 
 def test_one_entry_point_loads_any_task_with_one_ema_rule(tmp_path):
     from pointforge import inference
+    from pointforge.inference.loading import LoadedModel
     from pointforge.inference.voxelizer import LoadedVoxelizer
 
     model = _voxelizer_checkpoint(tmp_path / "v.pt", ema=True)
@@ -249,7 +250,7 @@ def test_one_entry_point_loads_any_task_with_one_ema_rule(tmp_path):
     toy = get_task("toy").build_model(toy_cfg.task)
     ck.save_checkpoint(tmp_path / "toy.pt", {"task": "toy", "config": to_dict(toy_cfg), "model": ck.model_state(toy)})
     generic = inference.load(tmp_path / "toy.pt", "cpu")
-    assert type(generic) is inference.LoadedModel and generic.task == "toy" and generic.weights == "model"
+    assert type(generic) is LoadedModel and generic.task == "toy" and generic.weights == "model"
 
 
 def test_the_one_device_resolver():
