@@ -15,7 +15,7 @@ from pointforge.tasks.toy import PointMLP
 from pointforge.train import checkpoint as ck
 from tests.helpers import REPO, run_cli, write_raw_dataset
 
-TINY = REPO / "configs" / "toy" / "tiny.yaml"
+TINY = REPO / "pointforge" / "configs" / "toy" / "tiny.yaml"
 GB = 2**30
 
 

@@ -87,13 +87,13 @@ def test_plan_file_keys_are_checked(tmp_path):
 
 
 def test_example_plan_is_the_seven_plus_one_partition():
-    spec = ops.load_plan(REPO / "configs" / "launch" / "example.yaml")
+    spec = ops.load_plan(REPO / "pointforge" / "configs" / "launch" / "example.yaml")
     gpus = {j.name: j.gpus for j in spec.jobs}
     assert gpus == {"pcdiff": list(range(7)), "voxelizer": [7]}
 
 
 def test_toy_rehearsal_plan_resolves_on_eight_faked_gpus(tmp_path):
-    spec = ops.load_plan(REPO / "configs" / "launch" / "toy.yaml")
+    spec = ops.load_plan(REPO / "pointforge" / "configs" / "launch" / "toy.yaml")
     spec.runs_dir = str(tmp_path / "runs")
     plan = ops.build_plan(spec, cwd=REPO, inventory=fake(8))
     assert plan.problems == []
