@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import pointforge
-from pointforge.train.lock import RunDirInUse, in_use_message, lock_holder
+from pointforge.train.preflight import check_run_dir_lock
 
 # What each rank runs: the `train` command with its own error handling and exit code.
 WORKER_MODULE = "pointforge.cli.train"
@@ -205,9 +205,7 @@ def launch(worker: Sequence[str], *, nproc: int, max_restarts: int, run_dir: str
     starts (rank 0 would refuse it too, a few seconds later).
     """
     run_dir = Path(run_dir)
-    holder = lock_holder(run_dir)
-    if holder is not None:
-        raise RunDirInUse(in_use_message(run_dir, holder))
+    check_run_dir_lock(run_dir).raise_if_failed()
     cmd = torchrun_command(worker, nproc=nproc, max_restarts=max_restarts)
     # A session of its own: the terminal's Ctrl-C reaches only us, and we decide
     # who gets which signal.

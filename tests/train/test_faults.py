@@ -291,11 +291,11 @@ def test_a_deleted_point_file_stops_training_before_the_first_step(tmp_path, pre
 def test_a_micro_batch_too_large_for_the_device_is_refused_with_the_largest_that_fits(tmp_path, monkeypatch):
     from pointforge.errors import ConfigError
     from pointforge.tasks.toy import ToyTask
-    from pointforge.train import engine
+    from pointforge.train import preflight
 
     gib = 2**30
     monkeypatch.setattr(ToyTask, "memory_estimate", lambda self, cfg, micro_batch: micro_batch * 3 * gib)
-    monkeypatch.setattr(engine, "available_memory_bytes", lambda device: 10 * gib)
+    monkeypatch.setattr(preflight, "available_memory_bytes", lambda device: 10 * gib)
     run_dir = tmp_path / "run"
     with pytest.raises(ConfigError) as caught:
         train("toy", make_cfg(run_dir))  # global_batch 8 on one device: 24 GiB
@@ -305,7 +305,7 @@ def test_a_micro_batch_too_large_for_the_device_is_refused_with_the_largest_that
     )
     assert not (run_dir / "checkpoints").exists()
     assert train("toy", make_cfg(run_dir, "data.micro_batch=3", "data.global_batch=6")).status == "finished"
-    monkeypatch.setattr(engine, "available_memory_bytes", lambda device: gib)
+    monkeypatch.setattr(preflight, "available_memory_bytes", lambda device: gib)
     with pytest.raises(ConfigError, match="even for one sample; lower the task's point count or grid resolution"):
         train("toy", make_cfg(tmp_path / "other"))
     with pytest.raises(DataError, match="the training set has 64 samples, fewer than data.global_batch=128"):
