@@ -84,7 +84,7 @@ from pointforge.train.preflight import (
 )
 from pointforge.train.schedule import build_optimizer, build_scheduler, restore_scheduler
 from pointforge.train.state import BestMetric, MetricWindow, TrainState
-from pointforge.train.task import EvalContext, StepContext, Task, get_task, split_step_output
+from pointforge.train.task import EvalContext, StepContext, Task, split_step_output
 from pointforge.train.tracking import LogSetup, MetricsWriter, Progress, RunStatus, format_duration, get_logger
 
 __all__ = ["train", "dry_run_plan", "RunPlan", "TrainResult", "TrainingDiverged"]
@@ -113,14 +113,15 @@ class TrainResult:
 
 
 def train(
-    task: Task | str,
+    task: Task,
     cfg: TrainConfig,
     *,
     resume: str | os.PathLike | None = None,
     wandb: bool | None = None,
     console: bool = True,
 ) -> TrainResult:
-    """Train ``task`` with ``cfg`` on this process's share of the job.
+    """Train ``task`` (an instance: ``pointforge.tasks.get_task(name)`` finds one by name) with ``cfg``
+    on this process's share of the job.
 
     Works the same in one process and under torchrun (one call per rank).
     ``resume``: ``None`` (start fresh; refuses a run dir that already holds
@@ -134,7 +135,6 @@ def train(
     can fix, :class:`TrainingDiverged` and
     :class:`~pointforge.train.dist.DistributedFailure` for failed runs.
     """
-    task = get_task(task)
     if cfg.run.task and cfg.run.task != task.name:
         raise ConfigError(f"this config is for task '{cfg.run.task}', not '{task.name}'")
     cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, task=task.name))
