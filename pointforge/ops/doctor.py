@@ -27,7 +27,7 @@ from pointforge.ops.doctor_host import (
     check_torch,
     check_visible_devices,
 )
-from pointforge.ops.doctor_report import FAILURE, OK, Check, DoctorReport, guard
+from pointforge.ops.doctor_report import Check, DoctorReport, guard
 from pointforge.ops.doctor_run import (
     batch_bytes_from_task,
     check_dataset,
@@ -40,6 +40,7 @@ from pointforge.ops.doctor_run import (
     estimate_checkpoint_bytes,
 )
 from pointforge.ops.host import GpuInventory, format_gpu_list, gpu_inventory
+from pointforge.train.preflight import FAILURE, OK
 
 # --------------------------------------------------------------------------- the whole run
 

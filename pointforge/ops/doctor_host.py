@@ -8,8 +8,9 @@ import shutil
 import subprocess
 import sys
 
-from pointforge.ops.doctor_report import FAILURE, OK, WARNING, Check
+from pointforge.ops.doctor_report import Check
 from pointforge.ops.host import GpuInventory, format_gpu_list, port_free, port_owner
+from pointforge.train.preflight import FAILURE, OK, WARNING
 
 DEFAULT_PORT = 29500  # torchrun's default rendezvous/master port
 

@@ -13,7 +13,7 @@ from typing import Any, Callable
 from pointforge.errors import UserError
 from pointforge.train.preflight import FAILURE, OK, WARNING, Finding
 
-__all__ = ["OK", "WARNING", "FAILURE", "Check", "DoctorReport", "from_finding", "guard"]
+__all__ = ["Check", "DoctorReport", "from_finding", "guard"]
 
 
 @dataclass

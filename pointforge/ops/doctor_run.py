@@ -17,7 +17,8 @@ from typing import Any, Sequence
 
 from pointforge.errors import UserError
 from pointforge.formats import format_bytes
-from pointforge.ops.doctor_report import FAILURE, OK, WARNING, Check, from_finding
+from pointforge.ops.doctor_report import Check, from_finding
+from pointforge.train.preflight import FAILURE, OK, WARNING
 
 # When a sample batch cannot be measured: what one batch in flight is assumed to take.
 FALLBACK_BATCH_BYTES = 64 * 2**20
