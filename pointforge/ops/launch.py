@@ -59,7 +59,6 @@ from pointforge.ops.host import (
     gpu_inventory,
     parse_gpu_list,
     pick_free_port,
-    pid_alive,
     port_free,
     port_owner,
     this_host,
@@ -77,7 +76,7 @@ from pointforge.ops.runs import (
 )
 from pointforge.tasks.configs import load_train_config
 from pointforge.train import checkpoint as ckpt_io
-from pointforge.train.launch import package_root, torchrun_command, worker_args, worker_pythonpath  # noqa: F401
+from pointforge.train.launch import package_root, pid_alive, torchrun_command, worker_args, worker_pythonpath  # noqa: F401
 from pointforge.train.lock import RunDirInUse, in_use_message, lock_holder
 from pointforge.train.schedule import plan_batches
 
