@@ -114,7 +114,7 @@ def in_subprocess(*argv: str) -> dict:
 def tiny_checkpoint(folder: Path) -> Path:
     run = folder / "tiny"
     subprocess.run(
-        [sys.executable, "-m", "pointforge.cli", "train", "upsampler", "--config", "pointforge/configs/upsampler/tiny.yaml",
+        [sys.executable, "-m", "pointforge", "train", "upsampler", "--config", "pointforge/configs/upsampler/tiny.yaml",
          f"run.dir={run}", f"task.data_root={folder / 'data'}"],
         check=True, cwd=REPO, capture_output=True,
     )  # fmt: skip

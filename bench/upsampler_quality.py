@@ -59,7 +59,7 @@ def train(config: str, run_dir: Path, overrides: list[str]) -> dict:
         [
             sys.executable,
             "-m",
-            "pointforge.cli",
+            "pointforge",
             "train",
             "upsampler",
             "--config",

@@ -64,13 +64,13 @@ def run_cli(*args):
 
 
 def run_cli_process(*args, cwd=None, timeout: float = 300) -> tuple[int, str, str]:
-    """``python -m pointforge.cli ARGS...`` as a real child process: (exit code, stdout, stderr), kept apart.
+    """``python -m pointforge ARGS...`` as a real child process: (exit code, stdout, stderr), kept apart.
 
     For what only a process shows: the exit status a shell sees, what goes to
     stderr rather than stdout, and the interpreter's own start-up.
     """
     proc = subprocess.run(
-        [sys.executable, "-m", "pointforge.cli", *map(str, args)],
+        [sys.executable, "-m", "pointforge", *map(str, args)],
         capture_output=True,
         text=True,
         cwd=cwd,
@@ -215,7 +215,7 @@ def torchrun_command(task: str, config: str | os.PathLike, overrides, *, nproc: 
         "--standalone",
         f"--nproc-per-node={nproc}",
         "-m",
-        "pointforge.cli.train",
+        "pointforge",
         "train",
         task,
         "--config",

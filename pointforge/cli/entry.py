@@ -1,7 +1,7 @@
 """The one way a ``pointforge`` command line ends: its exit status and its last words.
 
 Both entry points run through :func:`run`: ``pointforge`` (:func:`pointforge.cli.main.main`)
-and the per-rank ``python -m pointforge.cli.train`` that torchrun starts. So a
+and the per-rank ``python -m pointforge`` that torchrun starts. So a
 user error is one red line and exit 2 (its ``exit_code``) everywhere, a
 usage error is click's message and exit 2, and an unexpected error is a
 traceback and exit 1. The module sits below every command module, so none of

@@ -46,12 +46,3 @@ def monitor_command(
 def register(app: typer.Typer) -> None:
     """Add ``monitor`` to the root ``pointforge`` app."""
     app.command("monitor")(monitor_command)
-
-
-def _main() -> None:
-    """``python -m pointforge.cli.monitor``: what the monitor window of ``launch --tmux`` runs."""
-    typer.run(monitor_command)
-
-
-if __name__ == "__main__":
-    _main()

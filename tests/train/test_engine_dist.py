@@ -46,7 +46,7 @@ def launcher_job(tmp_path: Path, name: str, overrides: list[str], *, max_restart
     cmd = [
         sys.executable,
         "-m",
-        "pointforge.cli.train",
+        "pointforge",
         "train",
         "toy",
         "--config",

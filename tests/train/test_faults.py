@@ -98,7 +98,7 @@ def test_a_second_train_process_is_refused_and_a_killed_holder_leaves_no_lock(tm
     train(get_task("faulty_toy"), make_cfg(run_dir, "train.epochs=1", task="faulty_toy"))
     # The first job resumes and stalls in its first step (global step 8), holding the run dir.
     stall = ["task.stall_rank=0", "task.stall_step=8", "task.stall_s=120", "train.epochs=2"]
-    base = [sys.executable, "-m", "pointforge.cli", "train", "faulty_toy", "--config", str(TOY_TINY), *QUIET]
+    base = [sys.executable, "-m", "pointforge", "train", "faulty_toy", "--config", str(TOY_TINY), *QUIET]
     first = Job([*base, f"run.dir={run_dir}", *stall, "--resume", "auto"], tmp_path, "first")
     try:
         _wait_for(lambda: (lock_holder(run_dir) or {}).get("pid") == first.proc.pid, 90, first)

@@ -1,3 +1,0 @@
-from pointforge.cli.main import main
-
-main()
