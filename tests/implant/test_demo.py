@@ -6,7 +6,6 @@ The whole demo takes about ten minutes and is not run here; `make demo` is its t
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,8 +15,9 @@ from pointforge.implant.demo.report import write_report
 from pointforge.implant.demo.run import run_demo
 from pointforge.implant.demo.scoring import chosen_phase, mean_dsc
 from pointforge.implant.demo.settings import DemoSettings
-from pointforge.implant.demo.training import _train_command, decays, train_side_by_side
+from pointforge.implant.demo.training import decays, phase_worker, train_side_by_side
 from pointforge.implant.evaluate import Evaluation, summarise
+from pointforge.train.launch import worker_args
 from tests.helpers import TOY_TINY
 
 TOY = TOY_TINY
@@ -41,16 +41,7 @@ def test_a_used_folder_and_bad_settings_are_refused(tmp_path):
 
 
 def _toy_job(run_dir: Path, minutes: float, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "pointforge.cli",
-        "train",
-        "toy",
-        "--config",
-        str(TOY),
-        "--resume",
-        "auto",
+    overrides = [
         f"run.dir={run_dir}",
         f"train.max_minutes={minutes}",
         "train.epochs=100000",
@@ -60,6 +51,7 @@ def _toy_job(run_dir: Path, minutes: float, *extra: str) -> list[str]:
         "perf.threads=1",
         *extra,
     ]
+    return worker_args("toy", config=TOY, overrides=overrides, resume="auto")
 
 
 def test_jobs_train_side_by_side_and_resume_in_phases(tmp_path):
@@ -79,7 +71,8 @@ def test_jobs_train_side_by_side_and_resume_in_phases(tmp_path):
     assert "time budget" in (runs["a"] / "train.log").read_text()
 
     bad = {"a": _toy_job(runs["a"], 0.01, "optim.lrr=1")}
-    with pytest.raises(DataError, match=r"training a failed \(exit 2\).*optim.lrr"):
+    # torchrun's exit status (1: a worker failed); the cause is the worker's own error line.
+    with pytest.raises(DataError, match=r"training a failed \(exit 1\): error: unknown config key 'optim.lrr'"):
         train_side_by_side(bad, {"a": runs["a"]}, 0.01)
 
 
@@ -90,9 +83,9 @@ def test_a_decaying_schedule_is_spread_over_the_whole_budget(tmp_path):
     constant = tmp_path / "constant.yaml"
     constant.write_text("sched:\n  name: constant\n")
     assert decays(decaying) and not decays(constant)
-    cmd = _train_command("pcdiff", decaying, tmp_path / "run", tmp_path / "data", 7.5, "cpu", 30.0)
+    cmd = phase_worker("pcdiff", decaying, tmp_path / "run", tmp_path / "data", 7.5, "cpu", 30.0)
     assert "train.max_minutes=7.5000" in cmd and "sched.horizon_minutes=30" in cmd
-    cmd = _train_command("voxelizer", constant, tmp_path / "run", tmp_path / "data", 7.5, "cpu", None)
+    cmd = phase_worker("voxelizer", constant, tmp_path / "run", tmp_path / "data", 7.5, "cpu", None)
     assert not any(a.startswith("sched.") for a in cmd)
 
 
