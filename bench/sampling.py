@@ -47,6 +47,7 @@ sys.path.insert(0, str(REPO))
 from pointforge.data.skulls import PreparedDataset, bbox_normalization  # noqa: E402
 from pointforge.inference.pcdiff import complete, load_pcdiff  # noqa: E402
 from pointforge.nn.diffusion import make_sampler  # noqa: E402
+from pointforge.tasks import get_task  # noqa: E402
 from pointforge.tasks.configs import load_train_config  # noqa: E402
 from pointforge.tasks.pcdiff.task import HALF_EXTENT, ensure_prepared_dataset, implant_distances  # noqa: E402
 from pointforge.train.engine import train  # noqa: E402
@@ -81,7 +82,7 @@ def train_small(steps: int, run_dir: Path) -> tuple[Path, float]:
     )
     ensure_prepared_dataset(cfg.task.data_root, cfg.task.synthetic)
     started = time.perf_counter()
-    result = train("pcdiff", cfg, console=False)
+    result = train(get_task("pcdiff"), cfg, console=False)
     return result.checkpoint, time.perf_counter() - started
 
 

@@ -166,6 +166,7 @@ def worker_train(args) -> dict:
 
 
 def worker_engine(args) -> dict:
+    from pointforge.tasks import get_task
     from pointforge.tasks.configs import load_train_config
     from pointforge.train.engine import train
 
@@ -181,7 +182,7 @@ def worker_engine(args) -> dict:
         f"task.max_points={args.budget}",
     ]  # fmt: skip
     cfg = load_train_config("upsampler", None, overrides)
-    result = train("upsampler", cfg, console=False)
+    result = train(get_task("upsampler"), cfg, console=False)
     peak = peak_rss_mb()
     status = json.loads((run_dir / "run.json").read_text())
     per_epoch = int(status["steps_per_epoch"])

@@ -56,6 +56,7 @@ def train_command(
     ),
 ) -> None:
     """Train TASK on one device, or data-parallel under torchrun / --nproc."""
+    from pointforge.tasks import get_task
     from pointforge.tasks.configs import load_train_config
     from pointforge.train.dist import DistributedFailure
     from pointforge.train.engine import TrainingDiverged, dry_run_plan, train
@@ -68,7 +69,7 @@ def train_command(
     if max_restarts and nproc is None:
         raise ConfigError("--max-restarts needs --nproc (or pass --max-restarts to torchrun yourself)")
     if dry_run:
-        plan = dry_run_plan(task, cfg, world_size=nproc)
+        plan = dry_run_plan(get_task(task), cfg, world_size=nproc)
         if int(os.environ.get("RANK", "0")) == 0:
             typer.echo(plan.text())
         return
@@ -78,7 +79,7 @@ def train_command(
 
         # Check the batch split before starting processes: config errors
         # should cost a second, not a torchrun start-up.
-        dry_run_plan(task, cfg, world_size=nproc)
+        dry_run_plan(get_task(task), cfg, world_size=nproc)
         worker = worker_args(task, config=config, overrides=overrides, resume=resume, wandb=wandb)
         code = launch(worker, nproc=nproc, max_restarts=max_restarts, run_dir=cfg.run.dir)
         status = read_run_status(cfg.run.dir) or {}
@@ -90,7 +91,7 @@ def train_command(
         # code instead of raising it, and the status would be lost.
         sys.exit(code)
     try:
-        result = train(task, cfg, resume=resume, wandb=wandb)
+        result = train(get_task(task), cfg, resume=resume, wandb=wandb)
     except (TrainingDiverged, DistributedFailure) as err:
         typer.secho(f"error: {err}", err=True, fg=typer.colors.RED)
         if under_torchrun:

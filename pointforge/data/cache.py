@@ -20,18 +20,16 @@ for inference) and ``synthetic.json``, the recipe it was made with.
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import fcntl
 import json
 import os
 import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from pointforge.errors import ConfigError, DataError
+from pointforge.locks import exclusive_lock
 
 RECIPE_FILE = "synthetic.json"
 RAW_DIR = "raw"
@@ -46,39 +44,6 @@ def _recipe(skulls: int, size: int, seed: int, n_points: int, split: str, layout
         "split": str(split),
         "layout": str(layout),
     }
-
-
-@contextlib.contextmanager
-def _exclusive_lock(
-    lock_path: Path, *, wait_message: str, log: Callable[[str], None], timeout_s: float
-) -> Iterator[None]:
-    """Hold an exclusive flock on ``lock_path``; say once if another process holds it."""
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a+") as handle:
-        told = False
-        started = time.monotonic()
-        while True:
-            try:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as err:
-                if err.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise DataError(
-                        f"cannot lock {lock_path} ({err.strerror}); put the data folder on a filesystem with file locks"
-                    ) from None
-            if not told:
-                log(wait_message)
-                told = True
-            if time.monotonic() - started > timeout_s:
-                raise DataError(
-                    f"waited {timeout_s:.0f} s for another process building data beside {lock_path}; "
-                    "if none is running, delete the lock file and retry"
-                )
-            time.sleep(0.2)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 def _check_recipe(root: Path, wanted: dict) -> None:
@@ -154,8 +119,14 @@ def ensure_synthetic_prepared(
         return root
     parent = root.parent
     lock = parent / f".{root.name}.lock"
-    with _exclusive_lock(
-        lock, wait_message=f"waiting for another process preparing {root}", log=log, timeout_s=timeout_s
+    with exclusive_lock(
+        lock,
+        timeout_s=timeout_s,
+        on_wait=lambda: log(f"waiting for another process preparing {root}"),
+        on_timeout=lambda: DataError(
+            f"waited {timeout_s:.0f} s for another process building data beside {lock}; "
+            "if none is running, delete the lock file and retry"
+        ),
     ):
         if _holds_something(root):  # built while we waited
             _check_recipe(root, wanted)

@@ -39,6 +39,11 @@ class Check:
     fix: str = ""
 
 
+def _from_finding(finding: Any) -> Check:
+    """A preflight :class:`~pointforge.train.preflight.Finding` as one line of the report."""
+    return Check(finding.check, finding.status, finding.detail, finding.fix)
+
+
 @dataclass
 class DoctorReport:
     checks: list[Check] = field(default_factory=list)
@@ -346,13 +351,12 @@ def _spread(items: Sequence[Any], n: int) -> list[Any]:
 # --------------------------------------------------------------------------- disk and shared memory
 
 
-def fs_space(path: str | os.PathLike) -> tuple[int, int] | None:
-    """(total, free) bytes of the filesystem holding ``path`` (or its nearest existing parent)."""
-    p = Path(path).absolute()
-    while not p.exists() and p != p.parent:
-        p = p.parent
+def _shm_space(path: str | os.PathLike = "/dev/shm") -> tuple[int, int] | None:
+    """(total, free) bytes of the shared-memory filesystem DataLoader workers use; None where there is none."""
+    if not Path(path).is_dir():
+        return None
     try:
-        usage = shutil.disk_usage(p)
+        usage = shutil.disk_usage(path)
     except OSError:
         return None
     return usage.total, usage.free
@@ -385,30 +389,18 @@ def check_disk(
     every_epochs: int = 1,
     epochs: int | None = None,
 ) -> Check:
-    name = "disk"
-    space = space if space is not None else fs_space(run_dir)
-    if space is None:
-        return Check(
-            name, WARNING, f"cannot tell the free space for {run_dir}", "check that the run dir's filesystem is mounted"
-        )
-    _total, free = space
-    if checkpoint_bytes is None:
-        return Check(name, OK, f"{format_bytes(free)} free for {run_dir} (checkpoint size unknown)")
-    from pointforge.train.checkpoint import checkpoint_files_kept
+    """The run dir's disk against its checkpoints: :func:`pointforge.train.preflight.check_disk`, reported."""
+    from pointforge.train.preflight import check_disk as preflight_disk
 
-    files = checkpoint_files_kept(keep_last, every_epochs=every_epochs, epochs=epochs)
-    need = files * checkpoint_bytes
-    detail = f"{format_bytes(free)} free for {run_dir}; checkpoints need about {format_bytes(need)} ({files} × {format_bytes(checkpoint_bytes)})"
-    if free < need:
-        return Check(name, FAILURE, detail, "free disk space, lower ckpt.keep_last, or put run.dir on a larger disk")
-    if free < 2 * need:
-        return Check(
-            name,
-            WARNING,
-            detail + " (less than twice that is free)",
-            "free disk space or lower ckpt.keep_last before a long run",
-        )
-    return Check(name, OK, detail)
+    finding = preflight_disk(
+        run_dir,
+        checkpoint_bytes,
+        keep_last=keep_last,
+        every_epochs=every_epochs,
+        epochs=epochs,
+        free=space[1] if space is not None else None,
+    )
+    return _from_finding(finding)
 
 
 def batch_bytes_from_task(task: Any, cfg: Any, micro_batch: int) -> int | None:
@@ -498,8 +490,7 @@ def check_tmux(asked: bool) -> Check | None:
 
 def check_run_dir(run_dir: str | os.PathLike, *, resume: str | None) -> list[Check]:
     from pointforge.ops.runs import is_live, run_state
-    from pointforge.train.checkpoint import resume_candidates
-    from pointforge.train.lock import in_use_message, lock_holder
+    from pointforge.train.preflight import check_existing_checkpoints, check_run_dir_lock
 
     run_dir = Path(run_dir)
     checks = []
@@ -521,17 +512,10 @@ def check_run_dir(run_dir: str | os.PathLike, *, resume: str | None) -> list[Che
             )
         )
         return checks
+    lock = check_run_dir_lock(run_dir)
     state = run_state(run_dir, with_disk=False)
-    holder = lock_holder(run_dir)
-    if holder is not None:
-        checks.append(
-            Check(
-                "run dir",
-                FAILURE,
-                in_use_message(run_dir, holder).split("; ")[0],
-                "stop that job first or choose another run.dir",
-            )
-        )
+    if not lock.ok:
+        checks.append(_from_finding(lock))
     elif is_live(state):
         checks.append(
             Check(
@@ -541,16 +525,9 @@ def check_run_dir(run_dir: str | os.PathLike, *, resume: str | None) -> list[Che
                 f"stop it first (pointforge launch --stop {state.name}) or choose another run.dir",
             )
         )
-    existing = resume_candidates(run_dir)
-    if existing and resume is None:
-        checks.append(
-            Check(
-                "run dir",
-                WARNING,
-                f"{run_dir} already holds checkpoints ({existing[0].name}, ...): a new run is refused there",
-                "add --resume auto to continue it, or choose a new run.dir",
-            )
-        )
+    fresh = check_existing_checkpoints(run_dir, resume)
+    if not fresh.ok:
+        checks.append(_from_finding(fresh))
     return checks
 
 
@@ -560,7 +537,10 @@ def check_run_dir(run_dir: str | os.PathLike, *, resume: str | None) -> list[Che
 def check_resume(
     resume: str, *, run_dir: str | os.PathLike | None, task: Any = None, cfg: Any = None, nproc: int | None = None
 ) -> list[Check]:
-    """The checkpoint a run would resume from: readable, ours, same task, weights that fit the config's model."""
+    """The checkpoint a run would resume from: readable, ours, same task, weights that fit the config's model,
+    something left to train."""
+    from pointforge.train.preflight import check_resume_point
+
     name = "resume"
     path, early = _resume_path(resume, run_dir)
     if path is None:
@@ -582,6 +562,15 @@ def check_resume(
     checks.append(fit)
     if fit.status != OK:
         return checks
+    point = check_resume_point(
+        path,
+        epoch=int(info.get("epoch") or 0),
+        global_step=int(info.get("global_step") or 0),
+        epochs=cfg.train.epochs,
+        max_steps=cfg.train.max_steps,
+    )
+    if point.status != OK:
+        checks.append(_from_finding(point))
     if nproc and info.get("world_size") and info["world_size"] != nproc:
         checks.append(
             Check(
@@ -762,7 +751,7 @@ def _config_checks(
         batch = batch_bytes_from_task(task, cfg, micro)
     else:
         batch = None
-    shm = shm_space if shm_space is not None else fs_space("/dev/shm") if Path("/dev/shm").is_dir() else None
+    shm = shm_space if shm_space is not None else _shm_space()
     checks += named(_guard("/dev/shm", lambda: check_shm(workers, nproc, cfg.data.prefetch_factor, batch, shm=shm)))
     checks += named(_guard("run dir", lambda: check_run_dir(cfg.run.dir, resume=resume)))
     if resume:

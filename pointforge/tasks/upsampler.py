@@ -38,16 +38,14 @@ share it (local disks do; some network filesystems do not).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import json
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Literal, Optional
+from typing import Any, Literal, Optional
 
 import numpy as np
 import torch
@@ -57,6 +55,7 @@ from torch.utils.data import Dataset
 from pointforge.data.batching import PairBatch, PointBudgetBatchSampler, collate_pairs
 from pointforge.data.pairs import PairEntry, UpsamplingPairs, read_manifest, spread_sizes, write_synthetic_pairs
 from pointforge.errors import ConfigError, DataError
+from pointforge.locks import exclusive_lock
 from pointforge.nn.losses import chamfer_distance, point_to_plane_distance
 from pointforge.nn.upsampler import PRESETS, NodeShuffleUpsampler, UpsamplerConfig
 from pointforge.train.task import EvalContext, StepContext, Task
@@ -171,17 +170,6 @@ def model_config(cfg: UpsamplingConfig) -> UpsamplerConfig:
 # --------------------------------------------------------------------------- synthetic data
 
 
-@contextlib.contextmanager
-def _exclusive_lock(lock_path: Path) -> Iterator[None]:
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-
 def _synthetic_recipe(section: SyntheticSection) -> dict[str, Any]:
     sizes = spread_sizes(section.pairs, section.min_points, section.max_points, seed=section.seed)
     return {
@@ -200,7 +188,7 @@ def ensure_synthetic_pairs(data_root: str | os.PathLike, section: SyntheticSecti
     root = Path(data_root)
     recipe = _synthetic_recipe(section)
     lock = root.parent / f".{root.name}.lock"
-    with _exclusive_lock(lock):
+    with exclusive_lock(lock):
         if root.exists():
             _check_existing(root, recipe)
             return False

@@ -41,9 +41,8 @@ from torch import nn
 from pointforge import __version__
 from pointforge.atomic import atomic_write_json
 from pointforge.config import TrainConfig, save_yaml, to_dict
-from pointforge.devices import available_memory_bytes
-from pointforge.errors import CheckpointError, ConfigError, DataError, DeviceError, DiskFullError, UserError
-from pointforge.formats import format_bytes, json_safe
+from pointforge.errors import CheckpointError, ConfigError, DeviceError, UserError
+from pointforge.formats import json_safe
 from pointforge.train import checkpoint as ckpt_io
 from pointforge.train.data import (
     EpochBatches,
@@ -73,9 +72,19 @@ from pointforge.train.dist import (
 from pointforge.train.ema import EMA
 from pointforge.train.lock import RunDirInUse, RunDirLock
 from pointforge.train.plan import RunPlan, best_rule, dry_run_plan, make_plan
+from pointforge.train.preflight import (
+    FAILURE,
+    WARNING,
+    Finding,
+    check_datasets,
+    check_disk,
+    check_existing_checkpoints,
+    check_memory,
+    check_resume_point,
+)
 from pointforge.train.schedule import build_optimizer, build_scheduler, restore_scheduler
 from pointforge.train.state import BestMetric, MetricWindow, TrainState
-from pointforge.train.task import EvalContext, StepContext, Task, get_task, split_step_output
+from pointforge.train.task import EvalContext, StepContext, Task, split_step_output
 from pointforge.train.tracking import LogSetup, MetricsWriter, Progress, RunStatus, format_duration, get_logger
 
 __all__ = ["train", "dry_run_plan", "RunPlan", "TrainResult", "TrainingDiverged"]
@@ -104,14 +113,15 @@ class TrainResult:
 
 
 def train(
-    task: Task | str,
+    task: Task,
     cfg: TrainConfig,
     *,
     resume: str | os.PathLike | None = None,
     wandb: bool | None = None,
     console: bool = True,
 ) -> TrainResult:
-    """Train ``task`` with ``cfg`` on this process's share of the job.
+    """Train ``task`` (an instance: ``pointforge.tasks.get_task(name)`` finds one by name) with ``cfg``
+    on this process's share of the job.
 
     Works the same in one process and under torchrun (one call per rank).
     ``resume``: ``None`` (start fresh; refuses a run dir that already holds
@@ -125,7 +135,6 @@ def train(
     can fix, :class:`TrainingDiverged` and
     :class:`~pointforge.train.dist.DistributedFailure` for failed runs.
     """
-    task = get_task(task)
     if cfg.run.task and cfg.run.task != task.name:
         raise ConfigError(f"this config is for task '{cfg.run.task}', not '{task.name}'")
     cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, task=task.name))
@@ -363,68 +372,38 @@ class _Trainer:
         its own copy); rank 0 checks the run dir's free space. Every rank then
         raises the first problem found anywhere, so none waits in a collective.
         """
-        env = self.env
+        env, cfg = self.env, self.cfg
         self.doing = "checking the dataset files and the disk"
-        problem: tuple[str, str] | None = None
+        findings: list[Finding] = []
         try:
-            for dataset in (self.train_ds, self.val_ds):
-                check = getattr(dataset, "check_files", None)
-                if callable(check):
-                    check()
-            self._check_memory()
+            findings.append(check_datasets(self.train_ds, self.val_ds))
+            findings.append(
+                check_memory(
+                    self.task, cfg.task, self.batch.micro_batch, self.device, global_batch=cfg.data.global_batch
+                )
+            )
             if env.is_main:
-                self._check_disk()
+                size = ckpt_io.estimate_checkpoint_bytes(self.model, optimizer=cfg.optim.name, ema=bool(self.ema))
+                findings.append(
+                    check_disk(
+                        self.run_dir,
+                        size,
+                        keep_last=cfg.ckpt.keep_last,
+                        every_epochs=cfg.ckpt.every_epochs,
+                        epochs=cfg.train.epochs,
+                    )
+                )
         except UserError as err:
-            problem = (type(err).__name__, f"rank {env.rank}: {err}" if env.distributed else str(err))
+            findings.append(Finding("preflight", FAILURE, str(err), "", type(err)))
+        problem = next((f for f in findings if not f.ok), None)
+        if problem is not None and env.distributed:
+            problem = dataclasses.replace(problem, detail=f"rank {env.rank}: {problem.detail}")
         found = [p for p in all_gather_objects(env, problem) if p is not None]
         if found:
-            kind, message = found[0]
-            kinds = {"DataError": DataError, "DiskFullError": DiskFullError, "ConfigError": ConfigError}
-            raise kinds.get(kind, UserError)(message)
-
-    def _check_memory(self) -> None:
-        """Refuse a micro-batch the task estimates to need more than this device has, naming the largest that fits."""
-        task, cfg, micro = self.task, self.cfg, self.batch.micro_batch
-        need = task.memory_estimate(cfg.task, micro)
-        if need is None:
-            return
-        free = available_memory_bytes(self.device)
-        if need <= free:
-            return
-        fits = next((m for m in range(micro - 1, 0, -1) if (task.memory_estimate(cfg.task, m) or 0) <= free), 0)
-        said = (
-            f"a training step on {micro} sample(s) per device needs about {format_bytes(need)} on {self.device}, "
-            f"more than the {format_bytes(free)} available"
-        )
-        if fits:
-            raise ConfigError(
-                f"{said}; set data.micro_batch={fits} (gradient accumulation keeps data.global_batch="
-                f"{cfg.data.global_batch}) or use more devices"
-            )
-        raise ConfigError(f"{said} even for one sample; lower the task's point count or grid resolution")
-
-    def _check_disk(self) -> None:
-        """Refuse a run whose checkpoints will not fit on the run dir's disk; warn when less than twice that is free."""
-        cfg = self.cfg
-        size = ckpt_io.estimate_checkpoint_bytes(self.model, optimizer=cfg.optim.name, ema=bool(self.ema))
-        files = ckpt_io.checkpoint_files_kept(
-            cfg.ckpt.keep_last, every_epochs=cfg.ckpt.every_epochs, epochs=cfg.train.epochs
-        )
-        existing = sum(p.stat().st_size for p in ckpt_io.resume_candidates(self.run_dir))
-        need = max(files * size - existing, size)
-        free = ckpt_io.disk_free_bytes(self.run_dir)
-        if free is None:
-            return
-        detail = (
-            f"{format_bytes(free)} free for {self.run_dir}, its checkpoints need about {format_bytes(need)} more "
-            f"({files} files × {format_bytes(size)}, ckpt.keep_last={cfg.ckpt.keep_last})"
-        )
-        if free < need:
-            raise DiskFullError(
-                f"{detail}; free disk space, lower ckpt.keep_last, or choose a run.dir on a larger disk"
-            )
-        if free < 2 * need:
-            log.warning(f"{detail}: less than twice that is free; free disk space before a long run")
+            found[0].raise_if_failed()
+        for finding in findings:
+            if finding.status == WARNING:
+                log.warning(finding.problem)
 
     def _wrap_model(self) -> None:
         """DDP and ``torch.compile`` around the bare model (which checkpoints and EMA keep using)."""
@@ -502,15 +481,9 @@ class _Trainer:
         arg = self.resume_arg
         try:
             if arg is None:
-                existing = ckpt_io.resume_candidates(self.run_dir)
-                if existing:
-                    return {
-                        "error": (
-                            "ConfigError",
-                            f"run dir {self.run_dir} already holds checkpoints ({existing[0].name}, ...) from an earlier run; "
-                            "add --resume auto to continue it, or choose a new run.dir",
-                        )
-                    }
+                fresh = check_existing_checkpoints(self.run_dir, None)
+                if not fresh.ok:
+                    return {"error": (fresh.error.__name__, fresh.problem)}
                 return {"path": None}
             if arg == "auto":
                 found = ckpt_io.find_resume_checkpoint(self.run_dir, warn=log.warning)
@@ -613,23 +586,17 @@ class _Trainer:
         once, and says so in the log: that is what the config asks for.
         """
         cfg, state = self.cfg, self.state
-        if state.epoch > cfg.train.epochs:
-            raise ConfigError(
-                f"{path} has done {state.epoch} epochs (step {state.global_step}) but train.epochs is "
-                f"{cfg.train.epochs}: nothing is left to train; set train.epochs above {state.epoch} "
-                f"(e.g. train.epochs={2 * state.epoch}) to train on, or choose a new run.dir to start afresh"
-            )
-        if cfg.train.max_steps is not None and state.global_step > cfg.train.max_steps:
-            raise ConfigError(
-                f"{path} is at step {state.global_step} but train.max_steps is {cfg.train.max_steps}: nothing is "
-                f"left to train; set train.max_steps above {state.global_step} (or train.max_steps=null) to train on, "
-                "or choose a new run.dir to start afresh"
-            )
-        if (state.epoch >= cfg.train.epochs or state.global_step >= self.total_steps) and self.env.is_main:
-            log.warning(
-                f"{path} already has the {state.global_step} steps ({state.epoch} epochs) this config asks for: "
-                "nothing is left to train; raise train.epochs (or train.max_steps) to train on"
-            )
+        finding = check_resume_point(
+            path,
+            epoch=state.epoch,
+            global_step=state.global_step,
+            epochs=cfg.train.epochs,
+            max_steps=cfg.train.max_steps,
+            total_steps=self.total_steps,
+        )
+        finding.raise_if_failed()
+        if finding.status == WARNING and self.env.is_main:
+            log.warning(finding.problem)
 
     # ------------------------------------------------------------------ the loop
 

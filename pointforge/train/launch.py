@@ -9,8 +9,16 @@ these functions: the worker arguments
 ``PYTHONPATH`` that makes the workers import this checkout
 (:func:`worker_pythonpath`), and the worker processes read back from the rank
 files the engine writes (:func:`live_worker_pids`). No launcher of our own:
-each rank runs ``python -m pointforge.cli.train train ...``. Multi-node jobs
-call torchrun directly (see docs/training.md).
+each rank runs the ``pointforge`` program itself, ``python -m pointforge
+train ...``. Multi-node jobs call torchrun directly (see docs/training.md).
+
+Why the program, and not a module the caller names: the worker is whatever
+``pointforge train`` does, the same for every caller (``train --nproc``,
+``pointforge launch``, the demo, a benchmark), so naming it is this module's
+job; and naming it by the program (``-m pointforge``, with this interpreter:
+no ``PATH`` lookup, no console script needed) keeps the train layer from
+naming a module of the command layer above it, as ``torchrun --no-python
+pointforge`` would do from a shell.
 
 Stopping ``train --nproc``: a terminal's Ctrl-C or a scheduler's SIGTERM
 reaches this process; it forwards SIGTERM to the worker processes named in
@@ -33,10 +41,10 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import pointforge
-from pointforge.train.lock import RunDirInUse, in_use_message, lock_holder
+from pointforge.train.preflight import check_run_dir_lock
 
-# What each rank runs: the `train` command with its own error handling and exit code.
-WORKER_MODULE = "pointforge.cli.train"
+# What torchrun runs with -m on each rank: the pointforge program (pointforge/__main__.py).
+WORKER_MODULE = "pointforge"
 
 
 def package_root() -> str:
@@ -72,7 +80,7 @@ def torchrun_command(
     endpoint: str | None = None,
     run_id: str | None = None,
 ) -> list[str]:
-    """``python -m torch.distributed.run ... -m pointforge.cli.train WORKER...`` on this node.
+    """``python -m torch.distributed.run ... -m pointforge WORKER...`` on this node.
 
     Without ``endpoint``: ``--standalone`` (torchrun picks a free port, so two
     jobs on one node do not collide). With one (``HOST:PORT``): a ``c10d``
@@ -229,9 +237,7 @@ def launch(worker: Sequence[str], *, nproc: int, max_restarts: int, run_dir: str
     starts (rank 0 would refuse it too, a few seconds later).
     """
     run_dir = Path(run_dir)
-    holder = lock_holder(run_dir)
-    if holder is not None:
-        raise RunDirInUse(in_use_message(run_dir, holder))
+    check_run_dir_lock(run_dir).raise_if_failed()
     started = time.time()
     proc = start_torchrun(worker, nproc=nproc, max_restarts=max_restarts)
     signals_seen = 0

@@ -16,8 +16,6 @@ fail with one line saying so.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import os
 import socket
@@ -26,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pointforge.errors import ConfigError, UserError
+from pointforge.locks import LockUnsupported, try_flock, unlock
 
 LOCK_FILE = "train.lock"
 
@@ -98,16 +97,17 @@ class RunDirLock:
         # "a+": create if missing, never truncate before the lock is ours (the holder's record stays readable).
         handle = open(self.path, "a+", encoding="utf-8")
         try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            holder = _read_holder(handle)
+            taken = try_flock(handle)
+        except LockUnsupported:
             handle.close()
-            if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise RunDirInUse(in_use_message(self.run_dir, holder)) from None
             raise UserError(
-                f"cannot lock run dir {self.run_dir} ({err.strerror or err}): its filesystem does not support "
+                f"cannot lock run dir {self.run_dir}: its filesystem does not support "
                 "file locks; choose a run.dir on a local disk or a filesystem with locking (NFS v4, Lustre)"
             ) from None
+        if not taken:
+            holder = _read_holder(handle)
+            handle.close()
+            raise RunDirInUse(in_use_message(self.run_dir, holder))
         record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
         handle.seek(0)
         handle.truncate()
@@ -119,7 +119,7 @@ class RunDirLock:
         if self._handle is None:
             return
         try:
-            fcntl.flock(self._handle.fileno(), fcntl.LOCK_UN)
+            unlock(self._handle)
         finally:
             self._handle.close()
             self._handle = None
@@ -144,10 +144,10 @@ def lock_holder(run_dir: str | os.PathLike) -> dict[str, Any] | None:
         return None
     with handle:
         try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as err:
-            if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                return _read_holder(handle) or {}
+            taken = try_flock(handle, shared=True)
+        except LockUnsupported:
             return None
-        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+        if not taken:
+            return _read_holder(handle) or {}
+        unlock(handle)
     return None

@@ -19,7 +19,7 @@ from pointforge.train import checkpoint as ckpt_io
 from pointforge.train.data import derive_seed, seed_everything
 from pointforge.train.dist import probe_env, resolve_device
 from pointforge.train.schedule import BatchPlan, plan_batches, scale_lr
-from pointforge.train.task import Task, get_task
+from pointforge.train.task import Task
 
 
 @dataclass
@@ -201,9 +201,8 @@ def make_plan(
     )
 
 
-def dry_run_plan(task: Task | str, cfg: TrainConfig, *, world_size: int | None = None) -> RunPlan:
+def dry_run_plan(task: Task, cfg: TrainConfig, *, world_size: int | None = None) -> RunPlan:
     """The plan for ``cfg`` without training (``world_size`` overrides the torchrun environment)."""
-    task = get_task(task)
     task.configure(cfg.task)
     if world_size is None:
         env = probe_env(cfg.run.device)

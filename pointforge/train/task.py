@@ -1,4 +1,4 @@
-"""The Task contract and the task registry: what a model family hands the training engine.
+"""The Task contract: what a model family hands the training engine.
 
 A task is everything the engine must not know: which network, which data,
 what the loss is and how to evaluate. The engine owns everything a task must
@@ -28,8 +28,9 @@ Write a task by subclassing :class:`Task`::
         def evaluate(self, model, loader, ctx):
             ...; return {"val_loss": mean_loss}
 
-and register it (:func:`register_task`, the built-in table below, or the
-``pointforge.tasks`` entry-point group). The contract, method by method:
+and register it (:func:`pointforge.tasks.register_task`, or the
+``pointforge.tasks`` entry-point group); the engine itself takes the
+instance (``train(MyTask(), cfg)``). The contract, method by method:
 
 ``configure(cfg)``
     Optional; called first with the ``task`` config section. A task whose
@@ -101,18 +102,13 @@ and register it (:func:`register_task`, the built-in table below, or the
 
 from __future__ import annotations
 
-import difflib
-import importlib
-import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterable, Literal, Mapping, Sequence
+from typing import Any, ClassVar, Iterable, Literal, Mapping, Sequence
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, default_collate
-
-from pointforge.errors import ConfigError
 
 
 @dataclass
@@ -221,86 +217,3 @@ def split_step_output(out: Any) -> tuple[torch.Tensor, Mapping[str, Any]]:
     return (loss if loss.dim() == 0 else loss.reshape(())), (
         metrics if isinstance(metrics, dict) else dict(metrics or {})
     )
-
-
-# --------------------------------------------------------------------------- the registry
-#
-# The built-in tasks live one layer up (pointforge.tasks), so the train layer
-# names them by module path and imports them only when one is asked for, the
-# way an entry point does: the engine never imports the tasks package, asking
-# for the toy task does not import the diffusion stack, and
-# ``train("pcdiff", cfg)`` works without the caller importing anything first.
-#
-# name -> "module:Class". Tasks whose module is not part of this install are
-# reported as unavailable instead of breaking the registry.
-_BUILTIN: dict[str, str] = {
-    "toy": "pointforge.tasks.toy:ToyTask",
-    "pcdiff": "pointforge.tasks.pcdiff.task:PCDiffTask",
-    "voxelizer": "pointforge.tasks.voxelizer:VoxelizerTask",
-    "upsampler": "pointforge.tasks.upsampler:UpsamplerTask",
-}
-_REGISTERED: dict[str, Callable[[], Task]] = {}
-
-
-def register_task(factory: type[Task] | Callable[[], Task], name: str | None = None):
-    """Register a task class (usable as a decorator); ``name`` defaults to ``factory.name``."""
-    key = name or getattr(factory, "name", "")
-    if not key:
-        raise ValueError("a task needs a name: set the class attribute `name` or pass name=")
-    _REGISTERED[key] = factory
-    return factory
-
-
-def _entry_points() -> dict[str, str]:
-    try:
-        from importlib.metadata import entry_points
-
-        return {ep.name: ep.value for ep in entry_points(group="pointforge.tasks")}
-    except Exception:
-        return {}
-
-
-def _module_exists(target: str) -> bool:
-    module = target.split(":", 1)[0]
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def available_tasks() -> list[str]:
-    names = set(_REGISTERED)
-    names |= {n for n, target in {**_BUILTIN, **_entry_points()}.items() if _module_exists(target)}
-    return sorted(names)
-
-
-def _load(target: str) -> Callable[[], Task]:
-    module_name, _, attr = target.partition(":")
-    module = importlib.import_module(module_name)
-    return getattr(module, attr)
-
-
-def get_task(name: str | Task) -> Task:
-    """The task registered as ``name`` (a Task instance passes through)."""
-    if isinstance(name, Task):
-        return name
-    if name in _REGISTERED:
-        return _instantiate(_REGISTERED[name], name)
-    target = _BUILTIN.get(name) or _entry_points().get(name)
-    if target is None:
-        choices = available_tasks()
-        close = difflib.get_close_matches(name, choices, n=1)
-        hint = f"did you mean '{close[0]}'? " if close else ""
-        raise ConfigError(f"unknown task '{name}'; {hint}available tasks: {', '.join(choices)}")
-    if not _module_exists(target):
-        raise ConfigError(
-            f"task '{name}' is not available in this install ({target.split(':')[0]} is missing); available tasks: {', '.join(available_tasks())}"
-        )
-    return _instantiate(_load(target), name)
-
-
-def _instantiate(factory: Callable[[], Task], name: str) -> Task:
-    task = factory()
-    if not isinstance(task, Task):
-        raise TypeError(f"task '{name}' must be a pointforge.train.task.Task, got {type(task).__name__}")
-    return task

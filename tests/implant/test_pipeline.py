@@ -27,6 +27,7 @@ from pointforge.errors import UserError
 from pointforge.implant.folder import generate_folder
 from pointforge.implant.pipeline import GenerateOptions, load_models
 from pointforge.implant.writer import case_done, generate_case
+from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config
 from pointforge.train.engine import train
 from tests.helpers import QUIET, REPO
@@ -73,8 +74,8 @@ def trained(tmp_path_factory, one_thread):
             "task.n_points=1024",
         ],
     )
-    pc_ckpt = train("pcdiff", pc, console=False).checkpoint
-    vox_ckpt = train("voxelizer", vox, console=False).checkpoint
+    pc_ckpt = train(get_task("pcdiff"), pc, console=False).checkpoint
+    vox_ckpt = train(get_task("voxelizer"), vox, console=False).checkpoint
     return root, root / "raw", pc_ckpt, vox_ckpt
 
 
@@ -335,7 +336,7 @@ def test_an_upsampler_densifies_each_proposal_before_voxelising(trained, tmp_pat
             "train.max_steps=2",
         ],
     )
-    up_ckpt = train("upsampler", up, console=False).checkpoint
+    up_ckpt = train(get_task("upsampler"), up, console=False).checkpoint
     with_up = load_models(pc, vox, device="cpu", upsample=up_ckpt)
     report = generate_case(source, tmp_path / "case", with_up, FAST)
     assert report["models"]["upsampler"]["ratio"] == 2 and "upsample_s" in report["timings_s"]

@@ -11,6 +11,7 @@ import torch
 
 from pointforge.errors import CheckpointError
 from pointforge.ops.checkpoints import inspect_checkpoint, remap_checkpoint
+from pointforge.tasks import get_task
 from pointforge.train import checkpoint as ck
 from pointforge.train.engine import train
 from tests.helpers import TOY_TINY, quiet_config, run_cli
@@ -34,7 +35,7 @@ def _retag(source: Path, target: Path, tag: str, *, prefix: str = "") -> None:
 def trained(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("ckpt") / "run"
     cfg = quiet_config("toy", TINY, "log.csv=false", "train.epochs=1", f"run.dir={run_dir}")
-    train("toy", cfg, console=False)
+    train(get_task("toy"), cfg, console=False)
     return run_dir
 
 
@@ -65,7 +66,7 @@ def test_remap_turns_a_cuda7_checkpoint_into_one_that_loads_and_resumes_anywhere
     # ... and a run resumes from it.
     run_dir = tmp_path / "resumed"
     cfg = quiet_config("toy", TINY, "log.csv=false", "train.epochs=2", f"run.dir={run_dir}")
-    result = train("toy", cfg, resume=remapped, console=False)
+    result = train(get_task("toy"), cfg, resume=remapped, console=False)
     assert result.resumed_from == remapped and result.global_step == 16
 
 

@@ -13,9 +13,9 @@ from pointforge.ops import doctor
 from pointforge.ops.host import FAKE_GPUS_ENV, GpuInventory
 from pointforge.tasks.toy import PointMLP
 from pointforge.train import checkpoint as ck
-from tests.helpers import REPO, run_cli, write_raw_dataset
+from tests.helpers import TOY_TINY, run_cli, write_raw_dataset
 
-TINY = REPO / "configs" / "toy" / "tiny.yaml"
+TINY = TOY_TINY
 GB = 2**30
 
 
@@ -92,7 +92,7 @@ def test_too_small_dev_shm_for_the_workers_is_a_failure(tmp_path):
 def test_disk_space_for_checkpoints(tmp_path):
     report = run(tmp_path, disk_space=(GB, 3 * 2**20))
     check = by_name(report, "disk")[0]
-    assert check.status == "failure" and "5 ×" in check.detail and "keep_last" in check.fix
+    assert check.status == "failure" and "5 files ×" in check.detail and "keep_last" in check.fix
     assert doctor.check_disk(tmp_path, 10 * 2**20, 3, space=(GB, 70 * 2**20)).status == "warning"
     assert doctor.check_disk(tmp_path, 10 * 2**20, 3, space=(GB, GB)).status == "ok"
 

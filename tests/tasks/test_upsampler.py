@@ -61,7 +61,7 @@ def tiny_run(tmp_path_factory) -> Path:
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(work)
         cfg = load_train_config("upsampler", TINY, [*QUIET, "train.epochs=1"])
-        result = train("upsampler", cfg, console=False)
+        result = train(get_task("upsampler"), cfg, console=False)
     assert result.status == "finished"
     return work
 
@@ -238,7 +238,7 @@ def test_tiny_model_overfits_one_pair_through_the_engine(tmp_path):
         "task.val_manifest=pairs.csv", "task.val_fraction=0", "data.global_batch=1", "train.epochs=1", "optim.lr=1e-2",
         "sched.name=constant", "sched.warmup_steps=0", "ckpt.every_epochs=0", "log.every_steps=50",
     )  # fmt: skip
-    result = train("upsampler", cfg, console=False)
+    result = train(get_task("upsampler"), cfg, console=False)
     assert result.global_step == 150
     # An untrained model puts every child on its parent, which scores what the input scores.
     start, end = result.metrics["val_chamfer_input"], result.metrics["val_chamfer"]
@@ -248,7 +248,7 @@ def test_tiny_model_overfits_one_pair_through_the_engine(tmp_path):
 def test_count_batching_leaves_batches_to_the_engine(tmp_path, small_set):
     cfg = make_cfg(tmp_path / "run", "task.synthetic.pairs=0", f"task.data_root={small_set.parent}", "task.val_fraction=0",
                    "task.batching=count", "data.global_batch=2", "train.epochs=1", "log.every_steps=1", "ckpt.every_epochs=0")  # fmt: skip
-    result = train("upsampler", cfg, console=False)
+    result = train(get_task("upsampler"), cfg, console=False)
     assert result.global_step == 3  # 6 clouds, 2 per step
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [x["train/clouds"] for x in lines if "train/clouds" in x] == [2.0, 2.0, 2.0]
@@ -263,7 +263,7 @@ def test_bf16_autocast_on_cpu_trains_close_to_float32(tmp_path, small_set):
     common = ["task.synthetic.pairs=0", f"task.data_root={small_set.parent}", "task.val_fraction=0", "train.max_steps=2",
               "log.every_steps=1", "ckpt.every_epochs=0", "data.global_batch=2", "optim.lr=1e-2"]  # fmt: skip
     results = {
-        amp: train("upsampler", make_cfg(tmp_path / amp, *common, f"perf.amp={amp}"), console=False)
+        amp: train(get_task("upsampler"), make_cfg(tmp_path / amp, *common, f"perf.amp={amp}"), console=False)
         for amp in ("none", "bf16")
     }
     assert all(r.status == "finished" and r.global_step == 2 for r in results.values())
@@ -279,8 +279,8 @@ def test_gradient_accumulation_equals_one_batch_of_the_same_clouds(tmp_path, sma
     common = ["task.synthetic.pairs=0", f"task.data_root={two.parent}", "task.manifest=two.csv", "task.val_fraction=0",
               "data.global_batch=2", "train.epochs=1", "optim.name=sgd", "optim.lr=0.5", "sched.name=constant",
               "sched.warmup_steps=0", "ckpt.every_epochs=0"]  # fmt: skip
-    whole = train("upsampler", make_cfg(tmp_path / "whole", *common), console=False)
-    accum = train("upsampler", make_cfg(tmp_path / "accum", *common, "data.micro_batch=1"), console=False)
+    whole = train(get_task("upsampler"), make_cfg(tmp_path / "whole", *common), console=False)
+    accum = train(get_task("upsampler"), make_cfg(tmp_path / "accum", *common, "data.micro_batch=1"), console=False)
     assert whole.global_step == accum.global_step == 1  # one step of two clouds, or of two micro-batches of one
     assert "× 2 accumulation steps" in (tmp_path / "accum" / "train.log").read_text()
     a = ck.load_checkpoint(tmp_path / "whole" / "checkpoints" / "latest.pt")["model"]
@@ -387,7 +387,7 @@ def test_upsample_bad_inputs_fail_with_one_clear_line(tmp_path, tiny_run):
 def test_plane_start_is_kept_in_the_checkpoint_and_used_by_every_way_of_upsampling(tmp_path, small_set):
     common = ["task.synthetic.pairs=0", f"task.data_root={small_set.parent}", "task.val_fraction=0", "train.max_steps=1",
               "ckpt.every_epochs=0", "data.global_batch=2", "task.model.start=plane"]  # fmt: skip
-    assert train("upsampler", make_cfg(tmp_path / "run", *common), console=False).status == "finished"
+    assert train(get_task("upsampler"), make_cfg(tmp_path / "run", *common), console=False).status == "finished"
     latest = tmp_path / "run" / "checkpoints" / "latest.pt"
     state = ck.load_checkpoint(latest)
     assert state["config"]["task"]["model"]["start"] == "plane"

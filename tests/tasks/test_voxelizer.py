@@ -55,7 +55,7 @@ def trained(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("vox")
     data_root = tmp / "data" / "synthetic"
     cfg = tiny_cfg(tmp / "run", data_root)
-    result = train("voxelizer", cfg, console=False)
+    result = train(get_task("voxelizer"), cfg, console=False)
     return result, cfg, data_root
 
 
@@ -268,10 +268,13 @@ def test_trained_tiny_reconstructs_held_out_skulls(trained):
 def test_resumed_run_equals_an_uninterrupted_one(trained, tmp_path):
     _, _, data_root = trained
     fast = ["task.n_points=512", "train.eval_every=1"]
-    train("voxelizer", tiny_cfg(tmp_path / "straight", data_root, "train.epochs=2", *fast), console=False)
-    train("voxelizer", tiny_cfg(tmp_path / "cut", data_root, "train.epochs=1", *fast), console=False)
+    train(get_task("voxelizer"), tiny_cfg(tmp_path / "straight", data_root, "train.epochs=2", *fast), console=False)
+    train(get_task("voxelizer"), tiny_cfg(tmp_path / "cut", data_root, "train.epochs=1", *fast), console=False)
     resumed = train(
-        "voxelizer", tiny_cfg(tmp_path / "cut", data_root, "train.epochs=2", *fast), resume="auto", console=False
+        get_task("voxelizer"),
+        tiny_cfg(tmp_path / "cut", data_root, "train.epochs=2", *fast),
+        resume="auto",
+        console=False,
     )
     assert resumed.resumed_from is not None and resumed.global_step == 10
     a = ck.load_checkpoint(tmp_path / "straight" / "checkpoints" / "latest.pt")["model"]

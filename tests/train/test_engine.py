@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from pointforge.errors import CheckpointError, ConfigError, DeviceError, UserError
+from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config
 from pointforge.train import checkpoint as ck
 from pointforge.train.engine import TrainingDiverged, train
@@ -37,7 +38,7 @@ def assert_same_tensors(a, b, exact=True):
 
 def test_run_writes_everything_a_user_and_a_monitor_need(tmp_path):
     cfg = make_cfg(tmp_path, "log.tensorboard=true", "train.epochs=2")
-    result = train("toy", cfg)
+    result = train(get_task("toy"), cfg)
     run = Path(cfg.run.dir)
     assert result.status == "finished" and result.global_step == 16 and result.epoch == 2
     status = json.loads((run / "run.json").read_text())
@@ -60,14 +61,16 @@ def test_run_writes_everything_a_user_and_a_monitor_need(tmp_path):
 
 def test_sigterm_mid_epoch_then_resume_equals_uninterrupted(tmp_path):
     common = ["task.dropout=0.2", "data.micro_batch=4", "train.ema_decay=0.9", "train.grad_clip=1.0", "train.epochs=3"]
-    train("toy", make_cfg(tmp_path, *common, name="ref"))
-    stopped = train("faulty_toy", make_cfg(tmp_path, *common, "task.sigterm_at_step=11", name="cut", task="faulty_toy"))
+    train(get_task("toy"), make_cfg(tmp_path, *common, name="ref"))
+    stopped = train(
+        get_task("faulty_toy"), make_cfg(tmp_path, *common, "task.sigterm_at_step=11", name="cut", task="faulty_toy")
+    )
     assert stopped.status == "stopped" and stopped.signal == "SIGTERM"
     assert stopped.global_step == 12 and stopped.epoch == 1
     cut_state = final_state(tmp_path / "cut")
     assert cut_state["progress"]["step_in_epoch"] == 4
     assert json.loads((tmp_path / "cut" / "run.json").read_text())["status"] == "stopped"
-    resumed = train("faulty_toy", make_cfg(tmp_path, *common, name="cut", task="faulty_toy"), resume="auto")
+    resumed = train(get_task("faulty_toy"), make_cfg(tmp_path, *common, name="cut", task="faulty_toy"), resume="auto")
     assert resumed.status == "finished" and resumed.global_step == 24
     assert resumed.resumed_from is not None and resumed.resumed_from.name == "latest.pt"
     ref, res = final_state(tmp_path / "ref"), final_state(tmp_path / "cut")
@@ -81,7 +84,7 @@ def test_sigterm_mid_epoch_then_resume_equals_uninterrupted(tmp_path):
 def test_time_budget_stops_at_a_step_saves_and_finishes(tmp_path):
     # 0.2 s steps against a 0.01 min (0.6 s) budget: a few steps, never all 40.
     cfg = make_cfg(tmp_path, "train.epochs=5", "train.max_minutes=0.01", "task.step_delay_s=0.2")
-    result = train("toy", cfg)
+    result = train(get_task("toy"), cfg)
     assert result.status == "finished" and 3 <= result.global_step < 40
     assert final_state(cfg.run.dir)["progress"]["global_step"] == result.global_step
     assert "time budget of 0.01 min (train.max_minutes) reached" in (Path(cfg.run.dir) / "train.log").read_text()
@@ -96,13 +99,13 @@ def test_time_horizon_decays_over_training_time_and_resumes_where_it_was(tmp_pat
     over = ["train.epochs=50", "train.max_minutes=0.01", "task.step_delay_s=0.2", "log.every_steps=1"]
     over += ["sched.name=linear", "sched.warmup_steps=0", "sched.horizon_minutes=0.02"]
     cfg = make_cfg(tmp_path, *over)
-    first = train("toy", cfg)
+    first = train(get_task("toy"), cfg)
     state = final_state(cfg.run.dir)
     seconds = state["progress"]["train_seconds"]
     assert first.status == "finished" and 0.6 <= seconds < 1.2
     lr_saved = state["optimizer"]["param_groups"][0]["lr"]
     assert lr_saved == pytest.approx(cfg.optim.lr * (1 - seconds / 1.2))
-    second = train("toy", cfg, resume="auto")
+    second = train(get_task("toy"), cfg, resume="auto")
     state = final_state(cfg.run.dir)
     assert second.global_step > first.global_step and state["progress"]["train_seconds"] >= 1.2
     assert state["optimizer"]["param_groups"][0]["lr"] == 0.0
@@ -113,39 +116,39 @@ def test_time_horizon_decays_over_training_time_and_resumes_where_it_was(tmp_pat
 
 
 def test_existing_run_dir_needs_resume(tmp_path):
-    train("toy", make_cfg(tmp_path, "train.epochs=1"))
+    train(get_task("toy"), make_cfg(tmp_path, "train.epochs=1"))
     with pytest.raises(ConfigError, match="already holds checkpoints.*--resume auto"):
-        train("toy", make_cfg(tmp_path, "train.epochs=1"))
-    done = train("toy", make_cfg(tmp_path, "train.epochs=1"), resume="auto")
+        train(get_task("toy"), make_cfg(tmp_path, "train.epochs=1"))
+    done = train(get_task("toy"), make_cfg(tmp_path, "train.epochs=1"), resume="auto")
     assert done.status == "finished" and done.global_step == 8  # nothing left to do, and the log says so
     assert "nothing is left to train; raise train.epochs" in (tmp_path / "run" / "train.log").read_text()
 
 
 def test_resuming_past_the_configs_length_is_refused_saying_what_to_set(tmp_path):
-    train("toy", make_cfg(tmp_path, "train.epochs=2"))  # 8 steps an epoch
+    train(get_task("toy"), make_cfg(tmp_path, "train.epochs=2"))  # 8 steps an epoch
     with pytest.raises(
         ConfigError, match=r"has done 2 epochs \(step 16\) but train.epochs is 1: .*train.epochs above 2"
     ):
-        train("toy", make_cfg(tmp_path, "train.epochs=1"), resume="auto")
+        train(get_task("toy"), make_cfg(tmp_path, "train.epochs=1"), resume="auto")
     with pytest.raises(ConfigError, match=r"at step 16 but train.max_steps is 10: .*train.max_steps above 16"):
-        train("toy", make_cfg(tmp_path, "train.epochs=5", "train.max_steps=10"), resume="auto")
-    more = train("toy", make_cfg(tmp_path, "train.epochs=3"), resume="auto")
+        train(get_task("toy"), make_cfg(tmp_path, "train.epochs=5", "train.max_steps=10"), resume="auto")
+    more = train(get_task("toy"), make_cfg(tmp_path, "train.epochs=3"), resume="auto")
     assert more.status == "finished" and more.global_step == 24
 
 
 def test_resume_auto_skips_a_truncated_latest(tmp_path):
-    train("toy", make_cfg(tmp_path, "train.epochs=2", "ckpt.keep_last=3"))
+    train(get_task("toy"), make_cfg(tmp_path, "train.epochs=2", "ckpt.keep_last=3"))
     latest = tmp_path / "run" / "checkpoints" / "latest.pt"
     latest.write_bytes(latest.read_bytes()[:1000])
-    result = train("toy", make_cfg(tmp_path, "train.epochs=3", "ckpt.keep_last=3"), resume="auto")
+    result = train(get_task("toy"), make_cfg(tmp_path, "train.epochs=3", "ckpt.keep_last=3"), resume="auto")
     assert result.resumed_from.name == "epoch-0002.pt" and result.global_step == 24
     log = (tmp_path / "run" / "train.log").read_text()
     assert "latest.pt is truncated or corrupt" in log and "WARNING" in log
     latest.write_bytes(latest.read_bytes()[:1000])
     with pytest.raises(CheckpointError, match="latest.pt is truncated or corrupt"):
-        train("toy", make_cfg(tmp_path, "train.epochs=3"), resume=str(latest))
+        train(get_task("toy"), make_cfg(tmp_path, "train.epochs=3"), resume=str(latest))
     again = train(
-        "toy",
+        get_task("toy"),
         make_cfg(tmp_path, "train.epochs=3", name="other"),
         resume=str(tmp_path / "run" / "checkpoints" / "epoch-0001.pt"),
     )
@@ -154,28 +157,29 @@ def test_resume_auto_skips_a_truncated_latest(tmp_path):
 
 def test_nonfinite_steps_are_skipped_then_abort(tmp_path):
     result = train(
-        "faulty_toy", make_cfg(tmp_path, "train.epochs=1", "task.nan_steps=[3]", name="one", task="faulty_toy")
+        get_task("faulty_toy"),
+        make_cfg(tmp_path, "train.epochs=1", "task.nan_steps=[3]", name="one", task="faulty_toy"),
     )
     assert result.status == "finished" and final_state(tmp_path / "one")["progress"]["skipped_steps"] == 1
     assert "non-finite loss at step 3" in (tmp_path / "one" / "train.log").read_text()
     with pytest.raises(TrainingDiverged, match=r"non-finite loss for 3 steps in a row \(train.max_nonfinite=3\)"):
         train(
-            "faulty_toy",
+            get_task("faulty_toy"),
             make_cfg(tmp_path, "train.max_nonfinite=3", "task.nan_steps=[2,3,4,5]", name="many", task="faulty_toy"),
         )
     assert json.loads((tmp_path / "many" / "run.json").read_text())["status"] == "failed"
 
 
 def test_accumulation_matches_one_big_batch(tmp_path):
-    train("toy", make_cfg(tmp_path, "train.epochs=1", name="big"))
-    train("toy", make_cfg(tmp_path, "train.epochs=1", "data.micro_batch=2", name="acc"))
+    train(get_task("toy"), make_cfg(tmp_path, "train.epochs=1", name="big"))
+    train(get_task("toy"), make_cfg(tmp_path, "train.epochs=1", "data.micro_batch=2", name="acc"))
     assert_same_tensors(final_state(tmp_path / "big")["model"], final_state(tmp_path / "acc")["model"], exact=False)
 
 
 def test_loader_workers_give_the_same_run(tmp_path):
-    train("toy", make_cfg(tmp_path, "train.epochs=2", name="w0"))
+    train(get_task("toy"), make_cfg(tmp_path, "train.epochs=2", name="w0"))
     train(
-        "toy",
+        get_task("toy"),
         make_cfg(
             tmp_path,
             "train.epochs=2",
@@ -189,19 +193,19 @@ def test_loader_workers_give_the_same_run(tmp_path):
 
 
 def test_bf16_autocast_on_cpu_and_fp16_refused(tmp_path):
-    result = train("toy", make_cfg(tmp_path, "train.epochs=1", "perf.amp=bf16", name="bf16"))
+    result = train(get_task("toy"), make_cfg(tmp_path, "train.epochs=1", "perf.amp=bf16", name="bf16"))
     assert result.status == "finished" and result.metrics["val_loss"] < 1.0
     with pytest.raises(ConfigError, match="fp16 needs a CUDA device"):
-        train("toy", make_cfg(tmp_path, "perf.amp=fp16", name="fp16"))
+        train(get_task("toy"), make_cfg(tmp_path, "perf.amp=fp16", name="fp16"))
 
 
 def test_devices_and_optional_wandb_fail_clearly(tmp_path):
     with pytest.raises(DeviceError, match=r"run.device=cuda:7 does not exist; visible devices: none"):
-        train("toy", make_cfg(tmp_path, "run.device=cuda:7", name="dev"))
+        train(get_task("toy"), make_cfg(tmp_path, "run.device=cuda:7", name="dev"))
     # wandb must stay optional; where it is absent, asking for it is a clear error.
     if importlib.util.find_spec("wandb") is None:
         with pytest.raises(ConfigError, match="wandb package is not installed"):
-            train("toy", make_cfg(tmp_path, name="wb"), wandb=True)
+            train(get_task("toy"), make_cfg(tmp_path, name="wb"), wandb=True)
         assert json.loads((tmp_path / "wb" / "run.json").read_text())["status"] == "failed"
 
 

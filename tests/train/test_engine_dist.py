@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config
 from pointforge.train import checkpoint as ck
 from pointforge.train.engine import train
@@ -140,7 +141,7 @@ def test_two_ranks_equal_one_rank_with_double_batch(tmp_path):
     assert status["status"] == "stopped" and status["global_step"] == 6, status
     assert "stopped by a signal at epoch 0, step 6" in out  # rank 0 speaks; the signal reached rank 1
     single = load_train_config("toy", TINY, [*common, *QUIET, "train.max_steps=6", f"run.dir={tmp_path / 'single'}"])
-    assert train("toy", single, console=False).global_step == 6
+    assert train(get_task("toy"), single, console=False).global_step == 6
     assert_equal_weights(weights(tmp_path / "ddp"), weights(tmp_path / "single"), exact=False)
     ranks = sorted(p.name for p in (tmp_path / "ddp" / "ranks").iterdir())
     assert ranks == ["rank0.json", "rank1.json"]

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from pointforge.errors import DataError, DiskFullError, UserError
+from pointforge.tasks import get_task
 from pointforge.train import checkpoint as ck
 from pointforge.train.data import unwrap_worker_error
 from pointforge.train.engine import train
@@ -74,13 +75,13 @@ def test_lock_names_its_holder_and_is_free_once_released(tmp_path):
 
 def test_train_refuses_a_held_run_dir_and_leaves_it_untouched(tmp_path):
     run_dir = tmp_path / "run"
-    train("toy", make_cfg(run_dir, "train.epochs=1"))
+    train(get_task("toy"), make_cfg(run_dir, "train.epochs=1"))
     before = snapshot(run_dir)
     with RunDirLock(run_dir):
         with pytest.raises(RunDirInUse, match="continue with --resume auto, or choose another run.dir"):
-            train("toy", make_cfg(run_dir, "train.epochs=2"), resume="auto")
+            train(get_task("toy"), make_cfg(run_dir, "train.epochs=2"), resume="auto")
     assert snapshot(run_dir) == before
-    assert train("toy", make_cfg(run_dir, "train.epochs=2"), resume="auto").status == "finished"
+    assert train(get_task("toy"), make_cfg(run_dir, "train.epochs=2"), resume="auto").status == "finished"
     assert lock_holder(run_dir) is None  # released at the end of the run
 
 
@@ -94,7 +95,7 @@ def _wait_for(predicate, timeout: float, job: Job) -> None:
 
 def test_a_second_train_process_is_refused_and_a_killed_holder_leaves_no_lock(tmp_path):
     run_dir = tmp_path / "run"
-    train("faulty_toy", make_cfg(run_dir, "train.epochs=1", task="faulty_toy"))
+    train(get_task("faulty_toy"), make_cfg(run_dir, "train.epochs=1", task="faulty_toy"))
     # The first job resumes and stalls in its first step (global step 8), holding the run dir.
     stall = ["task.stall_rank=0", "task.stall_step=8", "task.stall_s=120", "train.epochs=2"]
     base = [sys.executable, "-m", "pointforge.cli", "train", "faulty_toy", "--config", str(TOY_TINY), *QUIET]
@@ -218,7 +219,7 @@ def test_a_run_dir_too_small_for_its_checkpoints_is_refused_before_training(tmp_
     run_dir = tmp_path / "run"
     monkeypatch.setattr(ck, "disk_free_bytes", lambda path: 100_000)
     with pytest.raises(DiskFullError, match=r"free for .* checkpoints need about .* more \(5 files × .*keep_last=2"):
-        train("toy", make_cfg(run_dir))
+        train(get_task("toy"), make_cfg(run_dir))
     assert not (run_dir / "checkpoints").exists()
     size = ck.estimate_checkpoint_bytes(torch.nn.Linear(10, 10), optimizer="adam", ema=True)
     assert size == 3 * 440 + 440 + 2**20  # weights, two Adam moments, EMA, 1 MiB of the rest
@@ -232,7 +233,7 @@ def test_an_error_in_a_loader_worker_is_its_own_line(tmp_path):
     run_dir = tmp_path / "run"
     cfg = make_cfg(run_dir, "data.num_workers=1", "task.broken_index=5", task="faulty_toy")
     with pytest.raises(DataError) as caught:
-        train("faulty_toy", cfg)
+        train(get_task("faulty_toy"), cfg)
     assert str(caught.value) == "sample 5: its file is gone; re-run `pointforge data prepare`"
     plain = unwrap_worker_error(
         ValueError(
@@ -292,25 +293,25 @@ def test_a_deleted_point_file_stops_training_before_the_first_step(tmp_path, pre
 def test_a_micro_batch_too_large_for_the_device_is_refused_with_the_largest_that_fits(tmp_path, monkeypatch):
     from pointforge.errors import ConfigError
     from pointforge.tasks.toy import ToyTask
-    from pointforge.train import engine
+    from pointforge.train import preflight
 
     gib = 2**30
     monkeypatch.setattr(ToyTask, "memory_estimate", lambda self, cfg, micro_batch: micro_batch * 3 * gib)
-    monkeypatch.setattr(engine, "available_memory_bytes", lambda device: 10 * gib)
+    monkeypatch.setattr(preflight, "available_memory_bytes", lambda device: 10 * gib)
     run_dir = tmp_path / "run"
     with pytest.raises(ConfigError) as caught:
-        train("toy", make_cfg(run_dir))  # global_batch 8 on one device: 24 GiB
+        train(get_task("toy"), make_cfg(run_dir))  # global_batch 8 on one device: 24 GiB
     assert str(caught.value) == (
         "a training step on 8 sample(s) per device needs about 24.0 GB on cpu, more than the 10.0 GB available; "
         "set data.micro_batch=3 (gradient accumulation keeps data.global_batch=8) or use more devices"
     )
     assert not (run_dir / "checkpoints").exists()
-    assert train("toy", make_cfg(run_dir, "data.micro_batch=3", "data.global_batch=6")).status == "finished"
-    monkeypatch.setattr(engine, "available_memory_bytes", lambda device: gib)
+    assert train(get_task("toy"), make_cfg(run_dir, "data.micro_batch=3", "data.global_batch=6")).status == "finished"
+    monkeypatch.setattr(preflight, "available_memory_bytes", lambda device: gib)
     with pytest.raises(ConfigError, match="even for one sample; lower the task's point count or grid resolution"):
-        train("toy", make_cfg(tmp_path / "other"))
+        train(get_task("toy"), make_cfg(tmp_path / "other"))
     with pytest.raises(DataError, match="the training set has 64 samples, fewer than data.global_batch=128"):
-        train("toy", make_cfg(tmp_path / "third", "data.global_batch=128"))
+        train(get_task("toy"), make_cfg(tmp_path / "third", "data.global_batch=128"))
     assert not (tmp_path / "other" / "checkpoints").exists() and not (tmp_path / "third" / "checkpoints").exists()
 
 

@@ -3,7 +3,10 @@
 :func:`build_plan` walks the jobs of a :class:`~pointforge.ops.launch.spec.PlanSpec`
 through one check per thing checked (name, GPUs, run dir, config, resume
 point, port) and collects every problem, so the whole plan is refused at once
-and nothing starts; :meth:`LaunchPlan.text` is what ``--dry-run`` prints.
+and nothing starts; :meth:`LaunchPlan.text` is what ``--dry-run`` prints. The
+checks a training run makes itself (its run dir's lock, an earlier run's
+checkpoints) are asked of :mod:`pointforge.train.preflight`, so launch and
+train cannot disagree; the rest are the plan's own (GPUs, ports, names).
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from pointforge.ops.runs import CONSOLE_LOG, is_live, run_state
 from pointforge.tasks.configs import load_train_config, resolve_config_path
 from pointforge.train import checkpoint as ckpt_io
 from pointforge.train.launch import torchrun_command, worker_args, worker_pythonpath
-from pointforge.train.lock import RunDirInUse, in_use_message, lock_holder
+from pointforge.train.lock import RunDirInUse
+from pointforge.train.preflight import check_existing_checkpoints, check_run_dir_lock
 from pointforge.train.schedule import plan_batches
 
 
@@ -310,10 +314,10 @@ def _check_run_dir(job: JobSpec, ctx: _Planning) -> Path:
         )
     ctx.dir_owner.setdefault(run_dir, job.name)
     state = run_state(run_dir, with_disk=False)
-    holder = lock_holder(run_dir)
-    if holder is not None:
+    locked = check_run_dir_lock(run_dir)
+    if not locked.ok:
         # A training process holds the run dir (started by launch, train or torchrun): the same line train prints.
-        ctx.problems.append(RunDirInUse(f"{where}: {in_use_message(run_dir, holder)}"))
+        ctx.problems.append(locked.error(f"{where}: {locked.problem}"))
     elif is_live(state):
         pid = state.job_pid or state.pid
         ctx.problems.append(
@@ -379,15 +383,17 @@ def _check_resume(job: JobSpec, ctx: _Planning, run_dir: Path, notes: list[str])
     resume = ctx.resume if ctx.resume is not None else job.resume
     if resume in ("none", ""):
         resume = None
-    existing = ckpt_io.resume_candidates(run_dir)
-    if resume is None and existing:
+    earlier = check_existing_checkpoints(run_dir, resume)
+    if not earlier.ok:
+        # The finding as train says it; the fix in a plan's words (resume: and run_dir are plan keys).
         ctx.problems.append(
             CheckpointError(
-                f"{where}: run dir {run_dir} already holds checkpoints ({existing[0].name}, ...); "
+                f"{where}: {earlier.detail}; "
                 "add --resume auto (or resume: auto in the plan) to continue it, or choose a new run_dir"
             )
         )
     elif resume == "auto":
+        existing = ckpt_io.resume_candidates(run_dir)
         notes.append(f"continues from {existing[0]}" if existing else "no checkpoint yet: starts from scratch")
     elif resume is not None:
         ck = absolute(resume, ctx.cwd)

@@ -235,6 +235,7 @@ def test_formulation_config_errors(override, fragment):
 def test_framed_run_logs_placement_and_its_checkpoint_places_implants_alone(tmp_path, tmp_path_factory):
     from pointforge.data.skulls import PreparedDataset
     from pointforge.inference.pcdiff import complete, load_pcdiff
+    from pointforge.tasks import get_task
     from pointforge.tasks.pcdiff.task import SyntheticSection, ensure_prepared_dataset
     from pointforge.train.engine import train
 
@@ -261,7 +262,7 @@ def test_framed_run_logs_placement_and_its_checkpoint_places_implants_alone(tmp_
             "task.condition_mark=true",
         ],
     )
-    result = train("pcdiff", cfg)
+    result = train(get_task("pcdiff"), cfg)
     assert result.status == "finished"
     for name in (
         "val_centroid_error_mm",

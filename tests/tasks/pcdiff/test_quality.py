@@ -20,6 +20,7 @@ import torch
 
 from pointforge.inference.pcdiff import load_pcdiff
 from pointforge.nn.diffusion import diffusion_loss, make_sampler
+from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config
 from pointforge.tasks.pcdiff.task import (
     PCDiffDataset,
@@ -77,7 +78,7 @@ def test_loss_falls_through_the_engine(tmp_path, dataset_root):
     with torch_threads(1):
         seed_everything(derive_seed(cfg.train.seed, "init"))  # the engine's initial weights
         before = fixed_noise_loss(task.build_model(cfg.task), task, x0, cfg.task.n_implant)
-        result = train("pcdiff", cfg, console=False)
+        result = train(get_task("pcdiff"), cfg, console=False)
         after = fixed_noise_loss(load_pcdiff(result.checkpoint)[0], task, x0, cfg.task.n_implant)
     print(f"\nfixed-noise loss over the training set: {before:.3f} before, {after:.3f} after 40 steps")
     assert result.global_step == 40

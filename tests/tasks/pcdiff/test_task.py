@@ -18,6 +18,7 @@ from pointforge.errors import CheckpointError, ConfigError, DataError, UserError
 from pointforge.inference.pcdiff import complete, load_pcdiff
 from pointforge.nn.diffusion import NoiseSchedule, diffusion_loss, make_sampler
 from pointforge.ops.pcdiff_import import import_pcdiff_checkpoint
+from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config
 from pointforge.tasks.pcdiff import task as pc
 from pointforge.tasks.pcdiff.task import (
@@ -253,7 +254,7 @@ def test_train_tiny_through_the_engine_then_load_and_complete(tmp_path, dataset_
         "task.eval.steps=3",
         "train.ema_decay=0.9",
     )
-    result = train("pcdiff", cfg)
+    result = train(get_task("pcdiff"), cfg)
     assert result.status == "finished" and result.global_step == 4 and result.epoch == 2
     for name in ("val_chamfer", "val_chamfer_mm2", "val_mean_dist_mm", "val_sample_s_per_case"):
         assert np.isfinite(result.metrics[name]), name
@@ -378,7 +379,7 @@ def test_imported_checkpoint_resumes_training(tmp_path, upstream_tiny, dataset_r
     imported = tmp_path / "ours.pt"
     import_pcdiff_checkpoint(source, imported, config=CONFIGS / "tiny.yaml")
     cfg = tiny_cfg(tmp_path / "run", dataset_root, "train.epochs=9", "train.eval_every=0", "train.ema_decay=null")
-    result = train("pcdiff", cfg, resume=imported)
+    result = train(get_task("pcdiff"), cfg, resume=imported)
     assert result.resumed_from == imported
     assert (result.status, result.epoch, result.global_step) == ("finished", 9, 2)  # epoch 8 only: 2 steps
 
