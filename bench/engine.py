@@ -43,7 +43,7 @@ from pointforge.train.engine import train  # noqa: E402
 from pointforge.train.launch import torchrun_command, worker_args, worker_environment  # noqa: E402
 from pointforge.train.schedule import lr_factor  # noqa: E402
 
-TINY = REPO / "configs" / "toy" / "tiny.yaml"
+TINY = REPO / "pointforge" / "configs" / "toy" / "tiny.yaml"
 COMMON = [
     "task.n_train=8192",
     "task.n_val=0",

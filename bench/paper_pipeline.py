@@ -90,7 +90,7 @@ def make_case(folder: Path, size: int, seed: int) -> tuple[Path, np.ndarray, np.
 
 def random_checkpoint(task: str, config: str, path: Path) -> Path:
     """A checkpoint of ``config``'s network with random (seeded) weights."""
-    cfg = load_train_config(task, REPO / "configs" / task / config)
+    cfg = load_train_config(task, REPO / "pointforge" / "configs" / task / config)
     torch.manual_seed(0)
     model = get_task(task).build_model(cfg.task)
     ck.save_checkpoint(path, {"task": task, "config": to_dict(cfg), "model": ck.model_state(model)})

@@ -10,16 +10,17 @@ and crops around the implant).
 
 Side by side in one process, interleaved step by step (the order rotating) on models
 with the same initial weights, the same batches and the same t and noise, the step runs
-through the ``reference`` paths (those before the changes below) and then with each
-change added in turn, so that neighbouring rows give each change's share:
+with the engine's Adam (``current``) and with ``torch.optim.Adam(..., foreach=True)``,
+the multi-tensor step (what ``train/schedule.py`` could pass; measured here, not used by
+the engine yet).
 
-* segment GroupNorm: the SA levels' weighted GroupNorm for all batch elements at once
-  (``pvcnn.SEGMENT_GROUP_NORM``; before: a loop over batch elements);
-* scatter bag backward: devoxelisation and 3-NN interpolation backward as one
-  ``index_add_`` (``pvops.SCATTER_BAG_BACKWARD``; before: embedding_bag's backward);
-* channels-last conv3d: oneDNN gets channels-last grids (``pvcnn.CHANNELS_LAST_CONV3D``);
-* Adam foreach: ``torch.optim.Adam(..., foreach=True)``, the multi-tensor step (what
-  ``train/schedule.py`` could pass; measured here, not used by the engine yet).
+The before/after table of the step's earlier cuts (the SA levels' GroupNorm for all batch
+elements at once, the scatter-add backward of devoxelisation and 3-NN interpolation,
+channels-last grids for oneDNN's 3D convolutions) is historical: it was measured in
+2026-11 with switches that kept the old paths selectable, and is kept in
+docs/benchmarks.md. The switches are gone; two of the old paths (the per-element GroupNorm
+loop, embedding_bag's own backward) live on as test oracles
+(tests/nn/oracles.py).
 
 The machine may be shared: each path's median of interleaved steps, wall and process CPU
 time, and their ratio are the point; absolute times are context. CPU time (one thread)
@@ -34,71 +35,32 @@ builds) is made in a temporary folder first (~10 s).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import yaml
 
 from _common import machine, print_table, write_json
 from pointforge.config import from_dict
-from pointforge.nn import pvcnn, pvops
 from pointforge.tasks.pcdiff.task import PCDiffConfig, PCDiffTask
 
 ROOT = Path(__file__).resolve().parent.parent
-DEMO_CONFIG = ROOT / "configs" / "pcdiff" / "demo.yaml"
+DEMO_CONFIG = ROOT / "pointforge" / "configs" / "pcdiff" / "demo.yaml"
 
 RECIPES: dict[str, dict[str, Any]] = {
     "demo": {},
     "mark_frame": {"condition_mark": True, "frame": {"scale": 0.5}},
 }
 
-# The changes, each as (module, attribute, fast value, reference value) or Adam options,
-# applied cumulatively: path k runs changes 1..k, so neighbouring paths give each
-# change's share.
-CHANGES: list[tuple[str, list[tuple[Any, str, Any, Any]], dict[str, Any]]] = [
-    ("+ segment GroupNorm", [(pvcnn, "SEGMENT_GROUP_NORM", True, False)], {}),
-    ("+ scatter bag backward", [(pvops, "SCATTER_BAG_BACKWARD", True, False)], {}),
-    ("+ channels-last conv3d", [(pvcnn, "CHANNELS_LAST_CONV3D", True, False)], {}),
-    ("+ Adam foreach", [], {"foreach": True}),
-]
-
-
-def _paths() -> dict[str, tuple[list[tuple[Any, str, Any]], dict[str, Any]]]:
-    every = [(owner, name, reference) for _, switches, _ in CHANGES for owner, name, _, reference in switches]
-    paths = {"reference": (every, {})}
-    applied: dict[tuple[int, str], Any] = {}
-    adam: dict[str, Any] = {}
-    for label, switches, options in CHANGES:
-        for owner, name, fast, _ in switches:
-            applied[(id(owner), name)] = fast
-        adam = {**adam, **options}
-        paths[label] = ([(o, n, applied.get((id(o), n), ref)) for o, n, ref in every], dict(adam))
-    return paths
-
-
-PATHS = _paths()
-PATH_SWITCHES = {name: switches for name, (switches, _) in PATHS.items()}
-PATH_ADAM = {name: adam for name, (_, adam) in PATHS.items()}
-FAST = CHANGES[-1][0]
-
-
-@contextlib.contextmanager
-def switched(path: str) -> Iterator[None]:
-    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in PATH_SWITCHES[path]]
-    for owner, name, value in PATH_SWITCHES[path]:
-        setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        for owner, name, value in saved:
-            setattr(owner, name, value)
+# Adam options per path; the first is the engine's.
+PATH_ADAM: dict[str, dict[str, Any]] = {"current": {}, "+ Adam foreach": {"foreach": True}}
+FOREACH = "+ Adam foreach"
 
 
 def demo_dataset(folder: Path) -> Path:
@@ -151,7 +113,7 @@ def measure_recipe(name: str, data_root: Path, repeats: int) -> dict[str, Any]:
     base = task.build_model(cfg).train()
     optim = full["optim"]
     models, optimizers = {}, {}
-    for path in PATH_SWITCHES:
+    for path in PATH_ADAM:
         models[path] = copy.deepcopy(base)
         optimizers[path] = torch.optim.Adam(
             models[path].parameters(), lr=float(optim["lr"]), betas=tuple(optim["betas"]), **PATH_ADAM[path]
@@ -165,17 +127,16 @@ def measure_recipe(name: str, data_root: Path, repeats: int) -> dict[str, Any]:
         optimizer.zero_grad(set_to_none=True)
         return float(loss.detach())
 
-    times: dict[str, dict[str, list[float]]] = {p: {"wall": [], "cpu": []} for p in PATH_SWITCHES}
-    losses: dict[str, list[float]] = {p: [] for p in PATH_SWITCHES}
-    paths = list(PATH_SWITCHES)
+    times: dict[str, dict[str, list[float]]] = {p: {"wall": [], "cpu": []} for p in PATH_ADAM}
+    losses: dict[str, list[float]] = {p: [] for p in PATH_ADAM}
+    paths = list(PATH_ADAM)
     for r in range(repeats + 2):  # two warm-up rounds (oneDNN primitives, allocator)
         item = batches[r % len(batches)]
         for path in paths[r % len(paths) :] + paths[: r % len(paths)]:  # rotate who goes first
             torch.manual_seed(1000 + r)  # the same t and noise for every path
-            with switched(path):
-                wall, cpu = time.perf_counter(), time.process_time()
-                loss = step(path, item)
-                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            wall, cpu = time.perf_counter(), time.process_time()
+            loss = step(path, item)
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
             losses[path].append(loss)
             if r >= 2:
                 times[path]["wall"].append(wall)
@@ -221,7 +182,7 @@ def main() -> None:
         def med(p: str, k: str) -> float:
             return statistics.median(res["step"][p][k])
 
-        for path in PATH_SWITCHES:
+        for path in PATH_ADAM:
             rows.append(
                 [
                     res["recipe"],
@@ -230,11 +191,11 @@ def main() -> None:
                     1 / med(path, "wall"),
                     med(path, "cpu"),
                     1 / med(path, "cpu"),
-                    med("reference", "cpu") / med(path, "cpu"),
+                    med("current", "cpu") / med(path, "cpu"),
                 ]
             )
-        res["cpu_speedup"] = med("reference", "cpu") / med(FAST, "cpu")
-        res["wall_speedup"] = med("reference", "wall") / med(FAST, "wall")
+        res["cpu_speedup"] = med("current", "cpu") / med(FOREACH, "cpu")
+        res["wall_speedup"] = med("current", "wall") / med(FOREACH, "wall")
         res["data_cpu_s_per_batch"] = statistics.median(res["data_cpu_s"])
         rows.append(
             [
@@ -252,8 +213,9 @@ def main() -> None:
     )
     for res in results:
         print(
-            f"{res['recipe']}: reference / all changes = {res['cpu_speedup']:.2f}x CPU time, {res['wall_speedup']:.2f}x wall time "
-            f"(median of {args.repeats}); first losses " + ", ".join(f"{p} {res['losses'][p][0]:.5f}" for p in PATHS)
+            f"{res['recipe']}: Adam foreach speed-up over current = {res['cpu_speedup']:.2f}x CPU time, {res['wall_speedup']:.2f}x wall time "
+            f"(median of {args.repeats}); first losses "
+            + ", ".join(f"{p} {res['losses'][p][0]:.5f}" for p in PATH_ADAM)
         )
 
     record = {
@@ -263,10 +225,7 @@ def main() -> None:
         "threads": 1,
         "load_average": load,
         "repeats": args.repeats,
-        "paths": {
-            p: {"switches": {f"{o.__name__}.{n}": v for o, n, v in PATH_SWITCHES[p]}, "adam": PATH_ADAM[p]}
-            for p in PATH_SWITCHES
-        },
+        "paths": {p: {"adam": PATH_ADAM[p]} for p in PATH_ADAM},
         "results": results,
     }
     print(f"\nwrote {write_json('pcdiff_step', record)}")

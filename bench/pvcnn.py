@@ -32,7 +32,8 @@ from typing import Any, Callable
 import torch
 
 from _common import machine, print_table, write_json
-from pointforge.nn import pvcnn, pvops
+from pointforge.nn import pvcnn_blocks
+from pointforge.nn.ops import bags, ball_query, fps, three_nn, voxelize
 from pointforge.nn.pvcnn import PVCNN2
 
 N_CONDITIONING = 27_648
@@ -145,15 +146,17 @@ def measure_breakdown(repeats: int) -> dict[str, Any]:
     x, t = synthetic_skull(), torch.tensor([T_STEP])
     model = _model(train=False)
     clock = _Clock()
-    clock.wrap(pvops, "furthest_point_sample_indices", "furthest point sampling")
-    clock.wrap(pvops, "ball_query", "ball query")
-    clock.wrap(pvcnn.SetAbstraction, "_pool_distinct", "grouping + SA MLP + max-pool")
-    clock.wrap(pvops, "three_nearest_neighbors", "3-NN search")
-    clock.wrap(pvcnn._VoxelMap, "__init__", "voxel coordinates + corners")
-    clock.wrap(pvops, "voxelize_mean", "average voxelisation")
-    clock.wrap(pvops, "sum_bags", "devoxelisation + 3-NN interpolation")
-    clock.wrap(pvcnn, "_conv3d", "3D convolutions")
-    clock.wrap(pvcnn.Attention, "forward", "attention (voxel + global)")
+    clock.wrap(fps, "furthest_point_sample_indices", "furthest point sampling")
+    clock.wrap(ball_query, "ball_query", "ball query")
+    clock.wrap(pvcnn_blocks.SetAbstraction, "_pool_distinct", "grouping + SA MLP + max-pool")
+    clock.wrap(three_nn, "three_nearest_neighbors", "3-NN search")
+    clock.wrap(pvcnn_blocks.VoxelMap, "__init__", "voxel coordinates + corners")
+    clock.wrap(voxelize, "voxelize_mean", "average voxelisation")
+    # Devoxelisation calls bags.sum_bags; 3-NN interpolation its own import of it.
+    clock.wrap(bags, "sum_bags", "devoxelisation + 3-NN interpolation")
+    clock.wrap(three_nn, "sum_bags", "devoxelisation + 3-NN interpolation")
+    clock.wrap(pvcnn_blocks, "_conv3d", "3D convolutions")
+    clock.wrap(pvcnn_blocks.Attention, "forward", "attention (voxel + global)")
     runs = []
     with torch.no_grad():
         model(x, t)
@@ -176,12 +179,12 @@ def measure_reference(repeats: int) -> dict[str, Any]:
     with torch.no_grad():
         fast_times, _ = _timed(lambda: model(x, t), max(1, repeats - 1))
         fast = model(x, t)
-        pvops.ball_query = functools.partial(pvops.ball_query, method="dense")
-        pvops.three_nearest_neighbors = functools.partial(pvops.three_nearest_neighbors, method="dense")
-        pvops.furthest_point_sample_indices = functools.partial(pvops.furthest_point_sample_indices, backend="torch")
-        pvcnn._use_mkldnn = lambda tensor: False
+        ball_query.ball_query = functools.partial(ball_query.ball_query, method="dense")
+        three_nn.three_nearest_neighbors = functools.partial(three_nn.three_nearest_neighbors, method="dense")
+        fps.furthest_point_sample_indices = functools.partial(fps.furthest_point_sample_indices, backend="torch")
+        pvcnn_blocks._use_mkldnn = lambda tensor: False
         for module in model.modules():
-            if isinstance(module, pvcnn.SetAbstraction):
+            if isinstance(module, pvcnn_blocks.SetAbstraction):
                 module.distinct_slots = False
         start = time.perf_counter()
         reference = model(x, t)

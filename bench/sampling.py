@@ -63,7 +63,7 @@ def train_small(steps: int, run_dir: Path) -> tuple[Path, float]:
     """Train the small preset for ``steps`` steps on its synthetic data; returns the checkpoint."""
     cfg = load_train_config(
         "pcdiff",
-        REPO / "configs" / "pcdiff" / "small.yaml",
+        REPO / "pointforge" / "configs" / "pcdiff" / "small.yaml",
         [
             f"run.dir={run_dir}",
             f"task.data_root={REPO / 'bench' / 'results' / 'data' / 'pcdiff-small'}",

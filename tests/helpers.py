@@ -25,8 +25,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "pointforge" / "configs"
 TOY_TINY = CONFIGS / "toy" / "tiny.yaml"
-# Outputs of the upstream implementations on fixed inputs, kept beside the repository.
-FIXTURES = REPO.parent / "shared" / "fixtures"
+# Outputs of the upstream implementations on fixed inputs (tests/fixtures/README.md).
+FIXTURES = REPO / "tests" / "fixtures"
 
 # Overrides that keep a test run quiet and small: no progress bar, no
 # TensorBoard files, one torch thread (the test machines have 2 cores).
@@ -61,6 +61,23 @@ def run_cli(*args):
     from pointforge.cli.main import app
 
     return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def run_cli_process(*args, cwd=None, timeout: float = 300) -> tuple[int, str, str]:
+    """``python -m pointforge.cli ARGS...`` as a real child process: (exit code, stdout, stderr), kept apart.
+
+    For what only a process shows: the exit status a shell sees, what goes to
+    stderr rather than stdout, and the interpreter's own start-up.
+    """
+    proc = subprocess.run(
+        [sys.executable, "-m", "pointforge.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=timeout,
+        env=subprocess_env(),
+    )
+    return proc.returncode, proc.stdout, proc.stderr
 
 
 # --------------------------------------------------------------------------- data on disk

@@ -13,7 +13,7 @@ from pointforge.errors import ConfigError
 from pointforge.tasks.configs import load_train_config, train_config_from_dict
 from tests.helpers import REPO
 
-TINY = REPO / "configs" / "toy" / "tiny.yaml"
+TINY = REPO / "pointforge" / "configs" / "toy" / "tiny.yaml"
 
 
 @dataclass

@@ -49,9 +49,7 @@ def generate(
 ) -> None:
     """Design an implant: PCDiff proposals → voxelizer → vote → clean-up → NRRD/NIfTI, STL, uncertainty, preview, 3-D view, report."""
     from pointforge.devices import use_threads
-    from pointforge.implant.folder import generate_folder
     from pointforge.implant.pipeline import GenerateOptions, load_models
-    from pointforge.implant.writer import generate_case
 
     options = GenerateOptions(ensemble=ensemble, sampler=sampler, steps=steps, seed=seed, components=components)
     options.validate()
@@ -63,33 +61,52 @@ def generate(
     elif not defective.exists():
         raise typer.BadParameter(f"{defective}: no such file or folder", param_hint="DEFECTIVE")
     models = load_models(pcdiff, voxelizer, device=device, upsample=upsample)
-    with Bars() as bars:
-
-        def on_step(stage: str, done: int, total: int) -> None:
-            what = {"sample": "sampler steps", "voxelize": "proposals voxelised"}.get(stage, stage)
-            bars.update(stage, done, total=total, description=what)
-
-        if defective.is_dir():
-            result = generate_folder(
-                defective,
-                out,
-                models,
-                options,
-                split=split,
-                log=lambda msg: typer.secho(msg, err=True, fg=typer.colors.YELLOW),
-                progress=lambda done, total: bars.update(
-                    "cases", done, total=total, description=f"cases ({split} split)"
-                ),
-                step_progress=on_step,
-                label=label,
-            )
-        else:
-            report = generate_case(
-                defective, out, models, options, overwrite=overwrite, log=typer.echo, progress=on_step, label=label
-            )
     if defective.is_dir():
-        _say_folder(result, out)
-        return
+        _generate_folder(defective, out, models, options, split=split, label=label)
+    else:
+        _generate_case(defective, out, models, options, overwrite=overwrite, label=label)
+
+
+def _stage_bars(bars: Bars):
+    def on_step(stage: str, done: int, total: int) -> None:
+        what = {"sample": "sampler steps", "voxelize": "proposals voxelised"}.get(stage, stage)
+        bars.update(stage, done, total=total, description=what)
+
+    return on_step
+
+
+def _generate_folder(defective: Path, out: Path, models, options, *, split: str, label) -> None:
+    from pointforge.implant.folder import generate_folder
+
+    with Bars() as bars:
+        result = generate_folder(
+            defective,
+            out,
+            models,
+            options,
+            split=split,
+            log=lambda msg: typer.secho(msg, err=True, fg=typer.colors.YELLOW),
+            progress=lambda done, total: bars.update("cases", done, total=total, description=f"cases ({split} split)"),
+            step_progress=_stage_bars(bars),
+            label=label,
+        )
+    _say_folder(result, out)
+
+
+def _generate_case(defective: Path, out: Path, models, options, *, overwrite: bool, label) -> None:
+    from pointforge.implant.writer import generate_case
+
+    with Bars() as bars:
+        report = generate_case(
+            defective,
+            out,
+            models,
+            options,
+            overwrite=overwrite,
+            log=typer.echo,
+            progress=_stage_bars(bars),
+            label=label,
+        )
     mesh = report["mesh"]
     typer.echo(
         f"implant: {report['implant']['volume_cm3']:.2f} cm³, mesh {'watertight' if mesh['watertight'] else 'NOT watertight'}"

@@ -52,8 +52,9 @@ from pointforge.inference.pcdiff import LoadedPCDiff, complete, load_pcdiff
 from pointforge.inference.upsampler import load_upsampler
 from pointforge.inference.voxelizer import load_voxelizer
 from pointforge.nn.diffusion import SAMPLER_NAMES, make_sampler
-from pointforge.nn.dpsr import dpsr_memory_bytes, normalize_resolution
-from pointforge.nn.pvcnn import FPLevel, PVCNN2Config, SALevel
+from pointforge.nn.dpsr import dpsr_memory_bytes
+from pointforge.nn.dpsr_grid import normalize_resolution
+from pointforge.nn.pvcnn_config import FPLevel, PVCNN2Config, SALevel
 from pointforge.train.checkpoint import load_checkpoint
 from pointforge.upsampling.pipeline import upsample_points
 

@@ -38,7 +38,8 @@ from pointforge.data.volumes import Volume
 from pointforge.devices import resolve_device
 from pointforge.errors import ConfigError, DataError
 from pointforge.inference.loading import LoadedModel
-from pointforge.nn.dpsr import dpsr, normalize_resolution
+from pointforge.nn.dpsr import dpsr
+from pointforge.nn.dpsr_grid import normalize_resolution
 
 __all__ = ["unit_points", "points_to_field", "points_to_volume", "field_to_mesh", "resample_inside"]
 

@@ -17,10 +17,10 @@ task). The per-task loaders (``load_pcdiff``, ``load_voxelizer``,
 rule (``weights="auto"``: EMA when the checkpoint has it) and one device
 resolver (:func:`pointforge.devices.resolve_device`).
 
-Inference lives here rather than beside each task because using a network is
-a layer above training it: the implant pipeline, benchmarks and users need
-these modules, the engine never does, and one package keeps the three loaders
-one API.
+Loading lives here rather than beside each task because using a network is
+a layer above training it: the products (implant, upsampling), benchmarks and
+users need these modules, the engine never does. Running the networks is the
+products' job. May import the tasks and every layer below them.
 """
 
 from __future__ import annotations
@@ -31,21 +31,11 @@ import torch
 
 from pointforge.devices import resolve_device
 from pointforge.inference.loading import LoadedModel, Weights, check_weights, from_checkpoint, open_checkpoint
-from pointforge.inference.pcdiff import LoadedPCDiff, load_pcdiff
-from pointforge.inference.upsampler import LoadedUpsampler, load_upsampler
-from pointforge.inference.voxelizer import LoadedVoxelizer, load_voxelizer
+from pointforge.inference.pcdiff import LoadedPCDiff
+from pointforge.inference.upsampler import LoadedUpsampler
+from pointforge.inference.voxelizer import LoadedVoxelizer
 
-__all__ = [
-    "load",
-    "LoadedModel",
-    "LoadedPCDiff",
-    "LoadedVoxelizer",
-    "LoadedUpsampler",
-    "load_pcdiff",
-    "load_voxelizer",
-    "load_upsampler",
-    "resolve_device",
-]
+__all__ = ["load"]
 
 # The result type of each task; a task not listed here loads as a plain LoadedModel.
 RESULT_TYPES: dict[str, type[LoadedModel]] = {

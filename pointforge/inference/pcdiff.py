@@ -26,7 +26,7 @@ from pointforge.data.skulls import bbox_normalization
 from pointforge.errors import ConfigError, DataError
 from pointforge.inference.loading import LoadedModel, Weights, load_trained
 from pointforge.nn.diffusion import NoiseSchedule, Sampler, sample_ensemble
-from pointforge.nn.pvops import furthest_point_sample_indices
+from pointforge.nn.ops.fps import furthest_point_sample_indices
 from pointforge.tasks.pcdiff.frame import atlas_center, frame_condition
 from pointforge.tasks.pcdiff.task import HALF_EXTENT, PCDiffConfig, PCDiffTask, build_schedule
 from pointforge.train.tracking import get_logger

@@ -17,7 +17,8 @@ import torch
 from torch import Tensor
 
 from pointforge.errors import CheckpointError, ConfigError
-from pointforge.nn.pvcnn import PRESETS, PVCNN2, PVCNN2Config, get_preset, resolve_config
+from pointforge.nn.pvcnn import PVCNN2
+from pointforge.nn.pvcnn_config import PRESETS, PVCNN2Config, get_preset, resolve_config
 
 __all__ = ["ImportedPCDiff", "expected_shapes", "import_upstream_state_dict"]
 

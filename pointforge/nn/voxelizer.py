@@ -36,7 +36,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pointforge.errors import ConfigError, DataError
-from pointforge.nn.dpsr import DPSR, check_oriented_points, normalize_resolution, psr_tanh_mse_loss
+from pointforge.nn.dpsr import DPSR, psr_tanh_mse_loss
+from pointforge.nn.dpsr_grid import check_oriented_points, normalize_resolution
 from pointforge.nn.presets import preset
 
 __all__ = [

@@ -3,20 +3,13 @@
 import subprocess
 import sys
 
-from tests.helpers import write_raw_dataset
-
-
-def run_cli(*args, cwd=None):
-    proc = subprocess.run(
-        [sys.executable, "-m", "pointforge.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=300
-    )
-    return proc.returncode, proc.stdout, proc.stderr
+from tests.helpers import run_cli_process, write_raw_dataset
 
 
 def test_version_and_help():
-    code, out, _ = run_cli("--version")
+    code, out, _ = run_cli_process("--version")
     assert code == 0 and out.startswith("pointforge ")
-    code, out, _ = run_cli("--help")
+    code, out, _ = run_cli_process("--help")
     assert code == 0 and "data" in out and "demo" in out
 
 
@@ -61,14 +54,16 @@ def test_a_full_disk_anywhere_is_one_line_not_a_traceback(capsys):
 
 def test_prepare_command_and_bad_inputs(tmp_path):
     raw = write_raw_dataset(tmp_path / "raw", "skullfix", n_skulls=2)
-    code, out, err = run_cli("data", "prepare", raw, "--out", tmp_path / "prep", "--points", 1500, "--workers", 1)
+    code, out, err = run_cli_process(
+        "data", "prepare", raw, "--out", tmp_path / "prep", "--points", 1500, "--workers", 1
+    )
     assert code == 0, err
     assert "skullfix: 2 cases" in out and (tmp_path / "prep/cases.csv").exists()
 
-    code, _, err = run_cli("data", "prepare", tmp_path / "nowhere", "--out", tmp_path / "x")
+    code, _, err = run_cli_process("data", "prepare", tmp_path / "nowhere", "--out", tmp_path / "x")
     assert code == 2 and err.strip().count("\n") == 0 and "no such folder" in err
 
-    code, _, err = run_cli("data", "prepare", raw, "--out", tmp_path / "x", "--split", "a,b")
+    code, _, err = run_cli_process("data", "prepare", raw, "--out", tmp_path / "x", "--split", "a,b")
     assert code == 2 and "split ratios" in err and "Traceback" not in err
 
 
@@ -76,7 +71,9 @@ def test_prepare_command_exits_nonzero_listing_failures(tmp_path):
     raw = write_raw_dataset(tmp_path / "raw", "skullfix", n_skulls=2)
     bad = raw / "implant/001.nrrd"
     bad.write_bytes(b"NRRD0004\ngarbage")
-    code, out, err = run_cli("data", "prepare", raw, "--out", tmp_path / "prep", "--points", 1500, "--workers", 1)
+    code, out, err = run_cli_process(
+        "data", "prepare", raw, "--out", tmp_path / "prep", "--points", 1500, "--workers", 1
+    )
     assert code == 1
     assert "1 failed" in out and str(bad) in err
     assert (tmp_path / "prep/surfaces/defective_skull/001.npy").exists()

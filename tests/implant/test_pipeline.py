@@ -44,7 +44,7 @@ def trained(tmp_path_factory, one_thread):
     root = ensure_synthetic_prepared(base / "data", 4, 64, 0, 4096, log=lambda _m: None, split="0.5,0.25,0.25")
     pc = load_train_config(
         "pcdiff",
-        REPO / "configs" / "pcdiff" / "tiny.yaml",
+        REPO / "pointforge" / "configs" / "pcdiff" / "tiny.yaml",
         [
             *QUIET,
             f"run.dir={base / 'pcdiff'}",
@@ -62,7 +62,7 @@ def trained(tmp_path_factory, one_thread):
     )
     vox = load_train_config(
         "voxelizer",
-        REPO / "configs" / "voxelizer" / "tiny.yaml",
+        REPO / "pointforge" / "configs" / "voxelizer" / "tiny.yaml",
         [
             *QUIET,
             f"run.dir={base / 'voxelizer'}",
@@ -328,7 +328,7 @@ def test_an_upsampler_densifies_each_proposal_before_voxelising(trained, tmp_pat
     _, source = a_test_case(root)
     up = load_train_config(
         "upsampler",
-        REPO / "configs" / "upsampler" / "tiny.yaml",
+        REPO / "pointforge" / "configs" / "upsampler" / "tiny.yaml",
         [
             *QUIET,
             f"run.dir={tmp_path / 'upsampler'}",

@@ -184,7 +184,7 @@ def test_other_bad_inputs(model):
 
 
 def _voxelizer_checkpoint(path: Path, *, ema: bool) -> nn.Module:
-    cfg = load_train_config("voxelizer", REPO / "configs" / "voxelizer" / "tiny.yaml")
+    cfg = load_train_config("voxelizer", REPO / "pointforge" / "configs" / "voxelizer" / "tiny.yaml")
     model = get_task("voxelizer").build_model(cfg.task)
     ema_state = None
     if ema:
@@ -209,7 +209,7 @@ def test_load_voxelizer_builds_the_trained_network(tmp_path):
 
 
 def test_checkpoints_that_are_not_voxelizers_are_refused(tmp_path):
-    toy_cfg = load_train_config("toy", REPO / "configs" / "toy" / "tiny.yaml")
+    toy_cfg = load_train_config("toy", REPO / "pointforge" / "configs" / "toy" / "tiny.yaml")
     toy = get_task("toy").build_model(toy_cfg.task)
     ck.save_checkpoint(tmp_path / "toy.pt", {"task": "toy", "config": to_dict(toy_cfg), "model": ck.model_state(toy)})
     with pytest.raises(CheckpointError, match="of task 'toy', not of task 'voxelizer'"):
@@ -226,6 +226,7 @@ def test_checkpoints_that_are_not_voxelizers_are_refused(tmp_path):
 
 def test_one_entry_point_loads_any_task_with_one_ema_rule(tmp_path):
     from pointforge import inference
+    from pointforge.inference.loading import LoadedModel
     from pointforge.inference.voxelizer import LoadedVoxelizer
 
     model = _voxelizer_checkpoint(tmp_path / "v.pt", ema=True)
@@ -245,11 +246,11 @@ def test_one_entry_point_loads_any_task_with_one_ema_rule(tmp_path):
     with pytest.raises(ConfigError, match="weights must be auto, ema or model"):
         inference.load(tmp_path / "v.pt", weights="best")
 
-    toy_cfg = load_train_config("toy", REPO / "configs" / "toy" / "tiny.yaml")
+    toy_cfg = load_train_config("toy", REPO / "pointforge" / "configs" / "toy" / "tiny.yaml")
     toy = get_task("toy").build_model(toy_cfg.task)
     ck.save_checkpoint(tmp_path / "toy.pt", {"task": "toy", "config": to_dict(toy_cfg), "model": ck.model_state(toy)})
     generic = inference.load(tmp_path / "toy.pt", "cpu")
-    assert type(generic) is inference.LoadedModel and generic.task == "toy" and generic.weights == "model"
+    assert type(generic) is LoadedModel and generic.task == "toy" and generic.weights == "model"
 
 
 def test_the_one_device_resolver():

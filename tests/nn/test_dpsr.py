@@ -10,14 +10,8 @@ import pytest
 import torch
 
 from pointforge.errors import ConfigError, DataError, UserError
-from pointforge.nn.dpsr import (
-    DPSR,
-    dpsr,
-    dpsr_memory_bytes,
-    interpolate,
-    psr_tanh_mse_loss,
-    rasterize,
-)
+from pointforge.nn.dpsr import DPSR, dpsr, dpsr_memory_bytes, psr_tanh_mse_loss
+from pointforge.nn.dpsr_grid import interpolate, rasterize
 from tests.helpers import FIXTURES
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -8,9 +8,12 @@ import pytest
 import torch
 
 from pointforge.errors import CheckpointError, ConfigError, DataError
-from pointforge.nn import pvcnn, pvops
+from pointforge.nn import pvcnn, pvcnn_blocks, pvcnn_config
+from pointforge.nn.ops import ball_query, fps, three_nn
 from pointforge.nn.pcdiff_import import expected_shapes, import_upstream_state_dict
-from pointforge.nn.pvcnn import PVCNN2, PVCNN2Config, SetAbstraction, get_preset
+from pointforge.nn.pvcnn import PVCNN2
+from pointforge.nn.pvcnn_blocks import SetAbstraction
+from pointforge.nn.pvcnn_config import PVCNN2Config, get_preset
 from tests.helpers import FIXTURES
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -95,7 +98,7 @@ def test_presets_build_and_run():
 def test_config_round_trip_and_validation():
     paper = get_preset("paper")
     assert PVCNN2Config.from_dict(paper.to_dict()) == paper
-    assert pvcnn.resolve_config(paper.to_dict()) == paper
+    assert pvcnn_config.resolve_config(paper.to_dict()) == paper
     with pytest.raises(ConfigError, match="unknown PVCNN2 preset"):
         get_preset("huge")
     with pytest.raises(ConfigError, match="multiple of 8"):
@@ -138,16 +141,20 @@ def test_tiny_reproduces_upstream_float64_output(tiny):
 def _record(monkeypatch):
     calls = []
 
-    def wrap(name, fn):
+    def wrap(module, name, fn):
         def recorded(*args, **kwargs):
             out = fn(*args, **kwargs)
             calls.append((name, args, out))
             return out
 
-        monkeypatch.setattr(pvops, name, recorded)
+        monkeypatch.setattr(module, name, recorded)
 
-    for name in ("furthest_point_sample_indices", "ball_query", "three_nearest_neighbors"):
-        wrap(name, getattr(pvops, name))
+    for module, name in (
+        (fps, "furthest_point_sample_indices"),
+        (ball_query, "ball_query"),
+        (three_nn, "three_nearest_neighbors"),
+    ):
+        wrap(module, name, getattr(module, name))
     return calls
 
 
@@ -181,17 +188,17 @@ def test_ops_on_the_fixture_intermediates(tiny):
     # Independently of our forward: every recorded upstream call, replayed through our ops.
     for call in tiny["intermediates"]:
         if call["op"] == "furthest_point_sampling":
-            out = pvops.furthest_point_sample_indices(call["coords"], call["num_samples"])
+            out = fps.furthest_point_sample_indices(call["coords"], call["num_samples"])
             assert torch.equal(out, call["indices"].long())
         elif call["op"] == "ball_query":
             for method in ("dense", "grid"):
-                out = pvops.ball_query(
+                out = ball_query.ball_query(
                     call["centers_coords"], call["points_coords"], call["radius"], call["num_neighbors"], method=method
                 )
                 assert torch.equal(out, call["indices"].long())
         else:
             for method in ("dense", "grid"):
-                indices, weights = pvops.three_nearest_neighbors(
+                indices, weights = three_nn.three_nearest_neighbors(
                     call["points_coords"], call["centers_coords"], method=method
                 )
                 assert torch.equal(indices, call["indices"].long())
@@ -236,18 +243,18 @@ def test_training_mode_backward_runs(tiny):
 def test_direct_onednn_conv3d_equals_pytorch_conv3d():
     conv = torch.nn.Conv3d(16, 8, 3, padding=1)
     x = torch.randn(2, 16, 6, 6, 6).contiguous(memory_format=torch.channels_last_3d).requires_grad_()
-    y = pvcnn._conv3d(conv, x)
+    y = pvcnn_blocks._conv3d(conv, x)
     grads = torch.autograd.grad(y.square().sum(), [x, conv.weight, conv.bias])
     # Reference: PyTorch's convolution in float64 (never oneDNN).
     conv64 = torch.nn.Conv3d(16, 8, 3, padding=1).double()
     conv64.load_state_dict(conv.state_dict())
     x64 = x.detach().double().requires_grad_()
-    y64 = pvcnn._conv3d(conv64, x64)
+    y64 = pvcnn_blocks._conv3d(conv64, x64)
     grads64 = torch.autograd.grad(y64.square().sum(), [x64, conv64.weight, conv64.bias])
     torch.testing.assert_close(y, y64.float(), rtol=1e-5, atol=1e-5)
     for a, b in zip(grads, grads64):
         torch.testing.assert_close(a, b.float(), rtol=1e-4, atol=1e-4)
-    assert pvcnn._use_mkldnn(x) == (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled)
+    assert pvcnn_blocks._use_mkldnn(x) == (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled)
 
 
 def test_timestep_embedding_matches_upstream_formula():

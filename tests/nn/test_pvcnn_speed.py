@@ -3,7 +3,9 @@
 import torch
 from torch import nn
 
-from pointforge.nn import pvcnn
+from pointforge.nn.ops.bags import sum_bags, weighted_bags
+from pointforge.nn.pvcnn_blocks import _segment_group_norm, _segment_weights
+from tests.nn.oracles import embedding_bag_sum, weighted_group_norm_per_element
 
 
 def test_segment_group_norm_equals_per_example_loop():
@@ -22,8 +24,8 @@ def test_segment_group_norm_equals_per_example_loop():
     x = torch.randn(16, segment.numel(), generator=g, dtype=torch.float64, requires_grad=True)
     probe = torch.linspace(-1, 1, x.numel(), dtype=torch.float64).view_as(x)
 
-    loop = pvcnn._weighted_group_norm(x, weights, segments, norm)
-    batched = pvcnn._segment_group_norm(x, pvcnn._segment_weights(weights, segment, 4), segment, norm)
+    loop = weighted_group_norm_per_element(x, weights, segments, norm)
+    batched = _segment_group_norm(x, _segment_weights(weights, segment, 4), segment, norm)
     torch.testing.assert_close(batched, loop, rtol=1e-12, atol=1e-12)
     grads_loop = torch.autograd.grad((loop * probe).sum(), [x, norm.weight, norm.bias])
     grads_batched = torch.autograd.grad((batched * probe).sum(), [x, norm.weight, norm.bias])
@@ -31,21 +33,18 @@ def test_segment_group_norm_equals_per_example_loop():
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
-def test_scatter_bag_backward_equals_embedding_bag_backward(monkeypatch):
+def test_scatter_bag_backward_equals_embedding_bag_backward():
     """sum_bags' scatter-add gradient equals embedding_bag's own (float64)."""
-    from pointforge.nn import pvops
-
     g = torch.Generator().manual_seed(1)
     rows = torch.randn(2 * 27, 5, generator=g, dtype=torch.float64)
     index = torch.randint(0, 27, (2, 8, 40), generator=g)
     weight = torch.rand(2, 8, 40, generator=g, dtype=torch.float64)
-    bags = pvops.weighted_bags(index, weight, 27)
+    bags = weighted_bags(index, weight, 27)
     probe = torch.linspace(-1, 1, 2 * 5 * 40, dtype=torch.float64).view(2, 5, 40)
     results = []
-    for scatter in (True, False):
-        monkeypatch.setattr(pvops, "SCATTER_BAG_BACKWARD", scatter)
+    for bag_sum in (sum_bags, embedding_bag_sum):
         r = rows.clone().requires_grad_()
-        out = pvops.sum_bags(r, *bags, 2)
+        out = bag_sum(r, *bags, 2)
         (out * probe).sum().backward()
         results.append((out.detach(), r.grad))
     torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=0)

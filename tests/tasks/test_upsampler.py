@@ -41,7 +41,7 @@ from tests.helpers import QUIET, REPO
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TINY = REPO / "configs" / "upsampler" / "tiny.yaml"
+TINY = REPO / "pointforge" / "configs" / "upsampler" / "tiny.yaml"
 
 
 def make_cfg(run_dir: Path, *overrides: str):
@@ -137,10 +137,12 @@ def test_config_and_data_errors_are_one_clear_line(tmp_path, small_set):
 
 def test_shipped_configs_load_and_build_their_networks():
     for name, preset in (("tiny", "tiny"), ("small", "small"), ("paper", "paper")):
-        cfg = load_train_config("upsampler", REPO / "configs" / "upsampler" / f"{name}.yaml")
+        cfg = load_train_config("upsampler", REPO / "pointforge" / "configs" / "upsampler" / f"{name}.yaml")
         assert cfg.task.preset == preset and cfg.task.batching == "budget"
         assert get_task("upsampler").build_model(cfg.task).config == model_config(cfg.task)
-    assert load_train_config("upsampler", REPO / "configs" / "upsampler" / "paper.yaml").perf.amp == "bf16"
+    assert (
+        load_train_config("upsampler", REPO / "pointforge" / "configs" / "upsampler" / "paper.yaml").perf.amp == "bf16"
+    )
 
 
 # --------------------------------------------------------------------------- batching and evaluation

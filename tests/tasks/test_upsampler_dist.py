@@ -21,7 +21,7 @@ from tests.helpers import REPO, Job, torchrun_command
 
 pytestmark = pytest.mark.dist
 
-TINY = REPO / "configs" / "upsampler" / "tiny.yaml"
+TINY = REPO / "pointforge" / "configs" / "upsampler" / "tiny.yaml"
 
 
 def run_torchrun(cmd: list[str], cwd: Path, timeout: float) -> tuple[int, str]:

@@ -31,7 +31,7 @@ from pointforge.train.data import global_batches
 from pointforge.train.engine import train
 from tests.helpers import REPO
 
-TINY = REPO / "configs" / "voxelizer" / "tiny.yaml"
+TINY = REPO / "pointforge" / "configs" / "voxelizer" / "tiny.yaml"
 
 # Measured with pointforge/configs/voxelizer/tiny.yaml as it is (100 steps of batch 2, one
 # thread, torch 2.13 CPU, about 12 s): mean volume IoU over the 5 held-out test
@@ -64,9 +64,9 @@ def trained(tmp_path_factory):
 
 def test_configs_load_and_describe_their_networks():
     for name, res in (("tiny", 64), ("small", 64), ("paper", 512)):
-        cfg = load_train_config("voxelizer", REPO / "configs" / "voxelizer" / f"{name}.yaml")
+        cfg = load_train_config("voxelizer", REPO / "pointforge" / "configs" / "voxelizer" / f"{name}.yaml")
         assert cfg.task.network().dpsr_res == (res,) * 3
-    paper = load_train_config("voxelizer", REPO / "configs" / "voxelizer" / "paper.yaml")
+    paper = load_train_config("voxelizer", REPO / "pointforge" / "configs" / "voxelizer" / "paper.yaml")
     assert (paper.optim.lr, paper.data.global_batch, paper.task.n_points, paper.task.repeats) == (5e-4, 2, 30720, 10)
     assert paper.task.synthetic is None and get_task("voxelizer").best_metric == "val_iou"
 

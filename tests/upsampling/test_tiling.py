@@ -34,7 +34,7 @@ def _scene(tmp_path_factory, start):
     net = build_upsampler("tiny", start=start).eval()
     for head in (net.coarse, net.decode[-1][-1]):
         torch.nn.init.normal_(head.weight, std=0.5)
-    cfg = load_train_config("upsampler", REPO / "configs" / "upsampler" / "tiny.yaml")
+    cfg = load_train_config("upsampler", REPO / "pointforge" / "configs" / "upsampler" / "tiny.yaml")
     model = LoadedUpsampler(net, cfg.task, cfg, "model", torch.device("cpu"), "test", "upsampler")
     sparse, _ = synthetic_pair(5000, seed=5)
     path = tmp_path_factory.mktemp("tiles") / "sparse.npy"

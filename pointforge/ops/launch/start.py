@@ -175,9 +175,10 @@ def _start_detached(plan: LaunchPlan, job: JobPlan, script: Path, with_pid: Path
 
 def _open_monitor_window(plan: LaunchPlan, base: dict[str, str], monitor_every: float) -> None:
     dirs = " ".join(shlex.quote(str(j.run_dir)) for j in plan.jobs)
+    # The pointforge program (`-m pointforge`), as the jobs' workers run it: ops names no command module.
     monitor = (
         f"env PYTHONPATH={shlex.quote(plan.jobs[0].env_set['PYTHONPATH'])} {shlex.quote(sys.executable)} "
-        f"-m pointforge.cli.monitor {dirs} --watch {monitor_every:g}"
+        f"-m pointforge monitor {dirs} --watch {monitor_every:g}"
     )
     result = _tmux(
         [

@@ -50,7 +50,8 @@ from pointforge.nn.diffusion import (
 )
 from pointforge.nn.knn import knn
 from pointforge.nn.losses import chamfer_distance
-from pointforge.nn.pvcnn import PVCNN2, get_preset
+from pointforge.nn.pvcnn import PVCNN2
+from pointforge.nn.pvcnn_config import get_preset
 from pointforge.tasks.pcdiff.frame import FramedDenoiser, FrameSection, atlas_center, build_atlas, frame_condition
 from pointforge.tasks.pcdiff.placement import condition_use, placement_metrics
 from pointforge.train.task import EvalContext, StepContext, Task

@@ -33,7 +33,7 @@ from pointforge.train.data import derive_seed, seed_everything
 from pointforge.train.engine import train
 from tests.helpers import REPO, torch_threads
 
-CONFIGS = REPO / "configs" / "pcdiff"
+CONFIGS = REPO / "pointforge" / "configs" / "pcdiff"
 SYNTH = SyntheticSection(skulls=4, size=64, seed=0, points=4096, split="0.5,0.25,0.25")
 
 

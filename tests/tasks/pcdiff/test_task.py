@@ -31,7 +31,7 @@ from pointforge.train import checkpoint as ck
 from pointforge.train.engine import train
 from tests.helpers import REPO
 
-CONFIGS = REPO / "configs" / "pcdiff"
+CONFIGS = REPO / "pointforge" / "configs" / "pcdiff"
 FIXTURE = REPO.parent / "shared" / "fixtures" / "upstream_pvcnn2_tiny.pt"
 SYNTH = SyntheticSection(skulls=4, size=64, seed=0, points=4096, split="0.5,0.25,0.25")
 
