@@ -59,7 +59,9 @@ def train_command(
     from pointforge.tasks import get_task
     from pointforge.tasks.configs import load_train_config
     from pointforge.train.dist import DistributedFailure
-    from pointforge.train.engine import TrainingDiverged, dry_run_plan, train
+    from pointforge.train.engine import train
+    from pointforge.train.plan import dry_run_plan
+    from pointforge.train.step import TrainingDiverged
 
     overrides = list(overrides or [])
     cfg = load_train_config(task, config, overrides)

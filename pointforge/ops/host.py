@@ -26,9 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pointforge.errors import ConfigError
-
-# Process liveness lives with the torchrun module (whose workers it checks); re-exported for ops.
-from pointforge.train.launch import pid_alive, pid_alive_since, process_start_time  # noqa: F401
+from pointforge.train.launch import pid_alive
 
 FAKE_GPUS_ENV = "POINTFORGE_FAKE_GPUS"
 

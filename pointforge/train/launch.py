@@ -41,6 +41,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import pointforge
+from pointforge.atomic import atomic_write_json
+from pointforge.train.dist import DistEnv
 from pointforge.train.preflight import check_run_dir_lock
 
 # What torchrun runs with -m on each rank: the pointforge program (pointforge/__main__.py).
@@ -122,6 +124,23 @@ def worker_environment(base: Mapping[str, str]) -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------- worker processes
+
+
+def write_rank_record(run_dir: str | os.PathLike, env: DistEnv) -> None:
+    """This rank's ``ranks/rank<N>.json``: who and where it is, read back by :func:`rank_records`."""
+    atomic_write_json(
+        Path(run_dir) / "ranks" / f"rank{env.rank}.json",
+        {
+            "pid": os.getpid(),
+            "host": env.host,
+            "rank": env.rank,
+            "local_rank": env.local_rank,
+            "world_size": env.world_size,
+            "device": str(env.device),
+            "restart_count": env.restart_count,
+            "started_at": time.time(),
+        },
+    )
 
 
 def rank_records(run_dir: str | os.PathLike, since: float = 0.0) -> list[dict[str, Any]]:

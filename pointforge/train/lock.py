@@ -25,10 +25,11 @@ from typing import Any
 
 from pointforge.errors import ConfigError, UserError
 from pointforge.locks import LockUnsupported, try_flock, unlock
+from pointforge.train.dist import DistEnv, broadcast_object
 
 LOCK_FILE = "train.lock"
 
-__all__ = ["LOCK_FILE", "RunDirInUse", "RunDirLock", "lock_holder", "in_use_message"]
+__all__ = ["LOCK_FILE", "RunDirInUse", "RunDirLock", "lock_holder", "lock_run_dir", "in_use_message"]
 
 
 class RunDirInUse(ConfigError):
@@ -151,3 +152,24 @@ def lock_holder(run_dir: str | os.PathLike) -> dict[str, Any] | None:
             return _read_holder(handle) or {}
         unlock(handle)
     return None
+
+
+def lock_run_dir(env: DistEnv, run_dir: str | os.PathLike) -> RunDirLock:
+    """Rank 0 takes the run dir's lock before anything is written there; every rank learns if it could not.
+
+    Nothing is written before this (not even ``train.log``), so a refused
+    second job leaves the running job's files exactly as they were. The
+    other ranks get a lock they do not hold (its release does nothing).
+    """
+    lock = RunDirLock(run_dir)
+    refusal = None
+    if env.is_main:
+        try:
+            lock.acquire()
+        except UserError as err:
+            refusal = (type(err).__name__, str(err))
+    refusal = broadcast_object(env, refusal)
+    if refusal is not None:
+        kind, message = refusal
+        raise (RunDirInUse if kind == "RunDirInUse" else UserError)(message)
+    return lock

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pointforge.ops import doctor
+from pointforge.ops import doctor, doctor_host, doctor_report, doctor_run
 from pointforge.ops.host import FAKE_GPUS_ENV, GpuInventory
 from pointforge.tasks.toy import PointMLP
 from pointforge.train import checkpoint as ck
@@ -19,13 +19,13 @@ TINY = TOY_TINY
 GB = 2**30
 
 
-def by_name(report: doctor.DoctorReport, name: str) -> list[doctor.Check]:
+def by_name(report: doctor_report.DoctorReport, name: str) -> list[doctor_report.Check]:
     found = [c for c in report.checks if c.name == name]
     assert found, f"no check named {name!r} in {[c.name for c in report.checks]}"
     return found
 
 
-def run(tmp_path, **kwargs) -> doctor.DoctorReport:
+def run(tmp_path, **kwargs) -> doctor_report.DoctorReport:
     kwargs.setdefault("config", TINY)
     kwargs.setdefault("overrides", [f"run.dir={tmp_path / 'run'}"])
     kwargs.setdefault("shm_space", (8 * GB, 8 * GB))
@@ -65,13 +65,13 @@ def _prepared(root: Path, *, corrupt: bool = False) -> Path:
 
 
 def test_dataset_layouts_and_unreadable_files(tmp_path):
-    ok = doctor.check_dataset(_prepared(tmp_path / "prep"))
+    ok = doctor_run.check_dataset(_prepared(tmp_path / "prep"))
     assert ok.status == "ok" and "3 cases (train 2, val 1, test 0)" in ok.detail
-    bad = doctor.check_dataset(_prepared(tmp_path / "bad", corrupt=True))
+    bad = doctor_run.check_dataset(_prepared(tmp_path / "bad", corrupt=True))
     assert bad.status == "failure" and "implant2.npy" in bad.detail
-    raw = doctor.check_dataset(write_raw_dataset(tmp_path / "raw", "skullfix", n_skulls=1, shape=(24, 24, 24)))
+    raw = doctor_run.check_dataset(write_raw_dataset(tmp_path / "raw", "skullfix", n_skulls=1, shape=(24, 24, 24)))
     assert raw.status == "warning" and "raw skullfix dataset, 1 cases" in raw.detail and "data prepare" in raw.fix
-    assert doctor.check_dataset(tmp_path / "prep" / "cases.csv").status == "failure"
+    assert doctor_run.check_dataset(tmp_path / "prep" / "cases.csv").status == "failure"
 
 
 def test_too_small_dev_shm_for_the_workers_is_a_failure(tmp_path):
@@ -83,36 +83,38 @@ def test_too_small_dev_shm_for_the_workers_is_a_failure(tmp_path):
     shm = by_name(report, "/dev/shm")[0]
     assert shm.status == "ok"  # toy batches are tiny: measured from a real sample
     assert "2 process(es) × 4 worker(s)" in shm.detail
-    check = doctor.check_shm(4, 2, 2, 32 * 2**20, shm=small)
+    check = doctor_run.check_shm(4, 2, 2, 32 * 2**20, shm=small)
     assert check.status == "failure" and "lower data.num_workers" in check.fix and "--shm-size" in check.fix
-    assert doctor.check_shm(4, 2, 2, None, shm=small).status == "failure"  # unknown batch size: assumed 64 MB
-    assert doctor.check_shm(0, 8, 2, None, shm=small).status == "ok"  # no workers, no shared memory
+    assert doctor_run.check_shm(4, 2, 2, None, shm=small).status == "failure"  # unknown batch size: assumed 64 MB
+    assert doctor_run.check_shm(0, 8, 2, None, shm=small).status == "ok"  # no workers, no shared memory
 
 
 def test_disk_space_for_checkpoints(tmp_path):
     report = run(tmp_path, disk_space=(GB, 3 * 2**20))
     check = by_name(report, "disk")[0]
     assert check.status == "failure" and "5 files ×" in check.detail and "keep_last" in check.fix
-    assert doctor.check_disk(tmp_path, 10 * 2**20, 3, space=(GB, 70 * 2**20)).status == "warning"
-    assert doctor.check_disk(tmp_path, 10 * 2**20, 3, space=(GB, GB)).status == "ok"
+    assert doctor_run.check_disk(tmp_path, 10 * 2**20, 3, space=(GB, 70 * 2**20)).status == "warning"
+    assert doctor_run.check_disk(tmp_path, 10 * 2**20, 3, space=(GB, GB)).status == "ok"
 
 
 def test_cuda_visible_devices_sanity(monkeypatch):
     eight = GpuInventory(8, "nvidia-smi")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,9")
-    check = doctor.check_visible_devices(eight, for_plan=False, gpus_needed=True)
+    check = doctor_host.check_visible_devices(eight, for_plan=False, gpus_needed=True)
     assert check.status == "failure" and "invalid device ordinal" in check.detail and "unset it" in check.fix
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    assert doctor.check_visible_devices(eight, for_plan=False, gpus_needed=True).status == "failure"
-    assert doctor.check_visible_devices(eight, for_plan=False, gpus_needed=False).status == "warning"
+    assert doctor_host.check_visible_devices(eight, for_plan=False, gpus_needed=True).status == "failure"
+    assert doctor_host.check_visible_devices(eight, for_plan=False, gpus_needed=False).status == "warning"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
     monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
-    assert doctor.check_visible_devices(eight, for_plan=False, gpus_needed=True).status == "warning"
+    assert doctor_host.check_visible_devices(eight, for_plan=False, gpus_needed=True).status == "warning"
     monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-    assert doctor.check_visible_devices(eight, for_plan=False, gpus_needed=True).status == "ok"
-    assert doctor.check_visible_devices(eight, for_plan=True, gpus_needed=True).status == "ok"  # launch replaces it
+    assert doctor_host.check_visible_devices(eight, for_plan=False, gpus_needed=True).status == "ok"
+    assert (
+        doctor_host.check_visible_devices(eight, for_plan=True, gpus_needed=True).status == "ok"
+    )  # launch replaces it
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,9,2")
-    assert doctor._visible_count(eight) == 2  # CUDA stops at the first invalid entry
+    assert doctor_host._visible_count(eight) == 2  # CUDA stops at the first invalid entry
 
 
 def test_gpus_needed_versus_visible(tmp_path, monkeypatch):
@@ -150,16 +152,16 @@ def test_port_in_use_and_tmux_missing(monkeypatch):
     holder.listen(1)
     try:
         port = holder.getsockname()[1]
-        check = doctor.check_port(port, asked=True)
+        check = doctor_host.check_port(port, asked=True)
         assert check.status == "failure" and "in use" in check.detail
-        assert doctor.check_port(port, asked=False).status == "warning"
+        assert doctor_host.check_port(port, asked=False).status == "warning"
     finally:
         holder.close()
-    assert doctor.check_port(port, asked=True).status == "ok"
-    monkeypatch.setattr(doctor.shutil, "which", lambda name: None)
-    check = doctor.check_tmux(asked=True)
+    assert doctor_host.check_port(port, asked=True).status == "ok"
+    monkeypatch.setattr(doctor_host.shutil, "which", lambda name: None)
+    check = doctor_host.check_tmux(asked=True)
     assert check.status == "failure" and "without --tmux" in check.fix
-    assert doctor.check_tmux(asked=False) is None
+    assert doctor_host.check_tmux(asked=False) is None
 
 
 def _toy_checkpoint(path: Path, hidden: int, world_size: int = 2) -> Path:

@@ -13,7 +13,8 @@ from pointforge.errors import CheckpointError, ConfigError, DeviceError, UserErr
 from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config
 from pointforge.train import checkpoint as ck
-from pointforge.train.engine import TrainingDiverged, train
+from pointforge.train.engine import train
+from pointforge.train.step import TrainingDiverged
 from tests.helpers import TOY_TINY, quiet_config, run_cli
 
 TINY = TOY_TINY
