@@ -170,7 +170,7 @@ def resolve_inputs(args: argparse.Namespace) -> tuple[Path, Path, Path, str]:
         return args.pcdiff, args.voxelizer, args.data, "given checkpoints"
     demo = args.demo
     if demo is None:
-        from pointforge.implant.demo import run_demo
+        from pointforge.implant.demo.run import run_demo
 
         demo = Path(tempfile.mkdtemp(prefix="pipeline-bench-demo-"))
         print(

@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import machine, print_table, write_json
 from pointforge.data.skulls.prepared import PreparedDataset
-from pointforge.implant.demo import placement_rows
+from pointforge.implant.demo.scoring import placement_rows
 from pointforge.implant.folder import generate_folder
 from pointforge.implant.pipeline import GenerateOptions, load_models
 from pointforge.tasks.pcdiff.placement import condition_use

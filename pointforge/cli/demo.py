@@ -77,7 +77,9 @@ def demo(
     ),
 ) -> None:
     """The whole system on synthetic data (or your own, --data): data → training → implants → evaluation against a baseline and an oracle → report."""
-    from pointforge.implant.demo import DemoSettings, _fmt, run_demo
+    from pointforge.implant.demo.report import format_score
+    from pointforge.implant.demo.run import run_demo
+    from pointforge.implant.demo.settings import DemoSettings
 
     settings = DemoSettings(
         minutes=minutes,
@@ -95,9 +97,9 @@ def demo(
     s = result.summary
     chosen = s["curve"][s["chosen"]]
     typer.echo(
-        f"mean DSC on {len(s['cases'])} held-out test cases: PCDiff pipeline {_fmt(chosen['dsc_mean'])} "
+        f"mean DSC on {len(s['cases'])} held-out test cases: PCDiff pipeline {format_score(chosen['dsc_mean'])} "
         f"(the models after {chosen['minutes']:g} min, chosen on the validation cases), "
-        f"baseline {_fmt(s['baseline_dsc_mean'])} ({'beaten' if s['beats_baseline'] else 'NOT beaten'}); "
+        f"baseline {format_score(s['baseline_dsc_mean'])} ({'beaten' if s['beats_baseline'] else 'NOT beaten'}); "
         f"total {s['timings_s']['total_s'] / 60:.1f} min"
     )
     typer.echo(f"report: {result.report_html} (and {result.report_md.name})")

@@ -1,4 +1,4 @@
-"""``pointforge launch``: parse, call :mod:`pointforge.ops.launch`, print.
+"""``pointforge launch``: parse, call :mod:`pointforge.ops.launch` (plan, start, stop), print.
 
 Register with the root app::
 
@@ -62,7 +62,7 @@ def launch_command(
     POINTFORGE_FAKE_GPUS=N to rehearse a plan on a machine without GPUs
     (the jobs then run on the CPU).
     """
-    from pointforge.ops import launch as ops
+    from pointforge.ops.launch.start import launch
 
     spec, overrides = _plan_spec(args, job, runs_dir, session)
     if stop is not None:
@@ -78,7 +78,7 @@ def launch_command(
             f"--resume {resume} names one checkpoint but the plan has {len(spec.jobs)} jobs; use --resume auto, or set resume: per job in the plan"
         )
 
-    plan, started = ops.launch(spec, extra_overrides=overrides, resume=resume, tmux=tmux, dry_run=dry_run)
+    plan, started = launch(spec, extra_overrides=overrides, resume=resume, tmux=tmux, dry_run=dry_run)
     typer.echo(plan.text())
     if dry_run:
         typer.echo("\ndry run: nothing started")
@@ -88,7 +88,7 @@ def launch_command(
 
 def _plan_spec(args, job, runs_dir, session):
     """The plan (from a plan file or --job flags, or None) and the key=value overrides among ``args``."""
-    from pointforge.ops import launch as ops
+    from pointforge.ops.launch.spec import PlanSpec, load_plan, parse_job_flag
 
     plan_file: Optional[Path] = None
     overrides: list[str] = []
@@ -101,11 +101,11 @@ def _plan_spec(args, job, runs_dir, session):
             raise ConfigError(f"two plan files given ({plan_file} and {item}); give one plan, or --job flags")
     spec = None
     if plan_file is not None:
-        spec = ops.load_plan(plan_file)
+        spec = load_plan(plan_file)
         if job:
             raise ConfigError("give either a plan file or --job flags, not both")
     elif job:
-        spec = ops.PlanSpec(jobs=[ops.parse_job_flag(j) for j in job])
+        spec = PlanSpec(jobs=[parse_job_flag(j) for j in job])
     if spec is not None:
         if runs_dir is not None:
             spec.runs_dir = str(runs_dir)
@@ -116,10 +116,11 @@ def _plan_spec(args, job, runs_dir, session):
 
 def _stop(spec, stop: str, runs_dir, *, now: bool, wait: float) -> None:
     """--stop: SIGTERM (or kill with --now) the named jobs and wait; exit 1 if one is still running."""
-    from pointforge.ops import launch as ops
+    from pointforge.ops.launch.spec import DEFAULT_RUNS_DIR
+    from pointforge.ops.launch.stop import jobs_in, stop_jobs
 
-    refs = ops.jobs_in(spec, [] if spec is not None else [runs_dir or ops.DEFAULT_RUNS_DIR])
-    results = ops.stop_jobs(refs, stop, now=now, wait_s=0.0 if now else wait, on_result=lambda r: typer.echo(r.message))
+    refs = jobs_in(spec, [] if spec is not None else [runs_dir or DEFAULT_RUNS_DIR])
+    results = stop_jobs(refs, stop, now=now, wait_s=0.0 if now else wait, on_result=lambda r: typer.echo(r.message))
     if wait and not now:
         for result in results:
             if result.action != "not running":
@@ -129,12 +130,12 @@ def _stop(spec, stop: str, runs_dir, *, now: bool, wait: float) -> None:
 
 
 def _say_started(plan, started, spec, *, tmux: bool) -> None:
-    from pointforge.ops import launch as ops
+    from pointforge.ops.runs import CONSOLE_LOG
 
     typer.echo("")
     for launched in started:
         where = f"pid {launched.pid}" if launched.pid else "pid not known yet"
-        typer.echo(f"started {launched.name} ({launched.mode}, {where}); log {launched.run_dir / ops.CONSOLE_LOG}")
+        typer.echo(f"started {launched.name} ({launched.mode}, {where}); log {launched.run_dir / CONSOLE_LOG}")
     dirs = " ".join(str(j.run_dir) for j in plan.jobs)
     source = str(plan.source) if plan.source else f"--runs-dir {spec.runs_dir}"
     if tmux:

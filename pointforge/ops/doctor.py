@@ -186,7 +186,8 @@ def _load_launch_plan(plan: str | os.PathLike | None) -> tuple[Any, Check | None
     """The launch plan, resolved and checked (None and a failed check when it does not load)."""
     if plan is None:
         return None, None
-    from pointforge.ops.launch import build_plan, load_plan
+    from pointforge.ops.launch.plan import build_plan
+    from pointforge.ops.launch.spec import load_plan
 
     try:
         return build_plan(load_plan(plan)), None

@@ -1,8 +1,9 @@
 """The one torchrun module: how pointforge starts, and finds, its worker processes.
 
-``pointforge train --nproc N`` (:func:`launch`, below) and ``pointforge
-launch`` (:mod:`pointforge.ops.launch`, one job per GPU set) both start
-``torchrun`` through these functions: the worker arguments
+``pointforge train --nproc N`` (:func:`launch`, below), ``pointforge
+launch`` (:mod:`pointforge.ops.launch`, one job per GPU set) and the demo
+(:func:`start_torchrun`, two jobs side by side) start ``torchrun`` through
+these functions: the worker arguments
 (:func:`worker_args`), the torchrun command line (:func:`torchrun_command`:
 ``--standalone`` with a free port per job, or a given ``c10d`` endpoint), the
 ``PYTHONPATH`` that makes the workers import this checkout
@@ -222,6 +223,29 @@ def pid_alive_since(pid: int | None, recorded_at: float | None, *, slack_s: floa
     return started is None or started <= float(recorded_at) + slack_s
 
 
+# --------------------------------------------------------------------------- starting torchrun
+
+
+def start_torchrun(
+    worker: Sequence[str], *, nproc: int, max_restarts: int = 0, log: str | os.PathLike | None = None
+) -> subprocess.Popen:
+    """Start torchrun (``--standalone``) with ``nproc`` workers and return at once; the caller waits.
+
+    It runs in a process session of its own, so a terminal's Ctrl-C reaches
+    only the caller, which decides who gets which signal. With ``log``, its
+    output and its workers' are appended to that file, unbuffered.
+    """
+    cmd = torchrun_command(worker, nproc=nproc, max_restarts=max_restarts)
+    env = worker_environment(os.environ)
+    if log is None:
+        return subprocess.Popen(cmd, env=env, start_new_session=True)
+    env["PYTHONUNBUFFERED"] = "1"  # a file is block-buffered: the log should grow as the run goes
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
 # --------------------------------------------------------------------------- train --nproc
 
 
@@ -233,11 +257,8 @@ def launch(worker: Sequence[str], *, nproc: int, max_restarts: int, run_dir: str
     """
     run_dir = Path(run_dir)
     check_run_dir_lock(run_dir).raise_if_failed()
-    cmd = torchrun_command(worker, nproc=nproc, max_restarts=max_restarts)
-    # A session of its own: the terminal's Ctrl-C reaches only us, and we decide
-    # who gets which signal.
     started = time.time()
-    proc = subprocess.Popen(cmd, env=worker_environment(os.environ), start_new_session=True)
+    proc = start_torchrun(worker, nproc=nproc, max_restarts=max_restarts)
     signals_seen = 0
 
     def relay(signum: int, _frame) -> None:

@@ -20,7 +20,8 @@ import pytest
 from matplotlib.colors import rgb_to_hsv
 from matplotlib.image import imread
 
-from pointforge.implant import demo, view
+from pointforge.implant import view
+from pointforge.implant.demo.report import write_report
 from tests.implant.test_demo import report_inputs
 from tests.implant.test_view import tiny_case
 
@@ -71,7 +72,7 @@ def report(tmp_path_factory) -> Path:
     shutil.rmtree(folder)
     view.write_plotly_js(out / view.PLOTLY_JS)  # where the demo writes it: one copy for every case
     tiny_case(folder, js_src=Path(os.path.relpath(out / view.PLOTLY_JS, folder)).as_posix())
-    _, page = demo._write_report(out, summary, curve, baseline, out / "baseline")
+    _, page = write_report(out, summary, curve, baseline, out / "baseline")
     return page
 
 

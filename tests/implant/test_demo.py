@@ -6,14 +6,18 @@ The whole demo takes about ten minutes and is not run here; `make demo` is its t
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from pointforge.errors import DataError, UserError
-from pointforge.implant import demo
+from pointforge.implant.demo.report import write_report
+from pointforge.implant.demo.run import run_demo
+from pointforge.implant.demo.scoring import chosen_phase, mean_dsc
+from pointforge.implant.demo.settings import DemoSettings
+from pointforge.implant.demo.training import decays, phase_worker, train_side_by_side
 from pointforge.implant.evaluate import Evaluation, summarise
+from pointforge.train.launch import worker_args
 from tests.helpers import TOY_TINY
 
 TOY = TOY_TINY
@@ -24,29 +28,20 @@ def test_a_used_folder_and_bad_settings_are_refused(tmp_path):
     used.mkdir()
     (used / "report.md").write_text("an earlier demo")
     with pytest.raises(UserError, match="already exists and is not empty"):
-        demo.run_demo(used, demo.DemoSettings(minutes=1))
+        run_demo(used, DemoSettings(minutes=1))
     assert (used / "report.md").read_text() == "an earlier demo"
     for settings, message in (
-        (demo.DemoSettings(minutes=0), "--minutes"),
-        (demo.DemoSettings(skulls=3), "--skulls"),
-        (demo.DemoSettings(size=32), "--size"),
+        (DemoSettings(minutes=0), "--minutes"),
+        (DemoSettings(skulls=3), "--skulls"),
+        (DemoSettings(size=32), "--size"),
     ):
         with pytest.raises(UserError, match=message):
-            demo.run_demo(tmp_path / "new", settings)
+            run_demo(tmp_path / "new", settings)
     assert not (tmp_path / "new").exists()
 
 
 def _toy_job(run_dir: Path, minutes: float, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "pointforge.cli",
-        "train",
-        "toy",
-        "--config",
-        str(TOY),
-        "--resume",
-        "auto",
+    overrides = [
         f"run.dir={run_dir}",
         f"train.max_minutes={minutes}",
         "train.epochs=100000",
@@ -56,12 +51,13 @@ def _toy_job(run_dir: Path, minutes: float, *extra: str) -> list[str]:
         "perf.threads=1",
         *extra,
     ]
+    return worker_args("toy", config=TOY, overrides=overrides, resume="auto")
 
 
 def test_jobs_train_side_by_side_and_resume_in_phases(tmp_path):
     runs = {"a": tmp_path / "runs" / "a", "b": tmp_path / "runs" / "b"}
     seen = []
-    first = demo._train_side_by_side(
+    first = train_side_by_side(
         {n: _toy_job(d, 0.01) for n, d in runs.items()},
         runs,
         0.01,
@@ -70,13 +66,14 @@ def test_jobs_train_side_by_side_and_resume_in_phases(tmp_path):
     assert {first[n]["status"] for n in runs} == {"finished"}
     steps = {n: first[n]["global_step"] for n in runs}
     assert all(s >= 1 for s in steps.values())
-    second = demo._train_side_by_side({n: _toy_job(d, 0.01) for n, d in runs.items()}, runs, 0.01)
+    second = train_side_by_side({n: _toy_job(d, 0.01) for n, d in runs.items()}, runs, 0.01)
     assert all(second[n]["global_step"] > steps[n] for n in runs)  # resumed, not restarted
     assert "time budget" in (runs["a"] / "train.log").read_text()
 
     bad = {"a": _toy_job(runs["a"], 0.01, "optim.lrr=1")}
-    with pytest.raises(DataError, match=r"training a failed \(exit 2\).*optim.lrr"):
-        demo._train_side_by_side(bad, {"a": runs["a"]}, 0.01)
+    # torchrun's exit status (1: a worker failed); the cause is the worker's own error line.
+    with pytest.raises(DataError, match=r"training a failed \(exit 1\): error: unknown config key 'optim.lrr'"):
+        train_side_by_side(bad, {"a": runs["a"]}, 0.01)
 
 
 def test_a_decaying_schedule_is_spread_over_the_whole_budget(tmp_path):
@@ -85,10 +82,10 @@ def test_a_decaying_schedule_is_spread_over_the_whole_budget(tmp_path):
     decaying.write_text("sched:\n  name: cosine\n")
     constant = tmp_path / "constant.yaml"
     constant.write_text("sched:\n  name: constant\n")
-    assert demo._decays(decaying) and not demo._decays(constant)
-    cmd = demo._train_command("pcdiff", decaying, tmp_path / "run", tmp_path / "data", 7.5, "cpu", 30.0)
+    assert decays(decaying) and not decays(constant)
+    cmd = phase_worker("pcdiff", decaying, tmp_path / "run", tmp_path / "data", 7.5, "cpu", 30.0)
     assert "train.max_minutes=7.5000" in cmd and "sched.horizon_minutes=30" in cmd
-    cmd = demo._train_command("voxelizer", constant, tmp_path / "run", tmp_path / "data", 7.5, "cpu", None)
+    cmd = phase_worker("voxelizer", constant, tmp_path / "run", tmp_path / "data", 7.5, "cpu", None)
     assert not any(a.startswith("sched.") for a in cmd)
 
 
@@ -156,16 +153,16 @@ def report_inputs(tmp_path: Path):
                 "minutes": 5.0,
                 "steps": curve[0]["steps"],
                 "failed": curve[0]["failed"],
-                "dsc_mean": demo._mean_dsc(pipeline, cases),
+                "dsc_mean": mean_dsc(pipeline, cases),
                 "val_dsc_mean": 0.6,
                 "placement": {"centroid_error": 4.25, "spread_ratio": 1.12, "pred_to_true": 3.0, "true_to_pred": 2.5},
             }
         ],
-        "baseline_dsc_mean": demo._mean_dsc(baseline, cases),
+        "baseline_dsc_mean": mean_dsc(baseline, cases),
         "beats_baseline": False,
         "chosen": 0,
         "oracle": oracle.summary,
-        "oracle_dsc_mean": demo._mean_dsc(oracle, cases),
+        "oracle_dsc_mean": mean_dsc(oracle, cases),
         "timings_s": {"data_s": 10.0, "total_s": 600.0},
     }
     return summary, curve, baseline
@@ -175,7 +172,7 @@ def test_the_report_counts_failures_as_zero_and_says_who_wins(tmp_path):
     summary, curve, baseline = report_inputs(tmp_path)
     assert summary["curve"][0]["dsc_mean"] == pytest.approx(0.4)
     assert summary["baseline_dsc_mean"] == pytest.approx(0.5)
-    md, page = demo._write_report(tmp_path, summary, curve, baseline, tmp_path / "baseline")
+    md, page = write_report(tmp_path, summary, curve, baseline, tmp_path / "baseline")
     text = md.read_text()
     assert "mean DSC of 0.400" in text and "against 0.500" in text and "does NOT beat the baseline" in text
     assert "models after 5 min, chosen by their validation mean DSC, 0.600" in text
@@ -196,6 +193,6 @@ def test_the_report_counts_failures_as_zero_and_says_who_wins(tmp_path):
 
 def test_the_phase_is_chosen_on_the_validation_cases_never_the_test_cases():
     curve = [{"val_dsc_mean": 0.7}, {"val_dsc_mean": 0.8}, {"val_dsc_mean": 0.75}]
-    assert demo.chosen_phase(curve) == 1
-    assert demo.chosen_phase([{"val_dsc_mean": 0.8}, {"val_dsc_mean": 0.8}]) == 1  # a tie: the longer training
-    assert demo.chosen_phase([{"val_dsc_mean": None}, {"val_dsc_mean": None}]) == 1  # no validation split: the last
+    assert chosen_phase(curve) == 1
+    assert chosen_phase([{"val_dsc_mean": 0.8}, {"val_dsc_mean": 0.8}]) == 1  # a tie: the longer training
+    assert chosen_phase([{"val_dsc_mean": None}, {"val_dsc_mean": None}]) == 1  # no validation split: the last

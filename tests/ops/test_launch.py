@@ -21,11 +21,14 @@ from pathlib import Path
 import pytest
 
 from pointforge.errors import CheckpointError, ConfigError, DeviceError
-from pointforge.ops import launch as ops
 from pointforge.ops.host import FAKE_GPUS_ENV, GpuInventory, format_gpu_list, parse_gpu_list
+from pointforge.ops.launch.plan import build_plan
+from pointforge.ops.launch.spec import JobSpec, PlanSpec, job_from_mapping, load_plan, parse_job_flag
+from pointforge.ops.launch.start import job_script, launch, start_plan
+from pointforge.ops.launch.stop import jobs_in, stop_jobs
 from pointforge.ops.monitor import collect_runs, render_text, snapshot
 from pointforge.ops.runs import read_launch, run_state
-from tests.helpers import QUIET, REPO, TOY_TINY, descendants, run_cli
+from tests.helpers import CONFIGS, QUIET, REPO, TOY_TINY, descendants, run_cli
 
 TINY = TOY_TINY
 
@@ -34,13 +37,13 @@ def fake(n: int) -> GpuInventory:
     return GpuInventory(n, "fake")
 
 
-def job(name: str, gpus=None, cpu=None, **extra) -> ops.JobSpec:
+def job(name: str, gpus=None, cpu=None, **extra) -> JobSpec:
     data = {"name": name, "task": "toy", "config": str(TINY), **extra}
     if gpus is not None:
         data["gpus"] = gpus
     if cpu is not None:
         data["cpu"] = cpu
-    return ops.job_from_mapping(data, "test")
+    return job_from_mapping(data, "test")
 
 
 # --------------------------------------------------------------------------- parsing
@@ -59,73 +62,83 @@ def test_gpu_lists_and_job_flags():
     ):
         with pytest.raises(ConfigError, match=match):
             parse_gpu_list(bad, "t")
-    spec = ops.parse_job_flag("pc:toy:0-6:pointforge/configs/toy/tiny.yaml")
+    spec = parse_job_flag("pc:toy:0-6:pointforge/configs/toy/tiny.yaml")
     assert (spec.name, spec.task, spec.gpus, spec.config) == (
         "pc",
         "toy",
         list(range(7)),
         "pointforge/configs/toy/tiny.yaml",
     )
-    cpu = ops.parse_job_flag("c:toy:cpu2")
+    cpu = parse_job_flag("c:toy:cpu2")
     assert cpu.cpu == 2 and cpu.gpus == [] and cpu.config is None
     with pytest.raises(ConfigError, match="NAME:TASK:GPUS"):
-        ops.parse_job_flag("only:two")
+        parse_job_flag("only:two")
     with pytest.raises(ConfigError, match="either gpus .* or cpu"):
-        ops.job_from_mapping({"name": "x", "task": "toy"}, "t")
+        job_from_mapping({"name": "x", "task": "toy"}, "t")
     with pytest.raises(ConfigError, match="may not set CUDA_VISIBLE_DEVICES"):
-        ops.job_from_mapping({"name": "x", "task": "toy", "gpus": [0], "env": {"CUDA_VISIBLE_DEVICES": "3"}}, "t")
+        job_from_mapping({"name": "x", "task": "toy", "gpus": [0], "env": {"CUDA_VISIBLE_DEVICES": "3"}}, "t")
 
 
 def test_plan_file_keys_are_checked(tmp_path):
     plan = tmp_path / "plan.yaml"
     plan.write_text("jobs:\n  - name: a\n    task: toy\n    gpu: [0]\n")
     with pytest.raises(ConfigError, match="unknown key 'gpu'; did you mean 'gpus'"):
-        ops.load_plan(plan)
+        load_plan(plan)
     plan.write_text("jobz: []\n")
     with pytest.raises(ConfigError, match="unknown key 'jobz'"):
-        ops.load_plan(plan)
+        load_plan(plan)
 
 
 def test_example_plan_is_the_seven_plus_one_partition():
-    spec = ops.load_plan(REPO / "pointforge" / "configs" / "launch" / "example.yaml")
+    spec = load_plan(CONFIGS / "launch" / "example.yaml")
     gpus = {j.name: j.gpus for j in spec.jobs}
     assert gpus == {"pcdiff": list(range(7)), "voxelizer": [7]}
 
 
 def test_toy_rehearsal_plan_resolves_on_eight_faked_gpus(tmp_path):
-    spec = ops.load_plan(REPO / "pointforge" / "configs" / "launch" / "toy.yaml")
+    spec = load_plan(CONFIGS / "launch" / "toy.yaml")
     spec.runs_dir = str(tmp_path / "runs")
-    plan = ops.build_plan(spec, cwd=REPO, inventory=fake(8))
+    plan = build_plan(spec, cwd=REPO, inventory=fake(8))
     assert plan.problems == []
     big, small = plan.jobs
     assert big.nproc == 7 and big.env_set["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6"
     assert small.nproc == 1 and small.env_set["CUDA_VISIBLE_DEVICES"] == "7"
     assert big.port != small.port
+    assert big.config_path == small.config_path == CONFIGS / "toy" / "tiny.yaml"  # the preset name, resolved
+
+
+def test_a_job_config_may_be_a_preset_name_and_a_typo_names_the_nearest(tmp_path):
+    spec = PlanSpec(jobs=[job("a", cpu=1, config="tiny")], runs_dir=str(tmp_path / "runs"))
+    (a,) = build_plan(spec, cwd=tmp_path, inventory=fake(0)).jobs
+    assert a.config_path == CONFIGS / "toy" / "tiny.yaml" and str(a.config_path) in a.command
+    spec = PlanSpec(jobs=[job("a", cpu=1, config="tinyy")], runs_dir=str(tmp_path / "runs"))
+    with pytest.raises(ConfigError, match="job a: --config tinyy: .*did you mean 'tiny'"):
+        build_plan(spec, cwd=tmp_path, inventory=fake(0)).check()
 
 
 # --------------------------------------------------------------------------- refusals (nothing starts)
 
 
 def test_overlapping_gpus_are_refused_before_anything_starts(tmp_path):
-    spec = ops.PlanSpec(jobs=[job("pcdiff", gpus="0-6"), job("vox", gpus="6-7")], runs_dir=str(tmp_path / "runs"))
-    plan = ops.build_plan(spec, cwd=tmp_path, inventory=fake(8))
+    spec = PlanSpec(jobs=[job("pcdiff", gpus="0-6"), job("vox", gpus="6-7")], runs_dir=str(tmp_path / "runs"))
+    plan = build_plan(spec, cwd=tmp_path, inventory=fake(8))
     with pytest.raises(ConfigError, match="jobs pcdiff and vox both use GPU 6; give each job its own GPUs"):
         plan.check()
     with pytest.raises(ConfigError):
-        ops.start_plan(plan)
+        start_plan(plan)
     assert not (tmp_path / "runs").exists()
 
 
 def test_missing_gpus_and_too_many_processes_are_refused(tmp_path):
-    spec = ops.PlanSpec(jobs=[job("a", gpus="7-8")], runs_dir=str(tmp_path / "runs"))
+    spec = PlanSpec(jobs=[job("a", gpus="7-8")], runs_dir=str(tmp_path / "runs"))
     with pytest.raises(DeviceError, match="asks for GPU 8 but this machine has GPUs 0-7"):
-        ops.build_plan(spec, cwd=tmp_path, inventory=fake(8)).check()
-    spec = ops.PlanSpec(jobs=[job("a", gpus=[0], nproc=2)], runs_dir=str(tmp_path / "runs"))
+        build_plan(spec, cwd=tmp_path, inventory=fake(8)).check()
+    spec = PlanSpec(jobs=[job("a", gpus=[0], nproc=2)], runs_dir=str(tmp_path / "runs"))
     with pytest.raises(DeviceError, match="nproc 2 needs 2 GPUs but the job has 1"):
-        ops.build_plan(spec, cwd=tmp_path, inventory=fake(8)).check()
-    spec = ops.PlanSpec(jobs=[job("a", gpus=[0])], runs_dir=str(tmp_path / "runs"))
+        build_plan(spec, cwd=tmp_path, inventory=fake(8)).check()
+    spec = PlanSpec(jobs=[job("a", gpus=[0])], runs_dir=str(tmp_path / "runs"))
     with pytest.raises(DeviceError, match="no GPUs .*POINTFORGE_FAKE_GPUS"):
-        ops.build_plan(spec, cwd=tmp_path, inventory=GpuInventory(0, "none")).check()
+        build_plan(spec, cwd=tmp_path, inventory=GpuInventory(0, "none")).check()
 
 
 def test_port_in_use_and_duplicate_names_and_dirs_are_refused(tmp_path):
@@ -134,18 +147,18 @@ def test_port_in_use_and_duplicate_names_and_dirs_are_refused(tmp_path):
     holder.listen(1)
     busy = holder.getsockname()[1]
     try:
-        spec = ops.PlanSpec(jobs=[job("a", gpus=[0], port=busy)], runs_dir=str(tmp_path / "runs"))
+        spec = PlanSpec(jobs=[job("a", gpus=[0], port=busy)], runs_dir=str(tmp_path / "runs"))
         with pytest.raises(ConfigError, match=f"rendezvous port {busy} is in use"):
-            ops.build_plan(spec, cwd=tmp_path, inventory=fake(2)).check()
+            build_plan(spec, cwd=tmp_path, inventory=fake(2)).check()
     finally:
         holder.close()
-    spec = ops.PlanSpec(jobs=[job("a", gpus=[0]), job("a", gpus=[1])], runs_dir=str(tmp_path / "runs"))
+    spec = PlanSpec(jobs=[job("a", gpus=[0]), job("a", gpus=[1])], runs_dir=str(tmp_path / "runs"))
     with pytest.raises(ConfigError, match="two jobs are named a"):
-        ops.build_plan(spec, cwd=tmp_path, inventory=fake(2)).check()
+        build_plan(spec, cwd=tmp_path, inventory=fake(2)).check()
     shared = str(tmp_path / "same")
-    spec = ops.PlanSpec(jobs=[job("a", gpus=[0], run_dir=shared), job("b", gpus=[1], run_dir=shared)])
+    spec = PlanSpec(jobs=[job("a", gpus=[0], run_dir=shared), job("b", gpus=[1], run_dir=shared)])
     with pytest.raises(ConfigError, match="both write to"):
-        ops.build_plan(spec, cwd=tmp_path, inventory=fake(2)).check()
+        build_plan(spec, cwd=tmp_path, inventory=fake(2)).check()
 
 
 def test_run_dir_in_use_or_holding_checkpoints_is_refused(tmp_path):
@@ -163,34 +176,34 @@ def test_run_dir_in_use_or_holding_checkpoints_is_refused(tmp_path):
             }
         )
     )
-    spec = ops.PlanSpec(jobs=[job("a", gpus=[0])], runs_dir=str(tmp_path / "runs"))
+    spec = PlanSpec(jobs=[job("a", gpus=[0])], runs_dir=str(tmp_path / "runs"))
     with pytest.raises(ConfigError, match="is in use by a live job"):
-        ops.build_plan(spec, cwd=tmp_path, inventory=fake(1)).check()
+        build_plan(spec, cwd=tmp_path, inventory=fake(1)).check()
     (run_dir / "run.json").unlink()
     (run_dir / "checkpoints").mkdir()
     (run_dir / "checkpoints" / "latest.pt").write_bytes(b"x")
     with pytest.raises(CheckpointError, match="already holds checkpoints .* --resume auto"):
-        ops.build_plan(spec, cwd=tmp_path, inventory=fake(1)).check()
-    plan = ops.build_plan(spec, cwd=tmp_path, inventory=fake(1), resume="auto")
+        build_plan(spec, cwd=tmp_path, inventory=fake(1)).check()
+    plan = build_plan(spec, cwd=tmp_path, inventory=fake(1), resume="auto")
     assert plan.problems == [] and plan.jobs[0].command[-2:] == ["--resume", "auto"]
 
 
 def test_config_errors_and_uneven_batches_are_refused_per_job(tmp_path):
-    spec = ops.PlanSpec(jobs=[job("a", gpus="0-1", overrides=["optim.lrr=1"])], runs_dir=str(tmp_path / "runs"))
+    spec = PlanSpec(jobs=[job("a", gpus="0-1", overrides=["optim.lrr=1"])], runs_dir=str(tmp_path / "runs"))
     with pytest.raises(ConfigError, match="job a: unknown config key 'optim.lrr'"):
-        ops.build_plan(spec, cwd=tmp_path, inventory=fake(2)).check()
-    spec = ops.PlanSpec(jobs=[job("a", gpus="0-2")], runs_dir=str(tmp_path / "runs"))
+        build_plan(spec, cwd=tmp_path, inventory=fake(2)).check()
+    spec = PlanSpec(jobs=[job("a", gpus="0-2")], runs_dir=str(tmp_path / "runs"))
     with pytest.raises(ConfigError, match="job a: data.global_batch=8 cannot be split evenly over 3 devices"):
-        ops.build_plan(spec, cwd=tmp_path, inventory=fake(3)).check()
-    spec = ops.PlanSpec(jobs=[job("a", gpus="0-1")], runs_dir=str(tmp_path / "runs"))
+        build_plan(spec, cwd=tmp_path, inventory=fake(3)).check()
+    spec = PlanSpec(jobs=[job("a", gpus="0-1")], runs_dir=str(tmp_path / "runs"))
     with pytest.raises(ConfigError, match="run_dir in the plan"):
-        ops.build_plan(spec, cwd=tmp_path, inventory=fake(2), extra_overrides=["run.dir=x"]).check()
+        build_plan(spec, cwd=tmp_path, inventory=fake(2), extra_overrides=["run.dir=x"]).check()
 
 
 def test_real_gpus_refuse_a_pinned_device(tmp_path):
-    spec = ops.PlanSpec(jobs=[job("a", gpus=[5], overrides=["run.device=cuda:5"])], runs_dir=str(tmp_path / "runs"))
+    spec = PlanSpec(jobs=[job("a", gpus=[5], overrides=["run.device=cuda:5"])], runs_dir=str(tmp_path / "runs"))
     with pytest.raises(DeviceError, match=r"cuda:0 … cuda:0 \(each process takes cuda:LOCAL_RANK\)"):
-        ops.build_plan(spec, cwd=tmp_path, inventory=GpuInventory(8, "nvidia-smi")).check()
+        build_plan(spec, cwd=tmp_path, inventory=GpuInventory(8, "nvidia-smi")).check()
 
 
 # --------------------------------------------------------------------------- the plan: GPU map, command, environment
@@ -201,7 +214,7 @@ def test_each_job_gets_its_own_devices_port_and_environment(tmp_path, monkeypatc
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
     monkeypatch.setenv("MASTER_PORT", "29500")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
-    spec = ops.PlanSpec(
+    spec = PlanSpec(
         jobs=[
             job("pc", gpus="0-6", env={"EXTRA": "pc-only"}, overrides=["data.global_batch=14"]),
             job("vox", gpus=[7]),
@@ -209,7 +222,7 @@ def test_each_job_gets_its_own_devices_port_and_environment(tmp_path, monkeypatc
         runs_dir=str(tmp_path / "runs"),
         env={"SHARED": "1"},
     )
-    plan = ops.build_plan(spec, cwd=tmp_path, inventory=GpuInventory(8, "nvidia-smi"))
+    plan = build_plan(spec, cwd=tmp_path, inventory=GpuInventory(8, "nvidia-smi"))
     assert plan.problems == []
     pc, vox = plan.jobs
     assert pc.gpu_map() == [(g, f"cuda:{g}") for g in range(7)] and vox.gpu_map() == [(7, "cuda:0")]
@@ -236,10 +249,10 @@ def test_launch_and_train_nproc_build_torchrun_the_same_way(tmp_path, monkeypatc
 
     root = torchrun.package_root()
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/elsewhere", root]))
-    spec = ops.PlanSpec(
+    spec = PlanSpec(
         jobs=[job("a", cpu=2, overrides=["train.epochs=2"], resume="auto")], runs_dir=str(tmp_path / "runs")
     )
-    (a,) = ops.build_plan(spec, cwd=tmp_path, inventory=fake(0)).jobs
+    (a,) = build_plan(spec, cwd=tmp_path, inventory=fake(0)).jobs
     worker = torchrun.worker_args(
         "toy", config=TINY, overrides=["train.epochs=2", "run.device=cpu", f"run.dir={a.run_dir}"], resume="auto"
     )
@@ -260,16 +273,16 @@ def test_launch_and_train_nproc_build_torchrun_the_same_way(tmp_path, monkeypatc
 
 
 def test_faked_gpus_run_on_the_cpu_and_say_so(tmp_path):
-    spec = ops.PlanSpec(jobs=[job("a", gpus="0-1"), job("c", cpu=2)], runs_dir=str(tmp_path / "runs"))
-    plan = ops.build_plan(spec, cwd=tmp_path, inventory=fake(2))
+    spec = PlanSpec(jobs=[job("a", gpus="0-1"), job("c", cpu=2)], runs_dir=str(tmp_path / "runs"))
+    plan = build_plan(spec, cwd=tmp_path, inventory=fake(2))
     a, c = plan.jobs
     assert "run.device=cpu" in a.command and a.nproc == 2 and a.env_set["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert "run.device=cpu" in c.command and c.nproc == 2 and c.env_set["CUDA_VISIBLE_DEVICES"] == ""
     assert "faked" in plan.text()
-    spec = ops.PlanSpec(jobs=[job("g", gpus=[0], overrides=["run.device=cuda"])], runs_dir=str(tmp_path / "runs"))
+    spec = PlanSpec(jobs=[job("g", gpus=[0], overrides=["run.device=cuda"])], runs_dir=str(tmp_path / "runs"))
     with pytest.raises(ConfigError, match=r"job g runs on the CPU \(faked GPUs\) but overrides run.device=cuda"):
-        ops.build_plan(spec, cwd=tmp_path, inventory=fake(1)).check()
-    script = ops.job_script(a, tmp_path)
+        build_plan(spec, cwd=tmp_path, inventory=fake(1)).check()
+    script = job_script(a, tmp_path)
     assert "unset CUDA_VISIBLE_DEVICES" in script and "export CUDA_VISIBLE_DEVICES=0,1" in script
     assert script.rstrip().splitlines()[-1].startswith("exec ")
 
@@ -332,10 +345,10 @@ def test_two_jobs_launched_monitored_stopped_resumed_and_a_crash_shown(tmp_path,
     monkeypatch.setenv(FAKE_GPUS_ENV, "3")
     runs = tmp_path / "runs"
     slow = [*QUIET, "train.epochs=40", "log.every_steps=1", "task.step_delay_s=0.1"]
-    spec = ops.PlanSpec(jobs=[job("a", gpus=[0]), job("b", gpus=[1])], runs_dir=str(runs), env={"OMP_NUM_THREADS": "1"})
+    spec = PlanSpec(jobs=[job("a", gpus=[0]), job("b", gpus=[1])], runs_dir=str(runs), env={"OMP_NUM_THREADS": "1"})
     a, b = runs / "a", runs / "b"
     jobs_cleanup += [a, b]
-    plan, started = ops.launch(spec, extra_overrides=slow)
+    plan, started = launch(spec, extra_overrides=slow)
     assert [s.name for s in started] == ["a", "b"] and all(s.pid for s in started)
     assert read_launch(a)["gpus"] == [0] and read_launch(b)["visible_devices"] == "1"
     _wait(lambda: _metrics_step(a) >= 2 and _metrics_step(b) >= 2, 90, "both jobs to train", [a, b])
@@ -349,8 +362,8 @@ def test_two_jobs_launched_monitored_stopped_resumed_and_a_crash_shown(tmp_path,
     assert "running" in text and "GPU 0 (faked)" in text
 
     # a stops gracefully: checkpoint, status "stopped", exit 0.
-    refs = ops.jobs_in(spec)
-    results = ops.stop_jobs(refs, "a", wait_s=60)
+    refs = jobs_in(spec)
+    results = stop_jobs(refs, "a", wait_s=60)
     assert results[0].action == "signalled" and results[0].status == "stopped", results[0].message
     stopped = run_state(a)
     assert stopped.status == "stopped" and Path(stopped.last_checkpoint).name == "latest.pt"
@@ -365,10 +378,10 @@ def test_two_jobs_launched_monitored_stopped_resumed_and_a_crash_shown(tmp_path,
     assert "crashed" in render_text(snapshot([runs]))
 
     # a resumes on two (faked) GPUs instead of one, and finishes.
-    spec2 = ops.PlanSpec(jobs=[job("a", gpus="1-2")], runs_dir=str(runs), env={"OMP_NUM_THREADS": "1"})
+    spec2 = PlanSpec(jobs=[job("a", gpus="1-2")], runs_dir=str(runs), env={"OMP_NUM_THREADS": "1"})
     with pytest.raises(CheckpointError, match="already holds checkpoints"):
-        ops.launch(spec2, extra_overrides=[*QUIET, "train.epochs=12"])
-    ops.launch(spec2, extra_overrides=[*QUIET, "train.epochs=12"], resume="auto")
+        launch(spec2, extra_overrides=[*QUIET, "train.epochs=12"])
+    launch(spec2, extra_overrides=[*QUIET, "train.epochs=12"], resume="auto")
     _wait(lambda: run_state(a).status in ("finished", "failed", "crashed"), 120, "a to finish after resuming", [a])
     final = run_state(a)
     assert final.status == "finished", (a / "console.log").read_text()[-3000:]
@@ -385,21 +398,19 @@ def test_tmux_session_has_a_window_per_job_and_a_monitor(tmp_path, monkeypatch, 
     monkeypatch.setenv("TMUX_TMPDIR", str(sockets))
     monkeypatch.delenv("TMUX", raising=False)
     monkeypatch.setenv(FAKE_GPUS_ENV, "1")
-    spec = ops.PlanSpec(jobs=[job("solo", gpus=[0])], runs_dir=str(tmp_path / "runs"), session="pftest")
+    spec = PlanSpec(jobs=[job("solo", gpus=[0])], runs_dir=str(tmp_path / "runs"), session="pftest")
     run_dir = tmp_path / "runs" / "solo"
     jobs_cleanup.append(run_dir)
     try:
-        _, started = ops.launch(spec, extra_overrides=[*QUIET, "train.epochs=1"], tmux=True)
+        _, started = launch(spec, extra_overrides=[*QUIET, "train.epochs=1"], tmux=True)
         assert started[0].pid is not None and started[0].mode == "tmux"
         windows = subprocess.run(
             ["tmux", "list-windows", "-t", "pftest", "-F", "#W"], capture_output=True, text=True
         ).stdout.split()
         assert windows == ["solo", "monitor"]
         with pytest.raises(ConfigError, match="session named pftest already exists"):
-            ops.start_plan(
-                ops.build_plan(
-                    ops.PlanSpec(jobs=[job("x", gpus=[0])], runs_dir=str(tmp_path / "r2"), session="pftest")
-                ),
+            start_plan(
+                build_plan(PlanSpec(jobs=[job("x", gpus=[0])], runs_dir=str(tmp_path / "r2"), session="pftest")),
                 tmux=True,
             )
         _wait(lambda: run_state(run_dir).status == "finished", 240, "the tmux job to finish", [run_dir])

@@ -126,18 +126,19 @@ def test_a_second_train_process_is_refused_and_a_killed_holder_leaves_no_lock(tm
 
 
 def test_launch_and_train_nproc_refuse_a_held_run_dir_with_the_same_line(tmp_path):
-    from pointforge.ops import launch as ops
     from pointforge.ops.host import GpuInventory
+    from pointforge.ops.launch.plan import build_plan
+    from pointforge.ops.launch.spec import PlanSpec, job_from_mapping
     from pointforge.train.launch import launch
 
     run_dir = tmp_path / "runs" / "a"
-    spec = ops.PlanSpec(
-        jobs=[ops.job_from_mapping({"name": "a", "task": "toy", "config": str(TOY_TINY), "gpus": [0]}, "test")],
+    spec = PlanSpec(
+        jobs=[job_from_mapping({"name": "a", "task": "toy", "config": str(TOY_TINY), "gpus": [0]}, "test")],
         runs_dir=str(tmp_path / "runs"),
     )
     with RunDirLock(run_dir):
         with pytest.raises(RunDirInUse, match=f"job a: run dir {run_dir} is in use by pid {os.getpid()}"):
-            ops.build_plan(spec, cwd=tmp_path, inventory=GpuInventory(1, "fake")).check()
+            build_plan(spec, cwd=tmp_path, inventory=GpuInventory(1, "fake")).check()
         with pytest.raises(RunDirInUse, match=f"run dir {run_dir} is in use by pid {os.getpid()}"):
             launch(["train", "toy"], nproc=2, max_restarts=0, run_dir=run_dir)
 

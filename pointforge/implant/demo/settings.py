@@ -1,0 +1,76 @@
+"""The demo's settings, its refusals, and its first stage: the data, synthesised (or the user's) and prepared."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from pointforge.data.prepare import prepare_dataset
+from pointforge.data.synthetic.dataset import synthesize
+from pointforge.errors import DataError, UserError
+
+
+@dataclass
+class DemoSettings:
+    minutes: float = 5.0  # training wall-clock budget; the two models train side by side
+    skulls: int = 10
+    size: int = 64
+    points: int = 16_384  # surface points per prepared volume
+    split: str = "0.6,0.2,0.2"
+    seed: int = 0
+    ensemble: int = 5
+    sampler: str = "dpm++2m"
+    steps: int | None = 20
+    phases: tuple[float, ...] = (0.25, 0.5, 1.0)  # fractions of the budget at which the models are evaluated
+    device: str = "auto"
+    workers: int | None = None
+    data: str | None = None  # a raw SkullBreak/SkullFix folder to use instead of synthetic skulls
+
+    def validate(self) -> None:
+        if not self.minutes > 0:
+            raise UserError(f"--minutes must be positive, got {self.minutes}")
+        if self.data is not None and not Path(self.data).is_dir():
+            raise UserError(f"--data {self.data}: no such folder; give a raw SkullBreak or SkullFix dataset folder")
+        if self.skulls < 5:
+            raise UserError(f"--skulls must be at least 5 (training, validation and test skulls), got {self.skulls}")
+        if self.size < 48:
+            raise UserError(f"--size must be at least 48 (thinner grids lose the bone), got {self.size}")
+        if sorted(self.phases) != list(self.phases) or not self.phases or self.phases[-1] != 1.0:
+            raise UserError("phases must increase and end at 1.0")
+
+
+@dataclass
+class DemoResult:
+    out: Path
+    report_md: Path
+    report_html: Path
+    summary: dict = field(default_factory=dict)
+
+
+def check_out(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"{out} already exists and is not empty; give a new --out (the demo never overwrites results)")
+
+
+def make_data(out: Path, s: DemoSettings, log: Callable[[str], None], progress) -> tuple[Path, Path]:
+    """Stage 1: the raw dataset (synthetic, or the user's ``s.data``) and its prepared form under ``out/data``."""
+    raw, prepared = out / "data" / "raw", out / "data" / "prepared"
+    if s.data is None:
+        log(f"[1/6] synthesising {s.skulls} SkullBreak-style skulls at {s.size}³ and preparing them → {out / 'data'}")
+        synthesize(raw, s.skulls, s.size, s.seed, layout="skullbreak")
+    else:
+        raw = Path(s.data)
+        log(f"[1/6] preparing {raw} (split {s.split} by skull) → {prepared}")
+    prep = prepare_dataset(
+        raw,
+        prepared,
+        n_points=s.points,
+        seed=s.seed,
+        split=s.split,
+        workers=s.workers,
+        progress=(lambda d, n, _name: progress("prepare", d, n, None)) if progress else None,
+    )
+    if prep.failures:
+        raise DataError(f"prepare failed on {raw}: " + "; ".join(prep.failures))
+    return raw, prepared

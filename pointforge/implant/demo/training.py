@@ -1,0 +1,148 @@
+"""The demo's training: PCDiff and the voxelizer side by side, in timed phases, each phase's checkpoints kept.
+
+Each network trains as a torchrun job of one process, started by the one
+torchrun launcher (:func:`pointforge.train.launch.start_torchrun`), the way
+``pointforge train --nproc`` starts its workers; a phase resumes the last.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from pointforge.errors import DataError
+from pointforge.implant.demo.settings import DemoSettings
+from pointforge.tasks.configs import resolve_config_path
+from pointforge.train.launch import start_torchrun, worker_args
+from pointforge.train.tracking import read_run_status
+
+# The two networks the demo trains, each from its packaged ``demo`` preset.
+DEMO_TASKS = ("pcdiff", "voxelizer")
+
+
+def demo_config(task: str) -> Path:
+    """The demo's training config for ``task``: the packaged ``pointforge/configs/<task>/demo.yaml``."""
+    return resolve_config_path(task, "demo")
+
+
+def decays(config: Path) -> bool:
+    """Whether ``config``'s LR schedule decays (cosine or linear): the demo then spreads it over the whole budget."""
+    sched = (yaml.safe_load(config.read_text()) or {}).get("sched") or {}
+    return sched.get("name") in ("cosine", "linear")
+
+
+def phase_worker(
+    task: str, config: Path, run_dir: Path, data_root: Path, minutes: float, device: str, horizon: float | None
+) -> list[str]:
+    """The ``train`` arguments of one network for one phase: ``minutes`` more of training, resumed from the last."""
+    # A decaying schedule runs over the whole budget (all phases), in minutes of
+    # training, so that the LR reaches its floor as the last phase ends.
+    decay = [f"sched.horizon_minutes={horizon:g}"] if horizon is not None else []
+    overrides = [
+        f"run.dir={run_dir}",
+        f"task.data_root={data_root}",
+        f"train.max_minutes={minutes:.4f}",
+        "train.epochs=100000",
+        "train.max_steps=null",
+        f"run.device={device}",
+        "log.progress=off",
+        *decay,
+    ]
+    return worker_args(task, config=config, overrides=overrides, resume="auto")
+
+
+def _status(run_dir: Path) -> dict[str, Any]:
+    return read_run_status(run_dir) or {}
+
+
+def train_side_by_side(
+    jobs: dict[str, list[str]], run_dirs: dict[str, Path], minutes: float, *, progress=None
+) -> dict[str, dict]:
+    """Run each job (``train`` arguments) as a torchrun job of one process, all at once; wait for all.
+
+    Shows progress; a failed job is one clear error naming its log
+    (``RUNS/<name>.log``). Interrupted, the jobs are asked to stop: each
+    worker finishes its step and writes a checkpoint.
+    """
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        for name, worker in jobs.items():
+            run_dirs[name].parent.mkdir(parents=True, exist_ok=True)
+            procs[name] = start_torchrun(worker, nproc=1, log=_log(run_dirs[name], name))
+        t0 = time.monotonic()
+        while any(p.poll() is None for p in procs.values()):
+            if progress:  # the budget counts from each process's first step: keep the bar short of full until they end
+                progress(
+                    min(time.monotonic() - t0, minutes * 60 * 0.99),
+                    minutes * 60,
+                    {n: _status(run_dirs[n]).get("global_step") for n in procs},
+                )
+            time.sleep(1.0)
+    except BaseException:
+        for p in procs.values():
+            if p.poll() is None:
+                p.terminate()  # torchrun passes SIGTERM on to its worker, which saves and stops
+        raise
+    failed = {n: p.returncode for n, p in procs.items() if p.returncode != 0}
+    if failed:
+        name = next(iter(failed))
+        log = _log(run_dirs[name], name)
+        raise DataError(f"training {name} failed (exit {failed[name]}): {_last_words(log)}; full log: {log}")
+    final = {n: _status(run_dirs[n]) for n in procs}
+    if progress:
+        progress(minutes * 60, minutes * 60, {n: final[n].get("global_step") for n in procs})
+    return final
+
+
+def _log(run_dir: Path, name: str) -> Path:
+    return run_dir.parent / f"{name}.log"
+
+
+def _last_words(log: Path) -> str:
+    """Why a job failed, from its log: the worker's last ``error:`` line, else the log's last three lines."""
+    lines = log.read_text(errors="replace").strip().splitlines()
+    # torchrun ends a failed job with its own summary, which names no cause.
+    said = [line for line in lines if line.startswith("error: ")]
+    return said[-1] if said else " | ".join(lines[-3:])
+
+
+def train_phases(out: Path, s: DemoSettings, prepared: Path, log: Callable[[str], None], progress) -> list[dict]:
+    """Stage 2: both models trained side by side in phases; each phase's checkpoints kept (the learning curve)."""
+    run_dirs = {task: out / "runs" / task for task in DEMO_TASKS}
+    configs = {task: demo_config(task) for task in DEMO_TASKS}
+    kept: list[dict] = []
+    done_fraction = 0.0
+    for k, fraction in enumerate(s.phases):
+        minutes = (fraction - done_fraction) * s.minutes
+        log(
+            f"[2/6] training PCDiff and the voxelizer side by side: phase {k + 1}/{len(s.phases)}, "
+            f"{minutes:.2f} min (to {fraction * s.minutes:.2f} of {s.minutes:g} min)"
+        )
+        jobs = {
+            n: phase_worker(
+                n, configs[n], run_dirs[n], prepared, minutes, s.device, s.minutes if decays(configs[n]) else None
+            )
+            for n in run_dirs
+        }
+        status = train_side_by_side(
+            jobs, run_dirs, minutes, progress=(lambda d, n, info: progress("train", d, n, info)) if progress else None
+        )
+        snapshot: dict[str, Any] = {"minutes": round(fraction * s.minutes, 3)}
+        for name in run_dirs:
+            src = Path(status[name].get("last_checkpoint") or run_dirs[name] / "checkpoints" / "latest.pt")
+            dst = out / "checkpoints" / f"{name}-{fraction * s.minutes:.2f}min.pt"
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dst)
+            snapshot[name] = {
+                "checkpoint": str(dst),
+                "step": status[name].get("global_step"),
+                "metrics": status[name].get("metrics", {}),
+            }
+        kept.append(snapshot)
+        done_fraction = fraction
+    return kept
