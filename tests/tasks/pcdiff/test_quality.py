@@ -19,20 +19,17 @@ import pytest
 import torch
 
 from pointforge.inference.pcdiff import load_pcdiff
-from pointforge.nn.diffusion import diffusion_loss, make_sampler
+from pointforge.nn.diffusion.loss import diffusion_loss
+from pointforge.nn.diffusion.pipeline import denoise
+from pointforge.nn.diffusion.samplers.registry import make_sampler
 from pointforge.tasks.configs import load_train_config
-from pointforge.tasks.pcdiff.task import (
-    PCDiffDataset,
-    PCDiffTask,
-    SyntheticSection,
-    ensure_prepared_dataset,
-    implant_distances,
-)
+from pointforge.tasks.pcdiff.config import SyntheticSection
+from pointforge.tasks.pcdiff.task import PCDiffDataset, PCDiffTask, ensure_prepared_dataset, implant_distances
 from pointforge.train.data import derive_seed, seed_everything
 from pointforge.train.engine import train
-from tests.helpers import REPO, torch_threads
+from tests.helpers import CONFIGS as REPO_CONFIGS, torch_threads
 
-CONFIGS = REPO / "configs" / "pcdiff"
+CONFIGS = REPO_CONFIGS / "pcdiff"
 SYNTH = SyntheticSection(skulls=4, size=64, seed=0, points=4096, split="0.5,0.25,0.25")
 
 
@@ -123,7 +120,7 @@ def test_overfit_one_case_samples_its_implant_under_every_sampler(dataset_root):
     def chamfer_of(model, name, steps) -> tuple[float, torch.Tensor]:
         model.eval()
         sampler = make_sampler(name, steps, schedule=task.schedule)
-        out = sampler.sample(model, cond, n_implant, generator=torch.Generator().manual_seed(1))
+        out = denoise(model, sampler, cond, n_implant, generator=torch.Generator().manual_seed(1))
         model.train()
         points = out[:, :, n_skull:].transpose(1, 2)
         return float(implant_distances(points, true)["chamfer"][0]), points
