@@ -12,7 +12,8 @@ The task (``pointforge train pcdiff --config pointforge/configs/pcdiff/{tiny,sma
 * loss: ε-prediction MSE on the implant points only; the skull points stay
   clean and condition the network (:func:`~pointforge.nn.diffusion.loss.diffusion_loss`);
 * evaluation (rank 0 only: it samples): each validation case's implant is
-  sampled with a fast sampler (``task.eval``) and compared with the true implant
+  sampled with a fast sampler (``task.eval``) through the one denoising loop
+  (:func:`~pointforge.nn.diffusion.pipeline.denoise`) and compared with the true implant
   points by Chamfer distance, in normalised units (``val_chamfer``, what
   ``best.pt`` is chosen by) and in millimetres via the case's scale and the
   prepared metadata's voxel spacing (``val_chamfer_mm2``, ``val_mean_dist_mm``).

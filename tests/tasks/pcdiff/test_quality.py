@@ -75,7 +75,7 @@ def test_loss_falls_through_the_engine(tmp_path, dataset_root):
         seed_everything(derive_seed(cfg.train.seed, "init"))  # the engine's initial weights
         before = fixed_noise_loss(task.build_model(cfg.task), task, x0, cfg.task.n_implant)
         result = train("pcdiff", cfg, console=False)
-        after = fixed_noise_loss(load_pcdiff(result.checkpoint)[0], task, x0, cfg.task.n_implant)
+        after = fixed_noise_loss(load_pcdiff(result.checkpoint).model, task, x0, cfg.task.n_implant)
     print(f"\nfixed-noise loss over the training set: {before:.3f} before, {after:.3f} after 40 steps")
     assert result.global_step == 40
     assert after < 0.8 * before, (before, after)  # measured 1.195 → 0.729
