@@ -101,7 +101,7 @@ def random_checkpoint(task: str, config: str, path: Path) -> Path:
 class IdealDenoiser(nn.Module):
     """Runs the PCDiff network in full, then returns the exact noise of the true implant (ε-prediction).
 
-    The true implant is normalised as :func:`~pointforge.inference.pcdiff.complete`
+    The true implant is normalised as :func:`~pointforge.implant.proposals.complete`
     normalises the conditioning subsample; the bounding box of all the skull's
     surface points stands in for the subsample's (within a voxel of it).
     """

@@ -48,7 +48,8 @@ import yaml
 
 from _common import machine, print_table, write_json
 from pointforge.config.coercion import from_dict
-from pointforge.tasks.pcdiff.task import PCDiffConfig, PCDiffTask
+from pointforge.tasks.pcdiff.config import PCDiffConfig
+from pointforge.tasks.pcdiff.task import PCDiffTask
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_CONFIG = ROOT / "pointforge" / "configs" / "pcdiff" / "demo.yaml"

@@ -103,14 +103,9 @@ from pointforge.data.volumes import Volume, read_binary_volume  # noqa: E402
 from pointforge.errors import DataError, UserError  # noqa: E402
 from pointforge.formats import json_safe  # noqa: E402
 from pointforge.implant.metrics import evaluate_case  # noqa: E402
-from pointforge.implant.pipeline import (  # noqa: E402
-    GENERATE_STEPS,
-    GenerateOptions,
-    Models,
-    generate_implant,
-    load_models,
-)
-from pointforge.nn.diffusion import make_sampler  # noqa: E402
+from pointforge.implant.pipeline import GenerateOptions, Models, generate_implant, load_models  # noqa: E402
+from pointforge.implant.proposals import GENERATE_STEPS  # noqa: E402
+from pointforge.nn.diffusion.samplers.registry import make_sampler  # noqa: E402
 
 STAGES = ("read", "surface", "sample", "voxelize", "postprocess")
 DEFAULT = ("ddim", GENERATE_STEPS["ddim"])  # pointforge generate's default sampler

@@ -1,6 +1,6 @@
 """PCDiff sampling: time per case and Chamfer distance to the true implant, per sampler.
 
-One validation case of a prepared dataset is completed with ``pointforge.inference.pcdiff.complete``
+One validation case of a prepared dataset is completed with ``pointforge.implant.proposals.complete``
 (the function ``pointforge generate`` calls) under DDPM-1000, DDIM-100/50/25 and
 DPM-Solver++(2M) at 20 and 10 steps, with n = 1 and n = 5 proposals in one batched
 pass. Every sampler runs the same network on the same case in the same process, so the
@@ -46,8 +46,9 @@ sys.path.insert(0, str(REPO))
 
 from pointforge.data.skulls.normalization import bbox_normalization  # noqa: E402
 from pointforge.data.skulls.prepared import PreparedDataset  # noqa: E402
-from pointforge.inference.pcdiff import complete, load_pcdiff  # noqa: E402
-from pointforge.nn.diffusion import make_sampler  # noqa: E402
+from pointforge.implant.proposals import complete  # noqa: E402
+from pointforge.inference.pcdiff import load_pcdiff  # noqa: E402
+from pointforge.nn.diffusion.samplers.registry import make_sampler  # noqa: E402
 from pointforge.tasks import get_task  # noqa: E402
 from pointforge.tasks.configs import load_train_config  # noqa: E402
 from pointforge.tasks.pcdiff.task import HALF_EXTENT, ensure_prepared_dataset, implant_distances  # noqa: E402
@@ -64,7 +65,7 @@ def train_small(steps: int, run_dir: Path) -> tuple[Path, float]:
     """Train the small preset for ``steps`` steps on its synthetic data; returns the checkpoint."""
     cfg = load_train_config(
         "pcdiff",
-        REPO / "pointforge" / "configs" / "pcdiff" / "small.yaml",
+        "small",
         [
             f"run.dir={run_dir}",
             f"task.data_root={REPO / 'bench' / 'results' / 'data' / 'pcdiff-small'}",

@@ -12,7 +12,7 @@ pipeline runs as ``pointforge generate`` runs it (PCDiff proposals → voxelizer
 * the implant volume's DSC / bDSC / HD95 against the ground truth
   (``pointforge evaluate``), when ``--truth`` names the raw dataset.
 
-    python bench/placement.py PCDIFF.pt VOXELIZER.pt --data PREPARED [--truth RAW]
+    python bench/tools/placement.py PCDIFF.pt VOXELIZER.pt --data PREPARED [--truth RAW]
                               [--split test] [--ensemble 3] [--sampler dpm++2m] [--steps 20]
 
 It prints a table (one row per case, then the means) and writes

@@ -7,13 +7,13 @@ Stages (the PCDiff paper's pipeline, Friedrich et al., MICCAI 2023), each timed:
    coordinates. A scan with anisotropic voxels (SkullFix) is first resampled to
    isotropic voxels of its finest spacing, as ``pointforge data prepare`` does for
    training; every output is mapped back to the input's grid at the end.
-2. **sample** — :func:`~pointforge.inference.pcdiff.complete`: the conditioning
+2. **sample** — :func:`~pointforge.implant.proposals.complete`: the conditioning
    subsample, the same normalisation as in training (for a model trained with
    ``task.frame``, the frame its atlas estimates around the defect), ``n``
    implant proposals in one batched pass of the chosen sampler, mapped back to
    voxel coordinates.
 3. **voxelize** — per proposal, the voxelizer (Shape-as-Points + DPSR,
-   :func:`~pointforge.inference.voxelizer.points_to_volume`) turns a fresh
+   :func:`~pointforge.implant.voxelize.points_to_volume`) turns a fresh
    subsample of the defective skull's surface plus the proposal's implant points
    into a completed-skull volume. The skull part has ``voxelizer n_points -
    n_implant`` points, so the voxelizer sees as many points as it was trained on.
@@ -24,7 +24,7 @@ Stages (the PCDiff paper's pipeline, Friedrich et al., MICCAI 2023), each timed:
    is also turned into an implant on its own (same chain, no vote and no
    dilation): their per-voxel mean is the agreement (uncertainty) map.
 Writing a case's files is :mod:`pointforge.implant.writer`; a whole dataset,
-:mod:`pointforge.implant.folder`; :mod:`pointforge.implant.generate` gathers the three.
+:mod:`pointforge.implant.folder`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, cast
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -47,11 +47,12 @@ from pointforge.devices import available_memory_bytes, resolve_device
 from pointforge.errors import CheckpointError, ConfigError, DataError, UserError
 from pointforge.formats import format_bytes
 from pointforge.implant.postprocess import implant_from_proposals
+from pointforge.implant.proposals import complete, inside_volume, proposal_sampler
 from pointforge.implant.voxelize import points_to_volume
-from pointforge.inference.pcdiff import LoadedPCDiff, complete, load_pcdiff
+from pointforge.inference.pcdiff import LoadedPCDiff, load_pcdiff
 from pointforge.inference.upsampler import load_upsampler
 from pointforge.inference.voxelizer import load_voxelizer
-from pointforge.nn.diffusion import SAMPLER_NAMES, make_sampler
+from pointforge.nn.diffusion.samplers.registry import SAMPLER_NAMES
 from pointforge.nn.dpsr import dpsr_memory_bytes
 from pointforge.nn.dpsr_grid import normalize_resolution
 from pointforge.nn.pvcnn_config import FPLevel, PVCNN2Config, SALevel
@@ -171,7 +172,7 @@ def _named_flag(path: str | os.PathLike, task: str) -> Iterator[None]:
 class GenerateOptions:
     ensemble: int = 5
     sampler: str = "ddim"  # ddpm | ddim | dpm++2m
-    steps: int | None = None  # None: GENERATE_STEPS (ddim 7), else the sampler's default; ddpm always all T
+    steps: int | None = None  # None: proposals.GENERATE_STEPS (ddim 7), else the sampler's default; ddpm always all T
     seed: int = 0
     surface_points: int = 50_000  # defective-skull surface samples the conditioning is drawn from
     voxel_resolution: int | None = None  # DPSR solve grid; the voxelizer's training resolution when None
@@ -332,64 +333,16 @@ def _to_input_grid(
     return out >= 0.5 if binary else out.astype(np.float32)
 
 
-def _inside_volume(implants: np.ndarray, shape: tuple[int, int, int], notes: list[str]) -> np.ndarray:
-    """Keep each proposal's points that lie in the volume (one voxel of slack).
-
-    A trained model's points lie on the skull; points far outside come from an
-    undertrained model or an input unlike the training data. A few stray points
-    are replaced by copies of inside ones (the proposals stay one array) and
-    noted in the report; a proposal with fewer than half its points inside is
-    an error rather than an implant.
-    """
-    hi = np.asarray(shape, dtype=np.float64)
-    inside = cast(np.ndarray, ((implants >= -1.0) & (implants <= hi)).all(axis=2))  # [n, P]
-    if inside.all():
-        return implants
-    worst = float(inside.mean(axis=1).min())
-    if worst < 0.5:
-        raise DataError(
-            f"the PCDiff proposals fall outside the volume ({100 * (1 - worst):.0f}% of one proposal's points); "
-            "the model is undertrained or this skull is unlike its training data"
-        )
-    fixed = implants.copy()
-    for k in range(len(implants)):
-        good = np.flatnonzero(inside[k])
-        bad = np.flatnonzero(~inside[k])
-        if bad.size:
-            fixed[k, bad] = implants[k, good[np.arange(bad.size) % good.size]]
-    notes.append(f"{int((~inside).sum())} generated points outside the volume were replaced by copies of inside ones")
-    return fixed
-
-
-# DDIM with 7 steps: the fewest model calls within 0.01 DSC of DDPM-1000 on a model that has
-# learned (20 held-out cases: docs/pcdiff.md, "Choosing a sampler"); 5 steps lose 0.02.
-GENERATE_STEPS = {"ddim": 7}
-
-
-def _sampler(models: Models, options: GenerateOptions):
-    steps = options.steps if options.steps is not None else GENERATE_STEPS.get(str(options.sampler).lower())
-    return make_sampler(options.sampler, steps, schedule=models.pcdiff.schedule)
-
-
-def _proposals(
-    work: Volume,
-    skull_pts: np.ndarray,
-    models: Models,
-    options: GenerateOptions,
-    generator: torch.Generator,
-    progress,
-    proposals_mm: np.ndarray | None,
-) -> np.ndarray:
-    """``[n, P, 3]`` implant points in ``work``'s voxel coordinates: PCDiff's, or the given ones (mm)."""
-    if proposals_mm is not None:
-        return work.physical_to_voxel(np.reshape(proposals_mm, (-1, 3))).reshape(np.shape(proposals_mm))
-    model, cfg = models.pcdiff.model, models.pcdiff.config
+def _proposals(work: Volume, skull_pts, models: Models, options: GenerateOptions, sampler, generator, progress, given):
+    """``[n, P, 3]`` implant points in ``work``'s voxel coordinates: PCDiff's, or the ``given`` ones (mm)."""
+    if given is not None:
+        return work.physical_to_voxel(np.reshape(given, (-1, 3))).reshape(np.shape(given))
     implants = complete(
         skull_pts,
-        model,
-        _sampler(models, options),
+        models.pcdiff.model,
+        sampler,
         options.ensemble,
-        config=cfg,
+        config=models.pcdiff.config,
         subsample=options.subsample,  # type: ignore[arg-type]  # checked in GenerateOptions
         generator=generator,
         spacing=work.spacing,
@@ -502,20 +455,20 @@ def generate_implant(
     say(f"surface: {len(skull_pts)} points on the defective skull ({timings['surface_s']:.1f} s)")
 
     t = time.perf_counter()
-    steps = getattr(_sampler(models, options), "num_steps", None)
-    implants = _proposals(work, skull_pts, models, options, generator, progress, proposals_mm)
+    sampler = proposal_sampler(options.sampler, options.steps, models.pcdiff.schedule)
+    implants = _proposals(work, skull_pts, models, options, sampler, generator, progress, proposals_mm)
     timings["sample_s"] = time.perf_counter() - t
     say(
         f"sample: {options.ensemble} proposals × {cfg.n_implant} points, {options.sampler}"
-        f"{'' if steps is None else f' {steps} steps'} ({timings['sample_s']:.1f} s)"
+        f" {sampler.num_steps} steps ({timings['sample_s']:.1f} s)"
     )
 
-    implants = _inside_volume(implants, work.shape, notes)
+    implants = inside_volume(implants, work.shape, notes)
 
     t = time.perf_counter()
     dense = implants
     if models.upsampler is not None:
-        dense = _inside_volume(np.stack([upsample_points(models.upsampler, p) for p in implants]), work.shape, notes)
+        dense = inside_volume(np.stack([upsample_points(models.upsampler, p) for p in implants]), work.shape, notes)
         timings["upsample_s"] = time.perf_counter() - t
         t = time.perf_counter()
     completed = _voxelize(dense, skull_pts, work, models, options, rng, progress)

@@ -54,7 +54,8 @@ from pointforge.devices import available_cores
 from pointforge.errors import UserError
 from pointforge.formats import json_safe
 from pointforge.implant.export import Layer, render_preview
-from pointforge.implant.pipeline import Generated, GenerateOptions, Models, _sampler, generate_implant
+from pointforge.implant.pipeline import Generated, GenerateOptions, Models, generate_implant
+from pointforge.implant.proposals import proposal_sampler
 from pointforge.implant.view import PLOTLY_JS, ViewLayers, view_html, write_plotly_js
 from pointforge.implant.voxelize import field_to_mesh
 
@@ -282,7 +283,8 @@ def generate_case(
     options.validate()
     _check_label(label)
     input_path, out = Path(input_path), Path(out)
-    steps = getattr(_sampler(models, options), "num_steps", None)  # a sampler/steps mismatch fails before any work
+    # A sampler/steps mismatch fails before any work.
+    steps = proposal_sampler(options.sampler, options.steps, models.pcdiff.schedule).num_steps
     if out.exists() and not overwrite:
         raise UserError(f"{out} already exists; pass --overwrite to replace it, or choose another --out")
     suffix = _suffix_of(input_path)

@@ -1,37 +1,27 @@
-"""PCDiff inference: a trained network loaded from a checkpoint, and implant proposals sampled from it.
+"""Loading a trained PCDiff: the network, its noise schedule and its task config from a checkpoint.
 
-* :func:`load_pcdiff` — a trained network, its noise schedule and task config
-  from a pointforge checkpoint (through the engine's one checkpoint loader);
-* :func:`complete` — ``n`` implant proposals for a defective skull given as
-  points in any coordinates, sampled in one batched pass and returned in those
-  coordinates.
-
-Apart from the task (:mod:`pointforge.tasks.pcdiff.task`) because using a
-trained network is a layer above training one: the implant pipeline, the
-benchmarks and users need these, the engine never does.
+:func:`load_pcdiff` reads through the engine's one checkpoint loader. Apart
+from the task (:mod:`pointforge.tasks.pcdiff.task`) because using a trained
+network is a layer above training one; sampling implant proposals from it is
+the implant product's (:mod:`pointforge.implant.proposals`).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Sequence
+from typing import Any
 
-import numpy as np
 import torch
-from torch import nn
 
 from pointforge.config.training import TrainConfig
-from pointforge.data.skulls.normalization import bbox_normalization
-from pointforge.errors import ConfigError, DataError
 from pointforge.inference.loading import LoadedModel, Weights, load_trained
-from pointforge.nn.diffusion import NoiseSchedule, Sampler, sample_ensemble
-from pointforge.nn.ops.fps import furthest_point_sample_indices
-from pointforge.tasks.pcdiff.frame import atlas_center, frame_condition
-from pointforge.tasks.pcdiff.task import HALF_EXTENT, PCDiffConfig, PCDiffTask, build_schedule
+from pointforge.nn.diffusion.schedule import NoiseSchedule
+from pointforge.tasks.pcdiff.config import build_schedule
+from pointforge.tasks.pcdiff.task import PCDiffTask
 from pointforge.train.tracking import get_logger
 
-__all__ = ["LoadedPCDiff", "load_pcdiff", "complete"]
+__all__ = ["LoadedPCDiff", "load_pcdiff"]
 
 log = get_logger("pcdiff")
 
@@ -40,8 +30,7 @@ log = get_logger("pcdiff")
 class LoadedPCDiff(LoadedModel):
     """A trained PCDiff (:class:`~pointforge.inference.loading.LoadedModel`) plus its noise schedule.
 
-    ``config`` is the task's :class:`~pointforge.tasks.pcdiff.task.PCDiffConfig`;
-    unpacks as ``(model, schedule, config)``, as it always has.
+    ``config`` is the task's :class:`~pointforge.tasks.pcdiff.config.PCDiffConfig`.
     """
 
     schedule: NoiseSchedule | None = None
@@ -72,114 +61,3 @@ def load_pcdiff(
         f"from {loaded.source}: {'EMA' if loaded.weights == 'ema' else 'trained (non-EMA)'} weights, step {loaded.step}"
     )
     return loaded
-
-
-def _as_points(skull_points: Any) -> tuple[np.ndarray, bool]:
-    is_torch = isinstance(skull_points, torch.Tensor)
-    array = skull_points.detach().cpu().numpy() if is_torch else np.asarray(skull_points)
-    if array.ndim != 2 or array.shape[1] != 3 or array.shape[0] < 2:
-        raise DataError(f"skull points must be an [M, 3] array with M >= 2, got shape {tuple(array.shape)}")
-    if not np.issubdtype(array.dtype, np.number):
-        raise DataError(f"skull points must be numbers, got dtype {array.dtype}")
-    array = array.astype(np.float64)
-    if not np.isfinite(array).all():
-        raise DataError("skull points contain NaN or infinite coordinates")
-    return array, is_torch
-
-
-def _subsample_indices(points: np.ndarray, n: int, how: str, generator: torch.Generator | None) -> np.ndarray:
-    m = points.shape[0]
-    if m <= n:
-        # Fewer points than the network was trained with: all of them, topped up with repeats.
-        extra = torch.randint(0, m, (n - m,), generator=generator).numpy() if n > m else np.empty(0, np.int64)
-        return np.concatenate([np.arange(m), extra])
-    if how == "random":
-        return torch.randperm(m, generator=generator)[:n].numpy()
-    coords = torch.from_numpy(points.T[None].astype(np.float32))
-    return furthest_point_sample_indices(coords, n)[0].numpy()
-
-
-def _framed_condition(points, model, config, n_skull, spacing, generator):
-    atlas = getattr(model, "atlas_mm", None)
-    if atlas is None or atlas.numel() == 0:
-        raise ConfigError(
-            "the config has task.frame but the model carries no atlas; load it with load_pcdiff from its checkpoint"
-        )
-    spacing = np.broadcast_to(np.asarray(spacing, dtype=np.float64), (3,))
-    center = atlas_center(atlas, points, spacing, config.frame)
-    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
-    return frame_condition(points, center, n_skull, config.frame, np.random.default_rng(seed), half_extent=HALF_EXTENT)
-
-
-def complete(
-    skull_points: Any,
-    model: nn.Module,
-    sampler: Sampler,
-    n: int = 1,
-    *,
-    config: PCDiffConfig | None = None,
-    n_skull: int | None = None,
-    n_implant: int | None = None,
-    subsample: Literal["random", "fps"] = "random",
-    generator: torch.Generator | None = None,
-    progress: Callable[[int, int], None] | None = None,
-    spacing: float | Sequence[float] = 1.0,
-) -> np.ndarray | torch.Tensor:
-    """``n`` implant proposals ``[n, n_implant, 3]`` for a defective skull, in the input's coordinates.
-
-    ``skull_points``: ``[M, 3]`` (NumPy or torch) points of the defective skull
-    in any coordinates, e.g. voxel indices of its surface. They are
-    subsampled to the ``n_skull`` conditioning points the model was trained
-    with (``random``, as training draws them, or ``fps``; with fewer than
-    ``n_skull`` points all are used and some repeated), normalised exactly as
-    the dataset normalises (centre and half-extent 3 of the subsampled
-    skull's bounding box), completed ``n`` times in one batched pass of
-    ``sampler`` (:func:`~pointforge.nn.diffusion.sample_ensemble`) and mapped
-    back. ``n_skull``/``n_implant`` default to ``config``'s (the third item
-    of :func:`load_pcdiff`). ``generator`` (a CPU generator gives the same
-    result on any device) draws the subsample and the starting noise;
-    ``progress(step, steps)`` is called after each sampler step.
-
-    A model trained with ``task.frame`` (:mod:`pointforge.tasks.pcdiff.frame`)
-    is conditioned as it was trained: its atlas estimates the implant centre
-    (``spacing``: mm per unit of ``skull_points``' coordinates, 1 for mm), the
-    ``n_skull`` points are drawn from the skull points nearest that centre
-    (``subsample`` does not apply) and sampling starts around it.
-
-    Returns a NumPy float32 array for NumPy input, a CPU float32 tensor for a tensor.
-    """
-    if config is not None:
-        n_skull = config.n_skull if n_skull is None else n_skull
-        n_implant = config.n_implant if n_implant is None else n_implant
-        if sampler.schedule.num_timesteps != config.diffusion.timesteps:
-            raise ConfigError(
-                f"the sampler runs a {sampler.schedule.num_timesteps}-step schedule but the model was trained with "
-                f"{config.diffusion.timesteps} steps; build it with make_sampler(..., schedule=<load_pcdiff's schedule>)"
-            )
-    if n_skull is None or n_implant is None:
-        raise ConfigError(
-            "complete() needs the model's point counts: pass config= (from load_pcdiff) or n_skull= and n_implant="
-        )
-    for name, value in (("n", n), ("n_skull", n_skull), ("n_implant", n_implant)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-    if subsample not in ("random", "fps"):
-        raise ConfigError(f"subsample must be 'random' or 'fps', got {subsample!r}")
-    points, as_torch = _as_points(skull_points)
-    if config is not None and config.frame is not None:
-        chosen, norm = _framed_condition(points, model, config, int(n_skull), spacing, generator)
-    else:
-        chosen = points[_subsample_indices(points, int(n_skull), subsample, generator)]
-        norm = bbox_normalization(chosen, HALF_EXTENT)
-    device = next(model.parameters()).device
-    cond = torch.from_numpy(norm.apply(chosen)).to(device).T.contiguous()  # [3, n_skull]
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            out = sample_ensemble(sampler, model, cond, int(n_implant), int(n), generator=generator, progress=progress)
-    finally:
-        model.train(was_training)
-    implants = out[:, :, int(n_skull) :].transpose(1, 2)  # [n, n_implant, 3] normalised
-    mapped = norm.inverse(implants.float())
-    return torch.from_numpy(mapped) if as_torch else mapped

@@ -18,7 +18,8 @@ from pointforge.config.training import TrainConfig
 from pointforge.errors import CheckpointError, ConfigError
 from pointforge.nn.pcdiff_import import import_upstream_state_dict
 from pointforge.tasks.configs import load_train_config
-from pointforge.tasks.pcdiff.task import PRESET_POINTS, PCDiffTask, build_model
+from pointforge.tasks.pcdiff.config import PRESET_POINTS
+from pointforge.tasks.pcdiff.task import PCDiffTask, build_model
 from pointforge.train.checkpoint import (
     capture_rng,
     is_pointforge_checkpoint,

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from pointforge.nn.diffusion import NoiseSchedule
+from pointforge.nn.diffusion.schedule import NoiseSchedule
 from tests.helpers import shell_mask
 
 

@@ -30,7 +30,7 @@ from pointforge.implant.writer import case_done, generate_case
 from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config
 from pointforge.train.engine import train
-from tests.helpers import QUIET, REPO
+from tests.helpers import CONFIGS, QUIET
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -44,7 +44,7 @@ def trained(tmp_path_factory, one_thread):
     root = ensure_synthetic_prepared(base / "data", 4, 64, 0, 4096, log=lambda _m: None, split="0.5,0.25,0.25")
     pc = load_train_config(
         "pcdiff",
-        REPO / "pointforge" / "configs" / "pcdiff" / "tiny.yaml",
+        CONFIGS / "pcdiff" / "tiny.yaml",
         [
             *QUIET,
             f"run.dir={base / 'pcdiff'}",
@@ -62,7 +62,7 @@ def trained(tmp_path_factory, one_thread):
     )
     vox = load_train_config(
         "voxelizer",
-        REPO / "pointforge" / "configs" / "voxelizer" / "tiny.yaml",
+        CONFIGS / "voxelizer" / "tiny.yaml",
         [
             *QUIET,
             f"run.dir={base / 'voxelizer'}",
@@ -328,7 +328,7 @@ def test_an_upsampler_densifies_each_proposal_before_voxelising(trained, tmp_pat
     _, source = a_test_case(root)
     up = load_train_config(
         "upsampler",
-        REPO / "pointforge" / "configs" / "upsampler" / "tiny.yaml",
+        CONFIGS / "upsampler" / "tiny.yaml",
         [
             *QUIET,
             f"run.dir={tmp_path / 'upsampler'}",
@@ -381,9 +381,12 @@ def test_too_many_proposals_for_memory_are_refused_up_front_with_the_largest_tha
 
 def test_generate_defaults_to_ddim_with_seven_steps(models):
     """The default is the fewest model calls measured within 0.01 DSC of DDPM-1000 (docs/pcdiff.md)."""
-    from pointforge.implant.pipeline import _sampler
+    from pointforge.implant.proposals import proposal_sampler
 
-    sampler = _sampler(models, GenerateOptions())
+    def sampler_for(options):
+        return proposal_sampler(options.sampler, options.steps, models.pcdiff.schedule)
+
+    sampler = sampler_for(GenerateOptions())
     assert sampler.name == "ddim" and sampler.num_steps == 7
-    assert _sampler(models, GenerateOptions(steps=5)).num_steps == 5
-    assert _sampler(models, GenerateOptions(sampler="dpm++2m")).name == "dpm++2m"  # its own default
+    assert sampler_for(GenerateOptions(steps=5)).num_steps == 5
+    assert sampler_for(GenerateOptions(sampler="dpm++2m")).name == "dpm++2m"  # its own default

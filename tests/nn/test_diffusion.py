@@ -7,21 +7,14 @@ import pytest
 import torch
 
 from pointforge.errors import ConfigError, DataError, UserError
-from pointforge.nn.diffusion import (
-    SAMPLER_NAMES,
-    SCHEDULE_NAMES,
-    SPACINGS,
-    DDIMSampler,
-    DDPMSampler,
-    DPMSolverPP2MSampler,
-    NoiseSchedule,
-    diffusion_loss,
-    make_betas,
-    make_sampler,
-    repeat_for_ensemble,
-    respaced_timesteps,
-    sample_ensemble,
-)
+from pointforge.nn.diffusion.loss import diffusion_loss
+from pointforge.nn.diffusion.pipeline import denoise, repeat_for_ensemble, sample_ensemble
+from pointforge.nn.diffusion.samplers.base import SPACINGS, respaced_timesteps
+from pointforge.nn.diffusion.samplers.ddim import DDIMSampler
+from pointforge.nn.diffusion.samplers.ddpm import DDPMSampler
+from pointforge.nn.diffusion.samplers.dpmpp_2m import DPMSolverPP2MSampler
+from pointforge.nn.diffusion.samplers.registry import SAMPLER_NAMES, make_sampler
+from pointforge.nn.diffusion.schedule import SCHEDULE_NAMES, NoiseSchedule, make_betas
 from tests.helpers import FIXTURES
 
 needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"reference fixtures folder {FIXTURES} is absent")
@@ -105,13 +98,14 @@ def test_loss_matches_upstream_mean_over_generated_points_then_batch(upstream):
 def test_ddpm_step_matches_upstream_including_noiseless_t0(upstream):
     ref = upstream["p_sample"]
     assert ref["t"].tolist() == [0, 500]
-    model = Replay(ref["x_t"], ref["t"], ref["eps_pred"])
-    out = DDPMSampler().step(model, ref["x_t"], ref["t"], N_GEN_FIXTURE, noise=ref["noise"])
-    close(out.x, ref["out"])
+    sample = ref["x_t"][:, :, -N_GEN_FIXTURE:]
+    out = DDPMSampler().step(ref["eps_pred"], ref["t"], sample, noise=ref["noise"])
+    close(out.prev_sample, ref["out"][:, :, -N_GEN_FIXTURE:])
     close(out.pred_x0, ref["pred_xstart"])
     # t = 0 adds no noise: the output is the posterior mean itself.
-    close(out.x[0, :, -N_GEN_FIXTURE:], ref["model_mean"][0])
-    assert torch.equal(out.x[:, :, :-N_GEN_FIXTURE], ref["x_t"][:, :, :-N_GEN_FIXTURE])
+    close(out.prev_sample[0], ref["model_mean"][0])
+    # Upstream's step leaves the conditioning points of its output as they were.
+    close(ref["out"][:, :, :-N_GEN_FIXTURE], ref["x_t"][:, :, :-N_GEN_FIXTURE])
 
 
 @needs_fixtures
@@ -125,19 +119,17 @@ def test_ddim_step_matches_upstream_respaced_sampler(upstream):
         sampler.coefficient("alphas_cumprod_prev", kept, ref["x_t"]).flatten(),
         respaced["alphas_cumprod_prev_respaced"][kept],
     )
-    model = Replay(ref["x_t"], ref["t"], ref["eps_pred"])
-    out = sampler.step(model, ref["x_t"], ref["t"], N_GEN_FIXTURE, noise=ref["noise"])
-    close(out.x, ref["out_test_completion"])
+    out = sampler.step(ref["eps_pred"], ref["t"], ref["x_t"][:, :, -N_GEN_FIXTURE:], noise=ref["noise"])
+    close(out.prev_sample, ref["out_test_completion"][:, :, -N_GEN_FIXTURE:])
     close(out.pred_x0, ref["pred_xstart"])
 
 
 @needs_fixtures
 def test_ddim_without_clamp_is_upstream_output_before_its_clamp(upstream):
     ref = upstream["ddim"]
-    model = Replay(ref["x_t"], ref["t"], ref["eps_pred"])
-    out = DDIMSampler(50).step(model, ref["x_t"], ref["t"], N_GEN_FIXTURE).x
+    out = DDIMSampler(50).step(ref["eps_pred"], ref["t"], ref["x_t"][:, :, -N_GEN_FIXTURE:]).prev_sample
     assert out.abs().max() > 1.5  # data at PCDiff's ±3 scale must not be squashed
-    close(out.clamp(-1, 1), ref["out_test_completion"])
+    close(out.clamp(-1, 1), ref["out_test_completion"][:, :, -N_GEN_FIXTURE:])
 
 
 @needs_fixtures
@@ -146,9 +138,8 @@ def test_ddim_with_every_step_kept_is_upstream_unstrided_step(upstream):
     # exactly the step of upstream's training-time sampler. atol covers the
     # cancellation of |pred_x0| ~ 700 down to outputs ~ 1e-3 at float32.
     ref = upstream["ddim"]
-    model = Replay(ref["x_t"], ref["t"], ref["eps_pred"])
-    out = DDIMSampler(1000).step(model, ref["x_t"], ref["t"], N_GEN_FIXTURE).x
-    close(out, ref["out_train_completion"], atol=2e-6)
+    out = DDIMSampler(1000).step(ref["eps_pred"], ref["t"], ref["x_t"][:, :, -N_GEN_FIXTURE:]).prev_sample
+    close(out, ref["out_train_completion"][:, :, -N_GEN_FIXTURE:], atol=2e-6)
 
 
 # --------------------------------------------------------------------------- schedules
@@ -316,14 +307,15 @@ def test_quadratic_grid_is_denser_at_low_noise():
 
 
 def test_step_rejects_steps_off_the_grid():
-    x = torch.zeros(2, 3, 10)
-    model = lambda x, t: torch.zeros_like(x)  # noqa: E731
+    sample = output = torch.zeros(2, 3, 4)
     with pytest.raises(DataError, match="not among them"):
-        DDIMSampler(50).step(model, x, torch.tensor([999, 998]), 4)
+        DDIMSampler(50).step(output, torch.tensor([999, 998]), sample)
     with pytest.raises(DataError, match="not among them"):
-        DPMSolverPP2MSampler(20).step(model, x, 500, 4)
+        DPMSolverPP2MSampler(20).step(output, 500, sample)
     with pytest.raises(DataError, match="step noise"):
-        DDPMSampler().step(model, x, 5, 4, noise=torch.zeros(2, 3, 10))
+        DDPMSampler().step(output, 5, sample, noise=torch.zeros(2, 3, 10))
+    with pytest.raises(DataError, match="model output"):
+        DDPMSampler().step(torch.zeros(2, 3, 10), 5, sample)
 
 
 # Analytic denoiser: the generated points are i.i.d. Gaussian N(mu, s^2) per
@@ -380,7 +372,7 @@ def rms(a, b):
 )
 def test_deterministic_samplers_follow_the_exact_flow(gaussian_case, sampler, bound):
     cond, noise, exact = gaussian_case
-    out = sampler.sample(GaussianDenoiser(), cond, N_GEN, noise=noise)
+    out = denoise(GaussianDenoiser(), sampler, cond, N_GEN, noise=noise)
     assert out.shape == (4, 3, N_COND + N_GEN) and out.dtype == torch.float32
     assert rms(out[:, :, N_COND:], exact) < bound
 
@@ -390,7 +382,7 @@ def test_dpm_solver_is_second_order(gaussian_case):
     error = {}
     for steps in (10, 20):
         for sampler in (DDIMSampler(steps, spacing="quadratic"), DPMSolverPP2MSampler(steps)):
-            out = sampler.sample(GaussianDenoiser(), cond, N_GEN, noise=noise)
+            out = denoise(GaussianDenoiser(), sampler, cond, N_GEN, noise=noise)
             error[sampler.name, steps] = rms(out[:, :, N_COND:], exact)
     # Same grid, same evaluations: the multistep correction must beat DDIM (its
     # first-order special case) by far, and halve its error more than twice over.
@@ -413,7 +405,7 @@ def test_ddpm_and_fast_samplers_reach_the_known_distribution(gaussian_case):
         ("dpm20", DPMSolverPP2MSampler(20), dict(noise=noise), 0.07),
     ]
     for label, sampler, kwargs, spread_tolerance in runs:
-        standardised = sampler.sample(GaussianDenoiser(), cond, N_GEN, **kwargs)[:, :, N_COND:] - mu
+        standardised = denoise(GaussianDenoiser(), sampler, cond, N_GEN, **kwargs)[:, :, N_COND:] - mu
         stats[label] = (
             standardised.mean(dim=(0, 2)) / SPREAD,
             standardised.std(dim=(0, 2)) / SPREAD,
@@ -432,7 +424,7 @@ def test_point_mass_data_is_recovered_exactly(name):
     # float32 tables make DDPM's last step scale it by coef1[0] = 0.99983, not 1.
     cond = torch.randn(2, 3, N_COND, generator=seeded(5), dtype=torch.float64)
     model = GaussianDenoiser(spread=torch.zeros(3))
-    out = make_sampler(name).sample(model, cond, N_GEN, generator=seeded(6))
+    out = denoise(model, make_sampler(name), cond, N_GEN, generator=seeded(6))
     close(out[:, :, N_COND:], gaussian_mean(cond).expand(-1, -1, N_GEN), rtol=0, atol=1e-9)
 
 
@@ -444,11 +436,10 @@ def test_ddim_at_eta_one_on_every_step_is_ddpm(t):
     x = torch.randn(3, 3, 30, generator=gen, dtype=torch.float64)
     noise = torch.randn(3, 3, 10, generator=gen, dtype=torch.float64)
     eps = torch.randn(3, 3, 10, generator=gen, dtype=torch.float64)
-    model = lambda x, t: eps  # noqa: E731
     t = torch.tensor(t)
-    ddim = DDIMSampler(1000, eta=1.0).step(model, x, t, 10, noise=noise)
-    ddpm = DDPMSampler().step(model, x, t, 10, noise=noise)
-    close(ddim.x, ddpm.x, rtol=0, atol=1e-10)
+    ddim = DDIMSampler(1000, eta=1.0).step(eps, t, x[:, :, 20:], noise=noise)
+    ddpm = DDPMSampler().step(eps, t, x[:, :, 20:], noise=noise)
+    close(ddim.prev_sample, ddpm.prev_sample, rtol=0, atol=1e-10)
 
 
 def test_ddim_eta_scales_fresh_noise_as_in_the_ddim_paper():
@@ -458,7 +449,7 @@ def test_ddim_eta_scales_fresh_noise_as_in_the_ddim_paper():
     eps = torch.randn(2, 3, 6, generator=gen, dtype=torch.float64)
     sampler = DDIMSampler(50, eta=0.6)
     t = torch.tensor([999, 510])
-    out = sampler.step(lambda x, t: eps, x, t, 6, noise=noise).x[:, :, 10:]
+    out = sampler.step(eps, t, x[:, :, 10:], noise=noise).prev_sample
     ac = SCHEDULE.alphas_cumprod_float64
     ab, ab_prev = ac[[999, 510]].view(2, 1, 1), ac[[979, 489]].view(2, 1, 1)
     x0 = (x[:, :, 10:] - (1 - ab).sqrt() * eps) / ab.sqrt()
@@ -495,8 +486,9 @@ def test_conditioning_points_never_change_and_no_graph_is_kept(sampler):
     cond = torch.randn(2, 3, SMALL["n_cond"], generator=torch.Generator().manual_seed(0))
     model = RecordingDenoiser(SMALL["n_gen"])
     progress = []
-    out = sampler.sample(
+    out = denoise(
         model,
+        sampler,
         cond,
         SMALL["n_gen"],
         generator=torch.Generator().manual_seed(1),
@@ -515,7 +507,7 @@ def test_sampling_is_deterministic_under_a_generator(sampler):
     model = RecordingDenoiser(SMALL["n_gen"])
 
     def run(seed):
-        return sampler.sample(model, cond, SMALL["n_gen"], generator=seeded(seed))
+        return denoise(model, sampler, cond, SMALL["n_gen"], generator=seeded(seed))
 
     first, again, other = run(11), run(11), run(12)
     assert torch.equal(first, again)
@@ -524,21 +516,21 @@ def test_sampling_is_deterministic_under_a_generator(sampler):
     # reproduces a deterministic sampler's run.
     if sampler.name != "ddpm" and getattr(sampler, "eta", 0.0) == 0.0:
         start = torch.randn(2, 3, SMALL["n_gen"], generator=torch.Generator().manual_seed(11))
-        assert torch.equal(sampler.sample(model, cond, SMALL["n_gen"], noise=start), first)
+        assert torch.equal(denoise(model, sampler, cond, SMALL["n_gen"], noise=start), first)
 
 
 def test_ensemble_is_one_batched_pass_of_independent_members():
     cond = torch.randn(3, SMALL["n_cond"], generator=torch.Generator().manual_seed(0))
     model = RecordingDenoiser(SMALL["n_gen"])
     sampler = DDIMSampler(10)
-    members = sample_ensemble(sampler, model, cond, SMALL["n_gen"], 4, generator=torch.Generator().manual_seed(2))
+    members = sample_ensemble(model, sampler, cond, SMALL["n_gen"], 4, generator=torch.Generator().manual_seed(2))
     assert members.shape == (4, 3, SMALL["n_cond"] + SMALL["n_gen"])
     assert set(model.batches) == {4} and len(model.batches) == sampler.num_steps
     assert all(torch.equal(member[:, : SMALL["n_cond"]], cond) for member in members)
     assert not torch.allclose(members[0], members[1])
     # Each member is what a run of its own would give from the same start.
     starts = torch.randn(4, 3, SMALL["n_gen"], generator=torch.Generator().manual_seed(2))
-    alone = sampler.sample(model, cond[None], SMALL["n_gen"], noise=starts[2:3])
+    alone = denoise(model, sampler, cond[None], SMALL["n_gen"], noise=starts[2:3])
     close(members[2], alone[0], rtol=1e-6, atol=1e-6)
 
 
@@ -551,7 +543,7 @@ def test_repeat_for_ensemble_keeps_each_case_together():
     assert repeat_for_ensemble(cond[0], 2).shape == (2, 3, 4)
     with pytest.raises(ConfigError, match="ensemble size"):
         repeat_for_ensemble(cond, 0)
-    out = sample_ensemble(DDIMSampler(5), RecordingDenoiser(2), cond, 2, 3)
+    out = sample_ensemble(RecordingDenoiser(2), DDIMSampler(5), cond, 2, 3)
     assert out.shape == (2, 3, 3, 6)
 
 
@@ -559,7 +551,7 @@ def test_repeat_for_ensemble_keeps_each_case_together():
 def test_sampling_keeps_the_conditioning_dtype(gaussian_case, dtype):
     cond, noise, exact = gaussian_case
     model = GaussianDenoiser()
-    out = DPMSolverPP2MSampler(20).sample(model, cond.to(dtype), N_GEN, noise=noise.to(dtype))
+    out = denoise(model, DPMSolverPP2MSampler(20), cond.to(dtype), N_GEN, noise=noise.to(dtype))
     assert out.dtype == dtype
     assert torch.equal(out[:, :, :N_COND], cond.to(dtype))
     # Reduced precision is stepped in float32; float64 stays float64 throughout.
@@ -573,10 +565,53 @@ def test_sample_input_errors():
     model = RecordingDenoiser(4)
     sampler = DDIMSampler(5)
     with pytest.raises(DataError, match=r"\[B, C, N\]"):
-        sampler.sample(model, torch.zeros(3, 10), 4)
+        denoise(model, sampler, torch.zeros(3, 10), 4)
     with pytest.raises(DataError, match="initial noise"):
-        sampler.sample(model, torch.zeros(1, 3, 10), 4, noise=torch.zeros(1, 3, 5))
+        denoise(model, sampler, torch.zeros(1, 3, 10), 4, noise=torch.zeros(1, 3, 5))
     with pytest.raises(ConfigError, match="n_generated"):
-        sampler.sample(model, torch.zeros(1, 3, 10), 0)
+        denoise(model, sampler, torch.zeros(1, 3, 10), 0)
     with pytest.raises(ConfigError, match="denoiser returned"):
-        sampler.sample(lambda x, t: x[:, :2], torch.zeros(1, 3, 10), 4)
+        denoise(lambda x, t: x[:, :2], sampler, torch.zeros(1, 3, 10), 4)
+
+
+# --------------------------------------------------------------------------- samplers without the network
+
+
+@pytest.mark.parametrize("sampler", FAST_SAMPLERS, ids=lambda s: s.name)
+def test_a_sampler_steps_a_given_output_with_no_network_anywhere(sampler):
+    # Only tensors go in: the step is the sampler's arithmetic on the output it is handed.
+    sample = torch.randn(2, 3, SMALL["n_gen"], generator=seeded(0), dtype=torch.float64)
+    output = torch.randn(2, 3, SMALL["n_gen"], generator=seeded(1), dtype=torch.float64)
+    noise = torch.randn(2, 3, SMALL["n_gen"], generator=seeded(2), dtype=torch.float64)
+    t = int(sampler.timesteps[0])
+    first = sampler.step(output, t, sample, noise=noise)
+    again = sampler.step(output.clone(), torch.tensor([t, t]), sample.clone(), noise=noise)
+    assert first.prev_sample.shape == sample.shape and first.prev_sample.dtype == torch.float64
+    assert torch.equal(first.prev_sample, again.prev_sample)
+    # The estimates are the schedule's reading of the output, whichever sampler steps it.
+    eps, x0 = sampler.schedule.eps_and_x0(output, torch.tensor([t, t]), sample)
+    assert torch.equal(first.eps, eps)
+    close(first.pred_x0, x0, rtol=1e-12)
+    # A multistep sampler takes the last step's output back; the others ignore it.
+    second = sampler.step(output, int(sampler.timesteps[1]), first.prev_sample, noise=noise, previous=first)
+    assert torch.isfinite(second.prev_sample).all()
+
+
+def test_one_trained_network_runs_under_every_sampler_through_the_one_loop():
+    torch.manual_seed(0)
+    network = torch.nn.Conv1d(3, 3, 1).double()  # a stand-in for a trained PVCNN2: any callable works
+    calls = []
+
+    def network_fn(x, t):
+        calls.append(t.clone())
+        return network(x)
+
+    cond = torch.randn(2, 3, SMALL["n_cond"], generator=seeded(3), dtype=torch.float64)
+    for name in SAMPLER_NAMES:
+        sampler = make_sampler(name, None if name == "ddpm" else 8)
+        calls.clear()
+        out = denoise(network_fn, sampler, cond, SMALL["n_gen"], generator=seeded(4))
+        assert out.shape == (2, 3, SMALL["n_cond"] + SMALL["n_gen"]) and torch.isfinite(out).all(), name
+        assert torch.equal(out[:, :, : SMALL["n_cond"]], cond), name
+        # The loop called the network once per sampler step, at the sampler's steps, in order.
+        assert [int(t[0]) for t in calls] == sampler.timesteps.tolist(), name

@@ -248,7 +248,8 @@ def test_an_error_in_a_loader_worker_is_its_own_line(tmp_path):
 
 @pytest.fixture(scope="module")
 def prepared_copy(tmp_path_factory) -> Path:
-    from pointforge.tasks.pcdiff.task import SyntheticSection, ensure_prepared_dataset
+    from pointforge.tasks.pcdiff.config import SyntheticSection
+    from pointforge.tasks.pcdiff.task import ensure_prepared_dataset
 
     # The same path and spec as tests/tasks/pcdiff/test_task.py: whichever module runs first builds it.
     spec = SyntheticSection(skulls=4, size=64, seed=0, points=4096, split="0.5,0.25,0.25")

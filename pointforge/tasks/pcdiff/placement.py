@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from pointforge.nn.diffusion import Denoiser, NoiseSchedule, model_prediction
+from pointforge.nn.diffusion.conditioning import Denoiser, network_output
+from pointforge.nn.diffusion.schedule import NoiseSchedule
 
 __all__ = ["placement_metrics", "condition_use"]
 
@@ -83,7 +84,8 @@ def condition_use(
         noisy = schedule.q_sample(clean, t, noise)
         errors = []
         for c in (cond, swapped):
-            _, pred_x0 = model_prediction(model, schedule, torch.cat([c, noisy], dim=2), t, n_generated)
+            x = torch.cat([c, noisy], dim=2)
+            _, pred_x0 = schedule.eps_and_x0(network_output(model, x, t, n_generated), t, noisy)
             errors.append(float((pred_x0 - clean).pow(2).mean()))
         out[f"x0_err_b{k}"], out[f"x0_err_swapped_b{k}"] = errors
         out[f"cond_use_b{k}"] = errors[1] / max(errors[0], 1e-12)

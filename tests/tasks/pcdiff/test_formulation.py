@@ -10,14 +10,11 @@ import pytest
 import torch
 
 from pointforge.errors import ConfigError
-from pointforge.nn.diffusion import (
-    MarkConditioning,
-    NoiseSchedule,
-    diffusion_loss,
-    make_sampler,
-    model_prediction,
-    rescale_zero_terminal_snr,
-)
+from pointforge.nn.diffusion.conditioning import MarkConditioning, network_output
+from pointforge.nn.diffusion.loss import diffusion_loss
+from pointforge.nn.diffusion.pipeline import denoise
+from pointforge.nn.diffusion.samplers.registry import make_sampler
+from pointforge.nn.diffusion.schedule import NoiseSchedule, rescale_zero_terminal_snr
 from pointforge.tasks.configs import load_train_config
 from pointforge.tasks.pcdiff.frame import (
     FramedDenoiser,
@@ -72,7 +69,7 @@ class _Exact(torch.nn.Module):
 
 
 @pytest.mark.parametrize("prediction", ["eps", "x0", "v"])
-def test_model_prediction_recovers_noise_and_clean_points_from_any_parameterisation(prediction):
+def test_eps_and_x0_recover_noise_and_clean_points_from_any_parameterisation(prediction):
     schedule = NoiseSchedule.from_name("linear", 1e-4, 0.02, 100, prediction=prediction)
     g = torch.Generator().manual_seed(0)
     clean = torch.randn(3, 16, generator=g, dtype=torch.float64)
@@ -80,7 +77,7 @@ def test_model_prediction_recovers_noise_and_clean_points_from_any_parameterisat
     t = torch.tensor([3, 80])
     x_t = schedule.q_sample(clean.expand(2, -1, -1), t, noise)
     x = torch.cat([torch.zeros(2, 3, 5, dtype=torch.float64), x_t], dim=2)
-    eps, x0 = model_prediction(_Exact(schedule, clean), schedule, x, t, 16)
+    eps, x0 = schedule.eps_and_x0(network_output(_Exact(schedule, clean), x, t, 16), t, x_t)
     torch.testing.assert_close(eps, noise, rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(x0, clean.expand(2, -1, -1), rtol=1e-9, atol=1e-9)
 
@@ -91,8 +88,12 @@ def test_every_sampler_lands_on_the_clean_points_under_an_exact_model(prediction
     schedule = NoiseSchedule.from_name("linear", 1e-4, 0.02, 60, prediction=prediction, zero_terminal_snr=zero_snr)
     clean = torch.randn(3, 12, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     cond = torch.zeros(2, 3, 4, dtype=torch.float64)
-    out = make_sampler(sampler, steps, schedule=schedule).sample(
-        _Exact(schedule, clean), cond, 12, generator=torch.Generator().manual_seed(2)
+    out = denoise(
+        _Exact(schedule, clean),
+        make_sampler(sampler, steps, schedule=schedule),
+        cond,
+        12,
+        generator=torch.Generator().manual_seed(2),
     )
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out[:, :, 4:], clean.expand(2, -1, -1), rtol=1e-6, atol=1e-6)
@@ -234,9 +235,11 @@ def test_formulation_config_errors(override, fragment):
 
 def test_framed_run_logs_placement_and_its_checkpoint_places_implants_alone(tmp_path, tmp_path_factory):
     from pointforge.data.skulls.prepared import PreparedDataset
-    from pointforge.inference.pcdiff import complete, load_pcdiff
+    from pointforge.implant.proposals import complete
+    from pointforge.inference.pcdiff import load_pcdiff
     from pointforge.tasks import get_task
-    from pointforge.tasks.pcdiff.task import SyntheticSection, ensure_prepared_dataset
+    from pointforge.tasks.pcdiff.config import SyntheticSection
+    from pointforge.tasks.pcdiff.task import ensure_prepared_dataset
     from pointforge.train.engine import train
 
     # The same path and spec as tests/tasks/pcdiff/test_task.py's dataset: whichever module runs first builds it.
@@ -296,7 +299,8 @@ def test_framed_run_logs_placement_and_its_checkpoint_places_implants_alone(tmp_
 
 
 def test_mirror_flips_half_the_training_items_left_right_and_nothing_else(tmp_path_factory):
-    from pointforge.tasks.pcdiff.task import PCDiffDataset, PCDiffTask, SyntheticSection, ensure_prepared_dataset
+    from pointforge.tasks.pcdiff.config import SyntheticSection
+    from pointforge.tasks.pcdiff.task import PCDiffDataset, PCDiffTask, ensure_prepared_dataset
 
     root = ensure_prepared_dataset(
         tmp_path_factory.getbasetemp() / "pcdiff-synthetic",

@@ -19,21 +19,18 @@ import pytest
 import torch
 
 from pointforge.inference.pcdiff import load_pcdiff
-from pointforge.nn.diffusion import diffusion_loss, make_sampler
+from pointforge.nn.diffusion.loss import diffusion_loss
+from pointforge.nn.diffusion.pipeline import denoise
+from pointforge.nn.diffusion.samplers.registry import make_sampler
 from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config
-from pointforge.tasks.pcdiff.task import (
-    PCDiffDataset,
-    PCDiffTask,
-    SyntheticSection,
-    ensure_prepared_dataset,
-    implant_distances,
-)
+from pointforge.tasks.pcdiff.config import SyntheticSection
+from pointforge.tasks.pcdiff.task import PCDiffDataset, PCDiffTask, ensure_prepared_dataset, implant_distances
 from pointforge.train.data import derive_seed, seed_everything
 from pointforge.train.engine import train
-from tests.helpers import REPO, torch_threads
+from tests.helpers import CONFIGS, torch_threads
 
-CONFIGS = REPO / "pointforge" / "configs" / "pcdiff"
+PCDIFF_CONFIGS = CONFIGS / "pcdiff"
 SYNTH = SyntheticSection(skulls=4, size=64, seed=0, points=4096, split="0.5,0.25,0.25")
 
 
@@ -57,7 +54,7 @@ def fixed_noise_loss(model, task, x0, n_implant) -> float:
 def test_loss_falls_through_the_engine(tmp_path, dataset_root):
     cfg = load_train_config(
         "pcdiff",
-        CONFIGS / "tiny.yaml",
+        PCDIFF_CONFIGS / "tiny.yaml",
         [
             f"run.dir={tmp_path / 'run'}",
             f"task.data_root={dataset_root}",
@@ -79,7 +76,7 @@ def test_loss_falls_through_the_engine(tmp_path, dataset_root):
         seed_everything(derive_seed(cfg.train.seed, "init"))  # the engine's initial weights
         before = fixed_noise_loss(task.build_model(cfg.task), task, x0, cfg.task.n_implant)
         result = train(get_task("pcdiff"), cfg, console=False)
-        after = fixed_noise_loss(load_pcdiff(result.checkpoint)[0], task, x0, cfg.task.n_implant)
+        after = fixed_noise_loss(load_pcdiff(result.checkpoint).model, task, x0, cfg.task.n_implant)
     print(f"\nfixed-noise loss over the training set: {before:.3f} before, {after:.3f} after 40 steps")
     assert result.global_step == 40
     assert after < 0.8 * before, (before, after)  # measured 1.195 → 0.729
@@ -104,7 +101,7 @@ def test_overfit_one_case_samples_its_implant_under_every_sampler(dataset_root):
     n_skull = n_implant = 512
     cfg = load_train_config(
         "pcdiff",
-        CONFIGS / "tiny.yaml",
+        PCDIFF_CONFIGS / "tiny.yaml",
         [
             f"task.n_skull={n_skull}",
             f"task.n_implant={n_implant}",
@@ -124,7 +121,7 @@ def test_overfit_one_case_samples_its_implant_under_every_sampler(dataset_root):
     def chamfer_of(model, name, steps) -> tuple[float, torch.Tensor]:
         model.eval()
         sampler = make_sampler(name, steps, schedule=task.schedule)
-        out = sampler.sample(model, cond, n_implant, generator=torch.Generator().manual_seed(1))
+        out = denoise(model, sampler, cond, n_implant, generator=torch.Generator().manual_seed(1))
         model.train()
         points = out[:, :, n_skull:].transpose(1, 2)
         return float(implant_distances(points, true)["chamfer"][0]), points

@@ -1,5 +1,5 @@
 """The pcdiff task: configs, the synthetic-data cache, the loss, training through the engine,
-load_pcdiff/complete, and importing upstream checkpoints."""
+load_pcdiff and sampling from what it loads, and importing upstream checkpoints."""
 
 from __future__ import annotations
 
@@ -13,27 +13,24 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from pointforge.data.skulls.normalization import bbox_normalization
 from pointforge.data.skulls.prepared import PreparedDataset
 from pointforge.errors import CheckpointError, ConfigError, DataError, UserError
-from pointforge.inference.pcdiff import complete, load_pcdiff
-from pointforge.nn.diffusion import NoiseSchedule, diffusion_loss, make_sampler
+from pointforge.implant.proposals import complete
+from pointforge.inference.pcdiff import load_pcdiff
+from pointforge.nn.diffusion.loss import diffusion_loss
+from pointforge.nn.diffusion.samplers.registry import make_sampler
 from pointforge.ops.pcdiff_import import import_pcdiff_checkpoint
 from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config
 from pointforge.tasks.pcdiff import task as pc
-from pointforge.tasks.pcdiff.task import (
-    PCDiffDataset,
-    PCDiffTask,
-    SyntheticSection,
-    ensure_prepared_dataset,
-)
+from pointforge.tasks.pcdiff.config import SyntheticSection
+from pointforge.tasks.pcdiff.task import PCDiffDataset, PCDiffTask, ensure_prepared_dataset
 from pointforge.train import checkpoint as ck
 from pointforge.train.engine import train
-from tests.helpers import REPO
+from tests.helpers import CONFIGS, FIXTURES
 
-CONFIGS = REPO / "pointforge" / "configs" / "pcdiff"
-FIXTURE = REPO.parent / "shared" / "fixtures" / "upstream_pvcnn2_tiny.pt"
+PCDIFF_CONFIGS = CONFIGS / "pcdiff"
+FIXTURE = FIXTURES / "upstream_pvcnn2_tiny.pt"
 SYNTH = SyntheticSection(skulls=4, size=64, seed=0, points=4096, split="0.5,0.25,0.25")
 
 
@@ -46,7 +43,7 @@ def dataset_root(tmp_path_factory) -> Path:
 def tiny_cfg(run_dir: Path, data_root: Path, *overrides: str):
     return load_train_config(
         "pcdiff",
-        CONFIGS / "tiny.yaml",
+        PCDIFF_CONFIGS / "tiny.yaml",
         [
             f"run.dir={run_dir}",
             f"task.data_root={data_root}",
@@ -75,9 +72,9 @@ def _cli():
 
 
 def test_presets_load_and_paper_is_the_published_setup():
-    tiny = load_train_config("pcdiff", CONFIGS / "tiny.yaml")
-    small = load_train_config("pcdiff", CONFIGS / "small.yaml")
-    paper = load_train_config("pcdiff", CONFIGS / "paper.yaml")
+    tiny = load_train_config("pcdiff", PCDIFF_CONFIGS / "tiny.yaml")
+    small = load_train_config("pcdiff", PCDIFF_CONFIGS / "small.yaml")
+    paper = load_train_config("pcdiff", PCDIFF_CONFIGS / "paper.yaml")
     assert (tiny.task.model, tiny.task.n_skull, tiny.task.n_implant) == ("tiny", 896, 128)
     assert (small.task.model, small.task.n_skull, small.task.n_implant) == ("small", 3456, 384)
     assert tiny.task.synthetic is not None and small.task.synthetic is not None and paper.task.synthetic is None
@@ -110,7 +107,7 @@ def test_presets_load_and_paper_is_the_published_setup():
 )
 def test_config_errors_name_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        load_train_config("pcdiff", CONFIGS / "tiny.yaml", [override])
+        load_train_config("pcdiff", PCDIFF_CONFIGS / "tiny.yaml", [override])
 
 
 # --------------------------------------------------------------------------- the synthetic-data cache
@@ -279,68 +276,6 @@ def test_train_tiny_through_the_engine_then_load_and_complete(tmp_path, dataset_
     assert implants.shape == (2, 128, 3) and implants.dtype == np.float32 and np.isfinite(implants).all()
 
 
-# --------------------------------------------------------------------------- complete()
-
-
-class _Oracle(torch.nn.Module):
-    """The exact noise for known clean implant points: every sampler must then return them."""
-
-    def __init__(self, schedule: NoiseSchedule, implant: torch.Tensor):
-        super().__init__()
-        self.schedule = schedule
-        self.implant = implant  # [3, n] normalised
-        self.anchor = torch.nn.Parameter(torch.zeros(()))  # complete() reads the device from the parameters
-        self.batches = []
-
-    def forward(self, x, t):
-        self.batches.append(x.shape[0])
-        n = self.implant.shape[1]
-        ac = self.schedule.alphas_cumprod_float64[t].reshape(-1, 1, 1).to(x.dtype)
-        eps = torch.zeros_like(x)
-        eps[:, :, -n:] = (x[:, :, -n:] - ac.sqrt() * self.implant.to(x.dtype)) / (1 - ac).sqrt()
-        return eps
-
-
-@pytest.mark.parametrize("sampler_name, steps", [("ddpm", None), ("ddim", 7), ("dpm++2m", 5)])
-def test_complete_maps_samples_back_to_the_input_coordinates(sampler_name, steps):
-    rng = np.random.default_rng(0)
-    skull = rng.normal(size=(300, 3)) * [40.0, 30.0, 20.0] + [250.0, 260.0, 100.0]  # voxel-like coordinates
-    implant = rng.normal(size=(24, 3)) * 5.0 + [250.0, 260.0, 125.0]
-    norm = bbox_normalization(skull, 3.0)
-    schedule = NoiseSchedule.from_name("linear", 1e-3, 0.2, 50)
-    oracle = _Oracle(schedule, torch.from_numpy(norm.apply(implant).T.astype(np.float64)))
-    sampler = make_sampler(sampler_name, steps, schedule=schedule)
-    gen = torch.Generator().manual_seed(1)
-    # All 300 points kept (in a random order), so the bounding box is the one used above.
-    out = complete(skull, oracle, sampler, 3, n_skull=300, n_implant=24, generator=gen)
-    assert out.shape == (3, 24, 3)
-    assert set(oracle.batches) == {3}  # the three proposals in one batched pass
-    for proposal in out:
-        np.testing.assert_allclose(proposal, implant, atol=2e-3)
-    # torch in, torch out; FPS subsampling gives the same box here too
-    again = complete(torch.from_numpy(skull), oracle, sampler, 1, n_skull=300, n_implant=24, subsample="fps")
-    assert isinstance(again, torch.Tensor) and again.shape == (1, 24, 3)
-    np.testing.assert_allclose(again[0].numpy(), implant, atol=2e-3)
-
-
-def test_complete_refuses_bad_input():
-    schedule = NoiseSchedule.from_name("linear", 1e-3, 0.2, 50)
-    oracle = _Oracle(schedule, torch.zeros(3, 4))
-    sampler = make_sampler("ddim", 5, schedule=schedule)
-    good = np.random.default_rng(0).normal(size=(50, 3))
-    with pytest.raises(DataError, match=r"\[M, 3\]"):
-        complete(good[:, :2], oracle, sampler, n_skull=40, n_implant=4)
-    with pytest.raises(DataError, match="NaN"):
-        complete(np.full((50, 3), np.nan), oracle, sampler, n_skull=40, n_implant=4)
-    with pytest.raises(ConfigError, match="config="):
-        complete(good, oracle, sampler)
-    with pytest.raises(ConfigError, match="positive integer"):
-        complete(good, oracle, sampler, 0, n_skull=40, n_implant=4)
-    cfg = load_train_config("pcdiff", CONFIGS / "tiny.yaml").task  # trained with T = 1000
-    with pytest.raises(ConfigError, match="50-step schedule"):
-        complete(good, oracle, sampler, config=cfg)
-
-
 # --------------------------------------------------------------------------- upstream checkpoints
 
 
@@ -378,7 +313,7 @@ def test_imported_checkpoint_loads_and_reproduces_upstream(tmp_path, upstream_ti
 def test_imported_checkpoint_resumes_training(tmp_path, upstream_tiny, dataset_root):
     source = _write_upstream(tmp_path / "upstream.pth", upstream_tiny)
     imported = tmp_path / "ours.pt"
-    import_pcdiff_checkpoint(source, imported, config=CONFIGS / "tiny.yaml")
+    import_pcdiff_checkpoint(source, imported, config=PCDIFF_CONFIGS / "tiny.yaml")
     cfg = tiny_cfg(tmp_path / "run", dataset_root, "train.epochs=9", "train.eval_every=0", "train.ema_decay=null")
     result = train(get_task("pcdiff"), cfg, resume=imported)
     assert result.resumed_from == imported
@@ -410,7 +345,7 @@ def test_import_command_and_its_errors(tmp_path, upstream_tiny):
     torch.save({"encoder.weight": torch.zeros(3, 3)}, foreign)
     assert "not a PCDiff PVCNN2 checkpoint" in error(foreign, tmp_path / "b.pt")
     assert "does not fit preset 'small'" in error(source, tmp_path / "b.pt", "--preset", "small")
-    assert "holds a 'tiny' network" in error(source, tmp_path / "b.pt", "--config", CONFIGS / "small.yaml")
+    assert "holds a 'tiny' network" in error(source, tmp_path / "b.pt", "--config", PCDIFF_CONFIGS / "small.yaml")
     assert "already a pointforge checkpoint" in error(tmp_path / "a.pt", tmp_path / "b.pt")
     assert not (tmp_path / "b.pt").exists()
     out = runner.invoke(_cli(), ["ckpt", "import-pcdiff", str(source), str(tmp_path / "a.pt"), "--force"])
@@ -429,15 +364,3 @@ def test_load_pcdiff_refuses_other_checkpoints(tmp_path, upstream_tiny):
         load_pcdiff(tmp_path / "ours.pt", weights="ema")
     with pytest.raises(CheckpointError, match="does not exist"):
         load_pcdiff(tmp_path / "nope.pt")
-
-
-def test_moved_names_still_import_from_the_task_module_with_a_warning():
-    for name, new in (
-        ("load_pcdiff", load_pcdiff),
-        ("complete", complete),
-        ("import_pcdiff_checkpoint", import_pcdiff_checkpoint),
-    ):
-        with pytest.warns(DeprecationWarning, match=name):
-            assert getattr(pc, name) is new
-    with pytest.raises(AttributeError):
-        pc.no_such_name
