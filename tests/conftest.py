@@ -1,12 +1,11 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers import FIXTURES, register_test_tasks, torch_threads
+from tests.helpers import register_test_tasks, torch_threads
 
 # Tests are sized for 2 cores; more threads only add contention.
 torch.set_num_threads(min(2, os.cpu_count() or 1))
@@ -25,10 +24,3 @@ def one_thread():
     """
     with torch_threads(1):
         yield
-
-
-@pytest.fixture(scope="session")
-def fixtures_dir() -> Path:
-    if not FIXTURES.is_dir():
-        pytest.skip(f"reference fixtures folder {FIXTURES} is absent")
-    return FIXTURES

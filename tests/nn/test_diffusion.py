@@ -17,8 +17,6 @@ from pointforge.nn.diffusion.samplers.registry import SAMPLER_NAMES, make_sample
 from pointforge.nn.diffusion.schedule import SCHEDULE_NAMES, NoiseSchedule, make_betas
 from tests.helpers import FIXTURES
 
-needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"reference fixtures folder {FIXTURES} is absent")
-
 SCHEDULE = NoiseSchedule.from_name()
 
 
@@ -63,7 +61,6 @@ def close(actual, expected, rtol=1e-5, atol=0.0):
 # --------------------------------------------------------------------------- upstream parity
 
 
-@needs_fixtures
 def test_schedule_tables_match_upstream(upstream):
     tables = upstream["schedule"]
     close(SCHEDULE.betas_float64, tables["betas_float64"])
@@ -74,14 +71,12 @@ def test_schedule_tables_match_upstream(upstream):
     assert tables["posterior_log_variance_clipped"][0] == pytest.approx(np.log(1e-20), rel=1e-6)
 
 
-@needs_fixtures
 def test_q_sample_matches_upstream(upstream):
     ref = upstream["q_sample"]
     x0_generated = upstream["x0"][:, :, -N_GEN_FIXTURE:]
     close(SCHEDULE.q_sample(x0_generated, ref["t"], ref["noise"]), ref["out"])
 
 
-@needs_fixtures
 def test_loss_matches_upstream_mean_over_generated_points_then_batch(upstream):
     ref = upstream["loss"]
     model = Replay(ref["data_t"], ref["t"], ref["eps_pred"])
@@ -94,7 +89,6 @@ def test_loss_matches_upstream_mean_over_generated_points_then_batch(upstream):
     assert loss.dim() == 0
 
 
-@needs_fixtures
 def test_ddpm_step_matches_upstream_including_noiseless_t0(upstream):
     ref = upstream["p_sample"]
     assert ref["t"].tolist() == [0, 500]
@@ -108,7 +102,6 @@ def test_ddpm_step_matches_upstream_including_noiseless_t0(upstream):
     close(ref["out"][:, :, :-N_GEN_FIXTURE], ref["x_t"][:, :, :-N_GEN_FIXTURE])
 
 
-@needs_fixtures
 def test_ddim_step_matches_upstream_respaced_sampler(upstream):
     ref, respaced = upstream["ddim"], upstream["ddim_schedule"]
     sampler = DDIMSampler(50, 0.0, clamp=1.0)
@@ -124,7 +117,6 @@ def test_ddim_step_matches_upstream_respaced_sampler(upstream):
     close(out.pred_x0, ref["pred_xstart"])
 
 
-@needs_fixtures
 def test_ddim_without_clamp_is_upstream_output_before_its_clamp(upstream):
     ref = upstream["ddim"]
     out = DDIMSampler(50).step(ref["eps_pred"], ref["t"], ref["x_t"][:, :, -N_GEN_FIXTURE:]).prev_sample
@@ -132,7 +124,6 @@ def test_ddim_without_clamp_is_upstream_output_before_its_clamp(upstream):
     close(out.clamp(-1, 1), ref["out_test_completion"][:, :, -N_GEN_FIXTURE:])
 
 
-@needs_fixtures
 def test_ddim_with_every_step_kept_is_upstream_unstrided_step(upstream):
     # With all 1000 steps kept the previous step is t - 1 and nothing is clamped:
     # exactly the step of upstream's training-time sampler. atol covers the

@@ -19,8 +19,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def sap():
-    if not FIXTURES.is_dir():
-        pytest.skip(f"reference fixtures folder {FIXTURES} is absent")
     data = torch.load(FIXTURES / "sap_dpsr.pt", weights_only=True)
     assert "DPSR" in data["notes"] and "psr_raw" in data["notes"]
     return data

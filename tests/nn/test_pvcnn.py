@@ -19,14 +19,8 @@ from tests.helpers import FIXTURES
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _need_fixtures():
-    if not FIXTURES.is_dir():
-        pytest.skip(f"reference fixtures folder {FIXTURES} is absent")
-
-
 @pytest.fixture(scope="module")
 def tiny():
-    _need_fixtures()
     data = torch.load(FIXTURES / "upstream_pvcnn2_tiny.pt", weights_only=True)
     # The notes say: eval mode, y covers all 1024 points, 896 conditioning + 128 generated.
     assert "eval" in data["notes"] and data["config"]["sv_points"] == 896
@@ -54,7 +48,6 @@ def _upstream_keys() -> list[tuple[str, tuple[int, ...], str]]:
 
 
 def test_paper_preset_reproduces_upstream_keys_shapes_dtypes():
-    _need_fixtures()
     with torch.device("meta"):
         model = PVCNN2("paper")
     ours = [(k, tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in model.state_dict().items()]
