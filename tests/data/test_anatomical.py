@@ -175,11 +175,12 @@ def test_block_sparse_rasterisation_equals_evaluating_every_voxel():
         assert sparse.any() and np.array_equal(sparse, raster.rasterize_dense(params, (64, 64, 64), spacing))
 
 
-def test_a_64_cube_skull_takes_well_under_a_second_once_the_template_is_loaded():
+def test_a_64_cube_skull_is_quick_once_the_template_is_loaded():
+    # About 0.2 s on 2 shared cores; the bound leaves room for a busy machine and catches a 10x regression.
     fsaverage.load_template()
     started = time.perf_counter()
     anatomical.make_skull(64, np.random.default_rng(0))
-    assert time.perf_counter() - started < 1.0
+    assert time.perf_counter() - started < 2.0
 
 
 # --------------------------------------------------------------------------- defects
