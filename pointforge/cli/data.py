@@ -18,6 +18,9 @@ def synth(
     size: int = typer.Option(128, "--size", help="Grid size S (S³ volumes; SkullFix: S×S×Z). 64 to 512."),
     seed: int = typer.Option(0, "--seed", help="Random seed; the same seed gives the same files."),
     layout: str = typer.Option("skullbreak", "--layout", help="skullbreak or skullfix."),
+    family: str = typer.Option(
+        "domes", "--family", help="Skull family: domes (fast, plausible vaults) or anatomical (a real head, deformed)."
+    ),
 ) -> None:
     """Write a synthetic SkullBreak- or SkullFix-style dataset."""
     from pointforge.data.synthetic.dataset import synthesize
@@ -30,9 +33,12 @@ def synth(
             seed,
             layout=layout,
             progress=lambda done, total, name: advance(completed=done, total=total),
+            family=family,
         )
     n_cases = sum(max(1, len(c.get("defects", {}))) for c in summary["cases"])
-    typer.echo(f"wrote {n_cases} cases from {skulls} skulls ({layout}, {size}) to {out} in {summary['seconds']:.1f} s")
+    typer.echo(
+        f"wrote {n_cases} cases from {skulls} {family} skulls ({layout}, {size}) to {out} in {summary['seconds']:.1f} s"
+    )
 
 
 @app.command("prepare")

@@ -15,7 +15,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from pointforge.data.skulls.layouts import LAYOUTS
-from pointforge.data.synthetic import domes
+from pointforge.data.synthetic import anatomical, domes
 from pointforge.data.synthetic.defects import DEFECT_CLASSES, SKULLFIX_DEFECT, make_defect
 from pointforge.data.synthetic.grid import check_size, grid_origin, skullfix_shape
 from pointforge.data.volumes import as_triple, write_volume
@@ -35,7 +35,7 @@ class SkullFamily(Protocol):
     ) -> tuple[np.ndarray, tuple[float, float, float]]: ...
 
 
-FAMILIES: dict[str, SkullFamily] = {"domes": domes.make_skull}
+FAMILIES: dict[str, SkullFamily] = {"domes": domes.make_skull, "anatomical": anatomical.make_skull}
 
 
 def _check_layout(layout: str) -> str:
