@@ -7,9 +7,11 @@ from pathlib import Path
 import typer
 
 from pointforge.cli.progress import Bars
+from pointforge.implant.demo.budget import DEFAULT_MINUTES, DEFAULT_SKULLS
 
 _STAGES = {
     "prepare": "prepare skulls",
+    "probe": "probe on validation (cases)",
     "generate": "generate implants (cases)",
     "score": "score (cases)",
     "oracle": "oracle (cases)",
@@ -53,16 +55,23 @@ class _StageBars:
             self.current = stage
         description = _STAGES.get(stage, stage)
         if stage == "generate" and info is not None:
-            description = f"generate with the {info:g}-min models (cases)"
+            description = f"generate test implants with the {info:g}-min models (cases)"
+        if stage == "probe" and info is not None:
+            description = f"probe the {info:g}-min models on validation (cases)"
         self.bars.update(f"{self.count} {stage}", done, total=total, description=description)
 
 
 def demo(
     out: Path = typer.Option(Path("demo_out"), "--out", help="New or empty folder for everything the demo writes."),
     minutes: float = typer.Option(
-        5.0, "--minutes", help="Training wall-clock budget (PCDiff and voxelizer side by side)."
+        DEFAULT_MINUTES, "--minutes", help="Training wall-clock budget (PCDiff and voxelizer side by side)."
     ),
-    skulls: int = typer.Option(10, "--skulls", help="Synthetic skulls (5 defect cases each)."),
+    family: str = typer.Option(
+        "anatomical", "--family", help="Synthetic skull family: anatomical (a real head, deformed) or domes (fast)."
+    ),
+    skulls: int = typer.Option(
+        DEFAULT_SKULLS, "--skulls", help="Synthetic skulls (5 defect cases each), split 10:2:4 by skull."
+    ),
     size: int = typer.Option(64, "--size", help="Volume size S (S³ voxels over a 230 mm field of view)."),
     ensemble: int = typer.Option(5, "--ensemble", help="Implant proposals per case."),
     sampler: str = typer.Option("dpm++2m", "--sampler", help="ddpm, ddim or dpm++2m."),
@@ -73,16 +82,17 @@ def demo(
         None,
         "--data",
         help="A raw SkullBreak or SkullFix folder (any size or spacing) "
-        "to run on instead of synthetic skulls (--skulls and --size then do not apply).",
+        "to run on instead of synthetic skulls (--family, --skulls and --size then do not apply).",
     ),
 ) -> None:
     """The whole system on synthetic data (or your own, --data): data → training → implants → evaluation against a baseline and an oracle → report."""
-    from pointforge.implant.demo.report import format_score
+    from pointforge.implant.demo.report_tables import format_score
     from pointforge.implant.demo.run import run_demo
     from pointforge.implant.demo.settings import DemoSettings
 
     settings = DemoSettings(
         minutes=minutes,
+        family=family,
         skulls=skulls,
         size=size,
         ensemble=ensemble,
@@ -96,10 +106,12 @@ def demo(
         result = run_demo(out, settings, log=typer.echo, progress=bars)
     s = result.summary
     chosen = s["curve"][s["chosen"]]
+    beaten = [e["label"] for m, e in s["intervals"].items() if s["beats_baseline"][m]]
     typer.echo(
-        f"mean DSC on {len(s['cases'])} held-out test cases: PCDiff pipeline {format_score(chosen['dsc_mean'])} "
+        f"mean DSC on {len(s['cases'])} test cases: PCDiff pipeline {format_score(s['pipeline_dsc_mean'])} "
         f"(the models after {chosen['minutes']:g} min, chosen on the validation cases), "
-        f"baseline {format_score(s['baseline_dsc_mean'])} ({'beaten' if s['beats_baseline'] else 'NOT beaten'}); "
+        f"baseline {format_score(s['baseline_dsc_mean'])}, oracle {format_score(s['oracle_dsc_mean'])}; "
+        f"baseline beaten (95 % paired interval) on: {', '.join(beaten) or 'none'}; "
         f"total {s['timings_s']['total_s'] / 60:.1f} min"
     )
     typer.echo(f"report: {result.report_html} (and {result.report_md.name})")

@@ -35,8 +35,9 @@ RECIPE_FILE = "synthetic.json"
 RAW_DIR = "raw"
 
 
-def _recipe(skulls: int, size: int, seed: int, n_points: int, split: str, layout: str) -> dict:
+def _recipe(skulls: int, size: int, seed: int, n_points: int, split: str, layout: str, family: str) -> dict:
     return {
+        "family": str(family),
         "skulls": int(skulls),
         "size": int(size),
         "seed": int(seed),
@@ -54,6 +55,7 @@ def _check_recipe(root: Path, wanted: dict) -> None:
         found = json.loads(recipe_path.read_text())
     except (OSError, ValueError):
         raise DataError(f"{recipe_path} is unreadable; delete {root} to have it rebuilt") from None
+    found.setdefault("family", "domes")  # recipes written before there was a second family
     differs = {k: (found.get(k), v) for k, v in wanted.items() if found.get(k) != v}
     if differs:
         detail = ", ".join(f"{k} {old!r} (asked {new!r})" for k, (old, new) in differs.items())
@@ -98,11 +100,12 @@ def ensure_synthetic_prepared(
     *,
     split: str = "0.7,0.1,0.2",
     layout: str = "skullbreak",
+    family: str = "domes",
     timeout_s: float = 3600.0,
 ) -> Path:
     """The prepared dataset folder ``root``, synthesised and prepared first if it does not exist.
 
-    ``skulls`` synthetic skulls of ``size``³ voxels (:func:`pointforge.data.synthetic.dataset.synthesize`
+    ``skulls`` synthetic skulls of ``family`` and ``size``³ voxels (:func:`pointforge.data.synthetic.dataset.synthesize`
     with ``seed`` and ``layout``), prepared with ``n_points`` surface points per
     volume and the seeded ``split`` (:func:`pointforge.data.prepare.prepare_dataset`).
     An existing non-empty ``root`` is returned as it is, unless it records a
@@ -113,7 +116,7 @@ def ensure_synthetic_prepared(
     from pointforge.data.synthetic.dataset import synthesize
 
     root = Path(root)
-    wanted = _recipe(skulls, size, seed, n_points, split, layout)
+    wanted = _recipe(skulls, size, seed, n_points, split, layout, family)
     if _holds_something(root):
         _check_recipe(root, wanted)
         return root
@@ -137,9 +140,10 @@ def ensure_synthetic_prepared(
         try:
             started = time.perf_counter()
             log(
-                f"no data at {root}: synthesising {skulls} skull(s) of {size}^3 voxels (seed {seed}) and preparing them"
+                f"no data at {root}: synthesising {skulls} {family} skull(s) of {size}^3 voxels (seed {seed}) "
+                "and preparing them"
             )
-            synthesize(build / RAW_DIR, skulls, size, seed, layout=layout)
+            synthesize(build / RAW_DIR, skulls, size, seed, layout=layout, family=family)
             result = prepare_dataset(build / RAW_DIR, build, n_points=n_points, split=split, seed=seed, workers=1)
             if not result.ok:
                 raise DataError(f"preparing synthetic data failed: {result.failures[0]}")

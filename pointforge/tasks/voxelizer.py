@@ -43,6 +43,7 @@ from pointforge.data.skulls.datasets import VoxelAugmentation, VoxelizationDatas
 from pointforge.data.skulls.grids import transform_inside
 from pointforge.data.skulls.prepared import PreparedDataset
 from pointforge.data.skulls.splits import parse_ratios
+from pointforge.data.synthetic.dataset import FAMILIES
 from pointforge.data.synthetic.grid import MAX_SIZE, MIN_SIZE
 from pointforge.errors import ConfigError
 from pointforge.nn.dpsr import dpsr_memory_bytes
@@ -63,10 +64,13 @@ class SyntheticSection:
     seed: int = 0
     n_points: int = 20_000  # surface points per prepared volume
     split: str = "0.7,0.1,0.2"  # train, val, test by skull
+    family: str = "domes"  # the skull family (pointforge.data.synthetic.dataset.FAMILIES)
 
     # Checked by the enclosing section: an error raised while the config loader
     # tries the `SyntheticSection | None` union would be replaced by a generic one.
     def check(self, prefix: str) -> None:
+        if self.family not in FAMILIES:
+            raise ConfigError(f"config key '{prefix}.family' must be one of {', '.join(FAMILIES)}, got {self.family!r}")
         if not 1 <= self.skulls <= 1000:
             raise ConfigError(f"config key '{prefix}.skulls' must be from 1 to 1000, got {self.skulls}")
         if not MIN_SIZE <= self.size <= MAX_SIZE:
@@ -176,7 +180,14 @@ class VoxelizerTask(Task):
         if cfg.synthetic is not None:
             s = cfg.synthetic
             root = ensure_synthetic_prepared(
-                root, s.skulls, s.size, s.seed, s.n_points, log=get_logger("voxelizer").info, split=s.split
+                root,
+                s.skulls,
+                s.size,
+                s.seed,
+                s.n_points,
+                log=get_logger("voxelizer").info,
+                split=s.split,
+                family=s.family,
             )
         return root
 

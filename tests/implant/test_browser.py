@@ -67,17 +67,17 @@ def colour_fractions(pixels: np.ndarray) -> tuple[float, float]:
 def report(tmp_path_factory) -> Path:
     """A demo report (two cases, one failed) whose case bilateral/001 is a real case folder, as the demo writes it."""
     out = tmp_path_factory.mktemp("browser")
-    summary, curve, baseline = report_inputs(out)
-    folder = curve[0]["root"] / "bilateral/001"
+    summary, test, baseline = report_inputs(out)
+    folder = test["root"] / "bilateral/001"
     shutil.rmtree(folder)
     view.write_plotly_js(out / view.PLOTLY_JS)  # where the demo writes it: one copy for every case
     tiny_case(folder, js_src=Path(os.path.relpath(out / view.PLOTLY_JS, folder)).as_posix())
-    _, page = write_report(out, summary, curve, baseline, out / "baseline")
+    _, page = write_report(out, summary, test, baseline)
     return page
 
 
 def test_view_html_renders_the_skull_and_the_implant_in_chromium(report, tmp_path):
-    pixels = screenshot(report.parent / "implants/final/bilateral/001/view.html", tmp_path / "view.png", 1000, 800)
+    pixels = screenshot(report.parent / "implants/test/bilateral/001/view.html", tmp_path / "view.png", 1000, 800)
     assert pixels.std() > 0.05, "the page is blank"
     middle = pixels[150:750, 250:750]  # the scene, away from the legend (left) and the colour bar (right)
     bone, implant = colour_fractions(middle)
@@ -87,9 +87,9 @@ def test_view_html_renders_the_skull_and_the_implant_in_chromium(report, tmp_pat
 
 def test_report_html_shows_tables_thumbnails_and_an_embedded_3d_view_in_chromium(report, tmp_path):
     text = report.read_text()
-    assert "href='implants/final/bilateral/001/view.html'" in text
-    assert "src='implants/final/bilateral/001/preview.png'" in text
-    pixels = screenshot(report, tmp_path / "report.png", 1000, 3400)
+    assert "href='implants/test/bilateral/001/view.html'" in text
+    assert "src='implants/test/bilateral/001/preview.png'" in text
+    pixels = screenshot(report, tmp_path / "report.png", 1000, 4400)
     rows = np.flatnonzero((pixels.std(axis=(1, 2)) > 0.02))
     assert rows.size and rows.max() > 1500, "the page ends early: tables, curve or gallery missing"
     bone, implant = colour_fractions(pixels)

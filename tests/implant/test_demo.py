@@ -1,6 +1,8 @@
-"""`pointforge demo`'s parts: refusals, training side by side in timed phases, the report.
+"""`pointforge demo`'s parts: refusals, training side by side in timed phases, the probe's choice of
+cases, the pool of workers, the verdict with its intervals, the time split and the report.
 
-The whole demo takes about ten minutes and is not run here; `make demo` is its test.
+The whole demo takes about ten minutes and is not run here; `make demo` is its test. A tiny
+end-to-end run (a minute or two) is marked slow.
 """
 
 from __future__ import annotations
@@ -8,14 +10,22 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from pointforge.data.prepare import prepare_dataset
+from pointforge.data.skulls.prepared import PreparedDataset
+from pointforge.data.synthetic.dataset import synthesize
+from pointforge.data.volumes import read_binary_volume
 from pointforge.errors import DataError, UserError
+from pointforge.implant.demo.budget import TimeSplit
 from pointforge.implant.demo.report import write_report
 from pointforge.implant.demo.run import run_demo
-from pointforge.implant.demo.scoring import chosen_phase, mean_dsc
+from pointforge.implant.demo.scoring import chosen_phase, mean_dsc, spread_cases
 from pointforge.implant.demo.settings import DemoSettings
 from pointforge.implant.demo.training import decays, phase_worker, train_side_by_side
+from pointforge.implant.demo.verdict import case_values, intervals
+from pointforge.implant.demo.workers import baseline_case, case_jobs, case_pool, run_cases
 from pointforge.implant.evaluate import Evaluation, summarise
 from pointforge.train.launch import worker_args
 from tests.helpers import TOY_TINY
@@ -34,6 +44,8 @@ def test_a_used_folder_and_bad_settings_are_refused(tmp_path):
         (DemoSettings(minutes=0), "--minutes"),
         (DemoSettings(skulls=3), "--skulls"),
         (DemoSettings(size=32), "--size"),
+        (DemoSettings(family="blobs"), "--family 'blobs': no such skull family; choose one of: domes, anatomical"),
+        (DemoSettings(probe_cases=0), "probe"),
     ):
         with pytest.raises(UserError, match=message):
             run_demo(tmp_path / "new", settings)
@@ -89,32 +101,94 @@ def test_a_decaying_schedule_is_spread_over_the_whole_budget(tmp_path):
     assert not any(a.startswith("sched.") for a in cmd)
 
 
-def _evaluation(values: dict[str, float | None]) -> Evaluation:
+def _evaluation(dsc: dict[str, float | None], hd95: dict[str, float] | None = None) -> Evaluation:
+    """An evaluation with a row per case that has a DSC (None: the case failed and has no row)."""
     rows = []
-    for case_id, dsc in values.items():
-        nan = float("nan")
+    for case_id, value in dsc.items():
+        if value is None:
+            continue
+        h = (hd95 or {}).get(case_id, 3.0)
         rows.append(
-            {
-                "case_id": case_id,
-                "defect": case_id.split("/")[0],
-                "dsc": nan if dsc is None else dsc,
-                "bdsc": nan if dsc is None else dsc,
-                "hd95": nan if dsc is None else 3.0,
-                "hd": nan,
-                "error": None,
-            }
+            {"case_id": case_id, "defect": case_id.split("/")[0], "dsc": value, "bdsc": value, "hd95": h, "hd": h}
         )
+        rows[-1]["error"] = None
     return Evaluation(rows=rows, summary=summarise(rows))
 
 
+def test_a_failed_case_counts_as_dsc_0_and_leaves_the_hd95_comparison():
+    cases = ["bilateral/001", "random_1/001", "random_2/001"]
+    pipeline = _evaluation({"bilateral/001": 0.8, "random_1/001": None, "random_2/001": 0.6}, {"bilateral/001": 2.0})
+    baseline = _evaluation(dict.fromkeys(cases, 0.5), {"bilateral/001": 9.0})
+    values, used = case_values({"pipeline": pipeline, "baseline": baseline}, cases, "dsc")
+    assert values["pipeline"].tolist() == [0.8, 0.0, 0.6] and used == cases
+    values, used = case_values({"pipeline": pipeline, "baseline": baseline}, cases, "hd95")
+    assert used == ["bilateral/001", "random_2/001"] and values["baseline"].tolist() == [9.0, 3.0]
+
+
+def test_beats_is_said_only_where_the_paired_interval_excludes_zero():
+    cases = [f"c/{k:03d}" for k in range(20)]
+    hard = np.random.default_rng(0).random(20) * 0.5
+    # DSC: 0.05 better on every case; bDSC: better on half, worse on half; HD95: 2 mm lower on every case.
+    pipeline = _evaluation(dict(zip(cases, hard + 0.05)), dict(zip(cases, 10 - hard * 4)))
+    baseline = _evaluation(dict(zip(cases, hard)), dict(zip(cases, 12 - hard * 4)))
+    for k, row in enumerate(pipeline.rows):
+        row["bdsc"] = hard[k] + (0.05 if k % 2 else -0.05)
+    found = intervals({"pipeline": pipeline, "baseline": baseline}, cases, seed=3)
+    assert found["dsc"]["verdict"] == "beats" and found["dsc"]["difference"]["low"] == pytest.approx(0.05)
+    assert found["bdsc"]["verdict"] == "no clear difference from"
+    assert found["hd95"]["verdict"] == "beats" and found["hd95"]["difference"]["mean"] == pytest.approx(-2.0)
+    assert found["dsc"]["pipeline"]["low"] < found["dsc"]["baseline"]["high"]  # the means alone overlap
+    assert intervals({"pipeline": pipeline, "baseline": baseline}, cases, seed=3) == found  # seeded
+    worse = intervals({"pipeline": baseline, "baseline": pipeline}, cases, seed=3)
+    assert worse["dsc"]["verdict"] == "loses to" and worse["hd95"]["verdict"] == "loses to"
+
+
+def test_the_probe_takes_its_cases_from_every_defect_class():
+    class Case:
+        def __init__(self, defect, skull):
+            self.defect, self.case_id = defect, f"{defect}/{skull}"
+
+    cases = [Case(d, s) for d in ("bilateral", "frontoorbital", "random_1") for s in ("004", "007")]
+    picked = spread_cases(cases, 4)
+    assert [c.case_id for c in picked] == ["bilateral/004", "bilateral/007", "frontoorbital/004", "random_1/004"]
+    assert spread_cases(cases, 10) == cases and spread_cases(cases, 2)[1].defect == "frontoorbital"
+
+
+def test_the_time_split_adds_up_to_the_total():
+    split = TimeSplit()
+    split.add("training", 300.0)
+    with split.timed("scoring"):
+        pass
+    split.add("generating", 100.0)
+    table = split.table(450.0)
+    assert table["training"] == 300.0 and table["generating"] == 100.0 and table["total"] == 450.0
+    assert table["other"] == pytest.approx(50.0, abs=0.1)
+    with pytest.raises(ValueError, match="unknown kind of work 'napping'"):
+        split.add("napping", 1.0)
+
+
+def test_the_worker_pool_runs_cases_in_order_and_writes_the_baseline(tmp_path):
+    raw, prepared = tmp_path / "raw", tmp_path / "prepared"
+    synthesize(raw, 2, 64, 0, family="domes")
+    prepare_dataset(raw, prepared, n_points=1000, seed=0, split="0.5,0,0.5", workers=1)
+    dataset = PreparedDataset(prepared)
+    jobs = case_jobs(dataset, dataset.split("test")[:3])
+    seen = []
+    with case_pool(2) as pool:
+        results = run_cases(pool, baseline_case, jobs, str(tmp_path / "baseline"), progress=lambda d, n: seen.append(d))
+    assert [r["case_id"] for r in results] == [j.case_id for j in jobs] and seen == [0, 1, 2, 3]
+    for job in jobs:
+        assert read_binary_volume(tmp_path / "baseline" / job.case_id / "implant.nrrd").data.any()
+
+
 def report_inputs(tmp_path: Path):
-    """A demo's results as the report writer takes them: (summary, curve, baseline evaluation), two cases,
-    random_1/001 failed; bilateral/001's case folder holds only a report.json under tmp_path/implants/final."""
+    """A demo's results as the report writer takes them: (summary, test, baseline evaluation); two test
+    cases, random_1/001 failed; bilateral/001's case folder holds only a report.json under tmp_path/implants/test."""
     cases = ["bilateral/001", "random_1/001"]
-    pipeline = _evaluation({"bilateral/001": 0.8})  # random_1 failed: no row at all
+    pipeline = _evaluation({"bilateral/001": 0.8, "random_1/001": None})
     baseline = _evaluation({"bilateral/001": 0.5, "random_1/001": 0.5})
     oracle = _evaluation({"bilateral/001": 0.9, "random_1/001": 0.7})
-    root = tmp_path / "implants" / "final"
+    root = tmp_path / "implants" / "test"
     (root / "bilateral/001").mkdir(parents=True)
     (root / "bilateral/001" / "report.json").write_text(
         json.dumps(
@@ -126,66 +200,60 @@ def report_inputs(tmp_path: Path):
             }
         )
     )
-    curve = [
-        {
-            "minutes": 5.0,
-            "steps": {"pcdiff": 100, "voxelizer": 200},
-            "failed": {"random_1/001": "no implant"},
-            "evaluation": pipeline,
-            "root": root,
-        }
-    ]
+    test = {"root": root, "failed": {"random_1/001": "no implant"}, "evaluation": pipeline}
+    settings = {"family": "anatomical", "skulls": 16, "size": 64, "split": "0.625,0.125,0.25", "minutes": 6.0}
+    settings.update(ensemble=5, sampler="dpm++2m", steps=20, probe_ensemble=2, probe_steps=10)
+    scored = {"pipeline": pipeline, "baseline": baseline, "oracle": oracle}
     summary = {
-        "settings": {
-            "skulls": 10,
-            "size": 64,
-            "split": "0.6,0.2,0.2",
-            "minutes": 5.0,
-            "ensemble": 5,
-            "sampler": "dpm++2m",
-            "steps": 20,
-        },
+        "settings": settings,
         "cases": cases,
-        "pipeline": pipeline.summary,
-        "baseline": baseline.summary,
         "curve": [
+            {"minutes": 1.5, "steps": {"pcdiff": 30, "voxelizer": 50}, "val_dsc_mean": 0.7, "val_failed": {}},
             {
-                "minutes": 5.0,
-                "steps": curve[0]["steps"],
-                "failed": curve[0]["failed"],
-                "dsc_mean": mean_dsc(pipeline, cases),
+                "minutes": 6.0,
+                "steps": {"pcdiff": 100, "voxelizer": 200},
                 "val_dsc_mean": 0.6,
-                "placement": {"centroid_error": 4.25, "spread_ratio": 1.12, "pred_to_true": 3.0, "true_to_pred": 2.5},
-            }
+                "val_failed": {"bilateral/004": "no implant"},
+                "placement": {"centroid_error": 4.25, "spread_ratio": 1.12},
+            },
         ],
-        "baseline_dsc_mean": mean_dsc(baseline, cases),
-        "beats_baseline": False,
         "chosen": 0,
-        "oracle": oracle.summary,
-        "oracle_dsc_mean": mean_dsc(oracle, cases),
+        "test": {"placement": {"centroid_error": 4.25, "spread_ratio": 1.12, "pred_to_true": 3.0, "true_to_pred": 2.5}},
+        **{name: ev.summary for name, ev in scored.items()},
+        **{f"{name}_dsc_mean": mean_dsc(ev, cases) for name, ev in scored.items()},
+        "intervals": intervals(scored, cases),
         "timings_s": {"data_s": 10.0, "total_s": 600.0},
+        "time_split_s": {"data": 10.0, "training": 360.0, "generating": 150.0, "scoring": 30.0, "report": 0.0}
+        | {"other": 50.0, "total": 600.0},
     }
-    return summary, curve, baseline
+    return summary, test, baseline
 
 
-def test_the_report_counts_failures_as_zero_and_says_who_wins(tmp_path):
-    summary, curve, baseline = report_inputs(tmp_path)
-    assert summary["curve"][0]["dsc_mean"] == pytest.approx(0.4)
-    assert summary["baseline_dsc_mean"] == pytest.approx(0.5)
-    md, page = write_report(tmp_path, summary, curve, baseline, tmp_path / "baseline")
+def test_the_report_gives_intervals_counts_failures_as_zero_and_says_who_wins(tmp_path):
+    summary, test, baseline = report_inputs(tmp_path)
+    assert summary["pipeline_dsc_mean"] == pytest.approx(0.4) and summary["baseline_dsc_mean"] == pytest.approx(0.5)
+    md, page = write_report(tmp_path, summary, test, baseline)
     text = md.read_text()
-    assert "mean DSC of 0.400" in text and "against 0.500" in text and "does NOT beat the baseline" in text
-    assert "models after 5 min, chosen by their validation mean DSC, 0.600" in text
-    assert "| 5 (chosen) | 100 | 200 | 0.400 |" in text and "| 1 | 0.600 |" in text
+    assert "anatomical family: 16 skulls" in text and "(2 proposals, 10 steps)" in text
+    assert "mean DSC of 0.400 on 2 test cases from 1 skulls" in text and "against 0.500" in text
+    assert "models after 1.5 min, chosen by their validation DSC in the probe, 0.700" in text
+    # Two cases: the DSC differences are +0.3 and -0.5, so the interval holds 0 and nobody wins.
+    assert "PCDiff's pipeline shows no clear difference from the baseline on DSC" in text
+    assert "| PCDiff pipeline | 0.400 [0.000, 0.800] |" in text
+    assert "| difference PCDiff − baseline (paired) | -0.100 [-0.500, +0.300] |" in text
+    assert "| PCDiff … | no clear difference from the baseline |" in text
+    assert (
+        "| 1.5 (chosen) | 30 | 50 | 0.700 | – | – | 0 | 0.400 |" in text and "| 6 | 100 | 200 | 0.600 | 4.2 |" in text
+    )
     assert "| random_1/001 | failed: no implant |" in text
     assert "| bilateral/001 | 0.800 | 0.500 |" in text and "12.50" in text
-    # Which stage limits the result: PCDiff's row with its placement, the oracle's, the baseline's.
     assert "| PCDiff (chosen models) | 0.400 |" in text and "| 4.2 | 1.12 | 3.0 | 2.5 |" in text
     assert "| the true implant (oracle) | 0.800 |" in text and "| baseline (mean registered skull) | 0.500 |" in text
+    assert "| training | 360.0 | 60 % |" in text and "| total | 600.0 | 100 % |" in text and "| report |" not in text
     assert "pointforge train pcdiff --config paper --nproc 8" in text
     assert (tmp_path / "curve.png").stat().st_size > 5_000
     html_text = page.read_text()
-    assert html_text.startswith("<!doctype html>") and "does NOT beat the baseline" in html_text
+    assert html_text.startswith("<!doctype html>") and "no clear difference from the baseline on DSC" in html_text
     assert "<img src='curve.png'" in html_text
     assert "DSC 0.800 (baseline 0.500)" in html_text and "failed: no implant" in html_text  # one card per case
     assert "no 3-D view" in html_text  # bilateral/001's folder here has a report.json but no view.html
@@ -196,3 +264,21 @@ def test_the_phase_is_chosen_on_the_validation_cases_never_the_test_cases():
     assert chosen_phase(curve) == 1
     assert chosen_phase([{"val_dsc_mean": 0.8}, {"val_dsc_mean": 0.8}]) == 1  # a tie: the longer training
     assert chosen_phase([{"val_dsc_mean": None}, {"val_dsc_mean": None}]) == 1  # no validation split: the last
+
+
+@pytest.mark.slow
+def test_a_tiny_demo_runs_end_to_end(tmp_path):
+    """Every stage for real on the dome family, as small as the demo allows (a minute or two on 2 cores)."""
+    settings = DemoSettings(minutes=0.1, family="domes", skulls=5, size=64, points=4000, phases=(0.5, 1.0))
+    settings.split, settings.ensemble, settings.steps = "0.6,0.2,0.2", 2, 2
+    settings.probe_cases, settings.probe_ensemble, settings.probe_steps = 2, 1, 2
+    said = []
+    result = run_demo(tmp_path / "demo", settings, log=said.append)
+    s = result.summary
+    assert len(s["cases"]) == 5 and len(s["curve"]) == 2 and all(c["val_dsc_mean"] is not None for c in s["curve"])
+    assert set(s["intervals"]) == {"dsc", "bdsc", "hd95"} and set(s["beats_baseline"]) == {"dsc", "bdsc", "hd95"}
+    assert s["time_split_s"]["training"] > 0 and s["time_split_s"]["generating"] > 0
+    assert (tmp_path / "demo" / "oracle" / "metrics.csv").is_file()
+    assert len(list((tmp_path / "demo" / "baseline").glob("*/*/implant.nrrd"))) == 5
+    text = result.report_md.read_text()
+    assert "dome" in text and "Where the demo's time went" in text and "[3/7] probing" in "\n".join(said)

@@ -75,6 +75,7 @@ def test_configs_load_and_describe_their_networks():
         ("task.flip_p=1.5", "flip_p must lie in"),
         ("task.preset=huge", "valid choices: tiny, small, paper"),
         ("task.synthetic.skulls=0", "task.synthetic.skulls"),
+        ("task.synthetic.family=blobs", "task.synthetic.family' must be one of domes, anatomical"),
         ("task.repeats=0", "task.repeats"),
     ],
 )
@@ -197,6 +198,12 @@ def test_synthetic_data_is_built_once_when_two_processes_ask_at_once(tmp_path):
     assert len(PreparedDataset(root).cases) == 5
     with pytest.raises(ConfigError, match="other settings: seed 3 \\(asked 4\\)"):
         ensure_synthetic_prepared(root, 1, 64, 4, 1000, log=lambda m: None)
+    # The cache keys on the skull family too; a recipe from before the family was recorded was of domes.
+    assert recipe["family"] == "domes"
+    with pytest.raises(ConfigError, match="other settings: family 'domes' \\(asked 'anatomical'\\)"):
+        ensure_synthetic_prepared(root, 1, 64, 3, 1000, log=lambda m: None, family="anatomical")
+    (root / "synthetic.json").write_text(json.dumps({k: v for k, v in recipe.items() if k != "family"}))
+    assert ensure_synthetic_prepared(root, 1, 64, 3, 1000, log=lambda m: None) == root
 
 
 # --------------------------------------------------------------------------- training for real

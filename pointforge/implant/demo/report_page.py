@@ -73,7 +73,7 @@ def _card(card: CaseCard) -> str:
 
 def _gallery(cards: list[CaseCard]) -> list[str]:
     parts = [
-        "<h2 id='cases'>Every held-out case (final models)</h2>",
+        "<h2 id='cases'>Every test case (chosen models)</h2>",
         "<p>Each picture shows the defective skull (bone) and the implant coloured by how many proposals agree "
         "(yellow: all). Click a case to turn it in 3-D, switch each proposal on and off, and measure in mm.</p>",
         "<div class='gallery'>" + "".join(_card(c) for c in cards) + "</div>",

@@ -11,61 +11,83 @@ from typing import Callable
 
 from pointforge.atomic import atomic_write_text
 from pointforge.data.skulls.prepared import PreparedDataset
+from pointforge.devices import available_cores
 from pointforge.formats import json_safe
+from pointforge.implant.demo.budget import TimeSplit
 from pointforge.implant.demo.report import write_report
 from pointforge.implant.demo.scoring import (
     chosen_phase,
-    generate_and_evaluate,
     mean_dsc,
-    placement_summary,
+    probe_phases,
     run_baseline,
     run_oracle,
+    score_test,
     scoring_progress,
 )
 from pointforge.implant.demo.settings import DemoResult, DemoSettings, check_out, make_data
 from pointforge.implant.demo.training import DEMO_TASKS, demo_config, train_phases
+from pointforge.implant.demo.verdict import beats, intervals
+from pointforge.implant.demo.workers import case_pool
 from pointforge.implant.evaluate import evaluate_predictions, write_reports
 
 
-def _summary(
-    s: DemoSettings,
-    case_ids: list[str],
-    curve: list[dict],
-    baseline_eval,
-    base_stats: dict,
-    kept: list[dict],
-    timings: dict[str, float],
-    placements: list[dict],
-    oracle_eval,
-) -> dict:
-    summary = {
+def _summary(s: DemoSettings, case_ids: list[str], curve: list[dict], test: dict, scored: dict, extra: dict) -> dict:
+    """Every number of the run; ``scored``: the test cases' evaluations by method (pipeline, baseline, oracle)."""
+    chosen = chosen_phase(curve)
+    found = intervals(scored, case_ids, seed=s.seed)
+    return {
         "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(s).items()},
         "cases": case_ids,
-        "pipeline": curve[chosen_phase(curve)]["evaluation"].summary,
-        "baseline": baseline_eval.summary,
-        "curve": [
-            {
-                "minutes": c["minutes"],
-                "steps": c["steps"],
-                "failed": c["failed"],
-                "dsc_mean": mean_dsc(c["evaluation"], case_ids),
-                "val_dsc_mean": c.get("val_dsc_mean"),
-                "placement": p,
-            }
-            for c, p in zip(curve, placements)
-        ],
-        "oracle": oracle_eval.summary,
-        "oracle_dsc_mean": mean_dsc(oracle_eval, case_ids),
-        "baseline_dsc_mean": mean_dsc(baseline_eval, case_ids),
-        "baseline_info": base_stats,
-        "phases": kept,
-        "timings_s": {k: round(v, 1) for k, v in timings.items()},
+        "curve": [{k: v for k, v in c.items() if k != "val_evaluation"} for c in curve],
+        "chosen": chosen,
+        "test": {
+            "minutes": curve[chosen]["minutes"],
+            "steps": curve[chosen]["steps"],
+            "failed": test["failed"],
+            "placement": test["placement"],
+        },
+        **{name: ev.summary for name, ev in scored.items()},
+        **{f"{name}_dsc_mean": mean_dsc(ev, case_ids) for name, ev in scored.items()},
+        "intervals": found,
+        "beats_baseline": beats(found),
+        **extra,
     }
-    summary["chosen"] = chosen_phase(curve)
-    pipe = summary["curve"][summary["chosen"]]["dsc_mean"]
-    base = summary["baseline_dsc_mean"]
-    summary["beats_baseline"] = bool(pipe is not None and base is not None and pipe > base)
-    return summary
+
+
+def _score(out: Path, s: DemoSettings, kept: list[dict], paths: tuple[Path, Path], times, stages, log, progress):
+    """Stages 3 to 6 on one pool of worker processes: the probe of every phase, the chosen phase's test
+    cases, the oracle and the baseline. Returns (curve, test, evaluations by method, baseline info)."""
+    raw, prepared = paths
+    dataset = PreparedDataset(prepared)
+    test_cases = dataset.split("test")
+    case_ids = [c.case_id for c in test_cases]
+    with case_pool(s.workers or available_cores()) as pool:
+        t = time.perf_counter()
+        curve = probe_phases(s, kept, dataset, pool, times, log, progress)
+        stages["probe_s"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        chosen = chosen_phase(curve)
+        test = score_test(out, s, kept[chosen], paths, pool, times, log, progress)
+        stages["test_s"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        log(
+            "[5/7] oracle: the true implant points through the same voxelizer and clean-up (what a perfect PCDiff would reach)"
+        )
+        oracle = run_oracle(dataset, kept[chosen], s, test_cases, pool, times, progress)
+        write_reports(oracle, out / "oracle")
+        stages["oracle_s"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        n_atlas = len({c.skull_id for c in dataset.split("train")})
+        log(f"[6/7] baseline: the defect filled with the mean of the {n_atlas} registered training skulls")
+        base_stats = run_baseline(dataset, out / "baseline", pool, times, progress)
+    with times.timed("scoring"):
+        baseline = evaluate_predictions(out / "baseline", raw, cases=case_ids, progress=scoring_progress(progress))
+        write_reports(baseline, out / "baseline")
+    stages["baseline_s"] = time.perf_counter() - t
+    return curve, test, {"pipeline": test["evaluation"], "baseline": baseline, "oracle": oracle}, base_stats
 
 
 def run_demo(
@@ -83,51 +105,31 @@ def run_demo(
     out = Path(out)
     check_out(out)
     out.mkdir(parents=True, exist_ok=True)
-    timings: dict[str, float] = {}
+    times, stages = TimeSplit(), {}
     started = t = time.perf_counter()
-    raw, prepared = make_data(out, s, log, progress)
-    timings["data_s"] = time.perf_counter() - t
-    dataset = PreparedDataset(prepared)
-    test_cases = dataset.split("test")
-    case_ids = [c.case_id for c in test_cases]
-    val_ids = [c.case_id for c in dataset.split("val")]
+    with times.timed("data"):
+        raw, prepared = make_data(out, s, log, progress)
+    stages["data_s"] = time.perf_counter() - t
+    case_ids = [c.case_id for c in PreparedDataset(prepared).split("test")]
 
     t = time.perf_counter()
-    kept = train_phases(out, s, prepared, log, progress)
-    timings["train_s"] = time.perf_counter() - t
+    with times.timed("training"):
+        kept = train_phases(out, s, prepared, log, progress)
+    stages["train_s"] = time.perf_counter() - t
 
-    t = time.perf_counter()
-    curve = generate_and_evaluate(out, s, kept, raw, prepared, {"test": case_ids, "val": val_ids}, log, progress)
-    placements = [placement_summary(dataset, c["root"], test_cases) for c in curve]
-    chosen = chosen_phase(curve)
-    timings["generate_evaluate_s"] = time.perf_counter() - t
+    curve, test, scored, base_stats = _score(out, s, kept, (raw, prepared), times, stages, log, progress)
+    summary = _summary(s, case_ids, curve, test, scored, {"baseline_info": base_stats, "phases": kept})
 
-    t = time.perf_counter()
-    log(
-        "[4/6] oracle: the true implant points through the same voxelizer and clean-up (what a perfect PCDiff would reach)"
-    )
-    run_oracle(dataset, out / "oracle", kept[chosen], s, test_cases, progress)
-    oracle_eval = evaluate_predictions(out / "oracle", raw, cases=case_ids, progress=scoring_progress(progress))
-    write_reports(oracle_eval, out / "oracle")
-    timings["oracle_s"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    log(
-        f"[5/6] baseline: the defect filled with the mean of the {len({c.skull_id for c in dataset.split('train')})} registered training skulls"
-    )
-    base_root = out / "baseline"
-    base_stats = run_baseline(prepared, base_root, progress)
-    baseline_eval = evaluate_predictions(base_root, raw, cases=case_ids, progress=scoring_progress(progress))
-    write_reports(baseline_eval, base_root)
-    timings["baseline_s"] = time.perf_counter() - t
-
-    summary = _summary(s, case_ids, curve, baseline_eval, base_stats, kept, timings, placements, oracle_eval)
-
-    log("[6/6] writing the report")
-    t = time.perf_counter()
-    timings["report_s"] = 0.0
+    log("[7/7] writing the report")
+    # The report shows where the time went up to its own writing; demo.json adds the report's seconds.
+    summary["timings_s"] = {k: round(v, 1) for k, v in stages.items()}
     summary["timings_s"]["total_s"] = round(time.perf_counter() - started, 1)
-    md, page = write_report(out, summary, curve, baseline_eval, base_root)
+    summary["time_split_s"] = times.table(time.perf_counter() - started)
+    t = time.perf_counter()
+    with times.timed("report"):
+        md, page = write_report(out, summary, test, scored["baseline"])
     summary["timings_s"]["report_s"] = round(time.perf_counter() - t, 1)
+    summary["timings_s"]["total_s"] = round(time.perf_counter() - started, 1)
+    summary["time_split_s"] = times.table(time.perf_counter() - started)
     atomic_write_text(out / "demo.json", json.dumps(json_safe(summary), indent=1))
     return DemoResult(out=out, report_md=md, report_html=page, summary=summary)

@@ -1,93 +1,189 @@
-"""The demo's scoring: implants with each phase's models, the oracle and the baseline, all evaluated alike.
+"""The demo's scoring: a cheap probe of every phase on the validation cases, then the chosen phase in full.
 
-The phase the report is about is chosen on the validation cases
-(:func:`chosen_phase`), never on the test cases.
+Every phase's models are *probed* on the validation cases (a small ensemble,
+few sampler steps, nothing written but the scores; :mod:`.budget` sizes it);
+the phase with the best validation DSC is chosen (:func:`chosen_phase`), so
+the test cases never choose. Only the chosen phase generates the test cases
+with every output (implant, mesh, preview, 3-D view) and the demo's own
+ensemble and sampler. The oracle (the true implant points through the chosen
+voxelizer and clean-up) is scored in memory; the baseline is written and
+scored like the pipeline. The cases run on a pool of one-thread worker
+processes (:mod:`.workers`), one per core.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import torch
 
 from pointforge.data.skulls.prepared import PreparedDataset
-from pointforge.data.volumes import read_binary_volume, write_volume
-from pointforge.implant.baseline import Atlas, mean_skull_implant
+from pointforge.implant.demo.budget import TimeSplit
 from pointforge.implant.demo.settings import DemoSettings
-from pointforge.implant.evaluate import evaluate_predictions, write_reports
-from pointforge.implant.folder import generate_folder
-from pointforge.implant.pipeline import GenerateOptions, load_models
-from pointforge.implant.view import PLOTLY_JS
-from pointforge.implant.writer import generate_case
-from pointforge.tasks.pcdiff.placement import placement_metrics
+from pointforge.implant.demo.workers import (
+    Checkpoints,
+    baseline_case,
+    case_jobs,
+    placement_mm,
+    run_cases,
+    score_case,
+    write_case,
+)
+from pointforge.implant.evaluate import Evaluation, evaluate_predictions, summarise, write_reports
+from pointforge.implant.pipeline import GenerateOptions
+from pointforge.implant.view import PLOTLY_JS, write_plotly_js
 
 
-def generate_and_evaluate(
-    out: Path,
+def full_options(s: DemoSettings) -> GenerateOptions:
+    """The demo's generation for the test cases and the oracle: its ensemble, sampler and steps."""
+    return GenerateOptions(ensemble=s.ensemble, sampler=s.sampler, steps=s.steps, seed=s.seed)
+
+
+def probe_options(s: DemoSettings) -> GenerateOptions:
+    """The probe's generation: the same sampler with fewer proposals and steps (:mod:`.budget`)."""
+    steps = None if s.steps is None else min(s.steps, s.probe_steps)
+    return GenerateOptions(ensemble=min(s.ensemble, s.probe_ensemble), sampler=s.sampler, steps=steps, seed=s.seed)
+
+
+def spread_cases(cases: list, n: int) -> list:
+    """At most ``n`` of ``cases``, taken in turn from each defect class so a short list covers them all."""
+    by_class: dict[str, list] = {}
+    for case in cases:
+        by_class.setdefault(case.defect, []).append(case)
+    order = sorted(range(len(cases)), key=lambda k: (_rank_in_class(cases, k, by_class), cases[k].defect))
+    return [cases[k] for k in sorted(order[:n])]
+
+
+def _rank_in_class(cases: list, k: int, by_class: dict[str, list]) -> int:
+    return by_class[cases[k].defect].index(cases[k])
+
+
+def mean_placement(rows: list[dict]) -> dict[str, float]:
+    """The means of per-case placements over the cases."""
+    return {name: float(np.mean([r[name] for r in rows])) for name in (rows[0] if rows else {}) if name != "case"}
+
+
+def _collected(results: list[dict], wall: float, times: TimeSplit) -> tuple[Evaluation, dict[str, str], list[dict]]:
+    """The workers' results as an evaluation (a failed case has no row and is listed as missing: it
+    counts as DSC 0 in :func:`mean_dsc`), the failures and the placements; ``wall`` seconds are
+    split between generating and scoring as the workers' own seconds were."""
+    evaluation, failed, placements = Evaluation(), {}, []
+    for r in results:
+        if "failed" in r:
+            failed[r["case_id"]] = r["failed"]
+            evaluation.missing.append(r["case_id"])
+        else:
+            evaluation.rows.append(r["row"])
+            placements.append(r["placement"])
+    evaluation.summary = summarise(evaluation.rows)
+    evaluation.seconds = wall
+    _split_wall(times, wall, results)
+    return evaluation, failed, placements
+
+
+def _split_wall(times: TimeSplit, wall: float, results: list[dict]) -> None:
+    generating = sum(r.get("generating_s", 0.0) for r in results)
+    scoring = sum(r.get("scoring_s", 0.0) for r in results)
+    share = generating / (generating + scoring) if generating + scoring > 0 else 1.0
+    times.add("generating", wall * share)
+    times.add("scoring", wall * (1.0 - share))
+
+
+def _checkpoints(snap: dict, s: DemoSettings) -> Checkpoints:
+    return Checkpoints(snap["pcdiff"]["checkpoint"], snap["voxelizer"]["checkpoint"], s.device)
+
+
+def probe_phases(
     s: DemoSettings,
     kept: list[dict],
-    raw: Path,
-    prepared: Path,
-    case_ids: dict[str, list[str]],
+    dataset: PreparedDataset,
+    pool: Executor,
+    times: TimeSplit,
     log: Callable[[str], None],
     progress,
 ) -> list[dict]:
-    """Stage 3: implants for the held-out cases with each phase's checkpoints, each set evaluated.
+    """Stage 3: every phase's models on the validation cases, generated cheaply: the learning curve and the choice.
 
-    ``case_ids`` by split: the test cases make the curve and the verdict; the
-    validation cases (when the split has any) choose the phase whose models
-    the verdict is about, so the test cases play no part in that choice.
+    Without validation cases the curve holds the phases' steps only and the last phase is chosen.
     """
+    cases = spread_cases(dataset.split("val"), s.probe_cases)
+    jobs = case_jobs(dataset, cases)
+    options = probe_options(s)
     curve = []
-    for k, snap in enumerate(kept):
-        label = "final" if k == len(kept) - 1 else f"{snap['minutes']:.2f}min"
-        log(f"[3/6] generating implants with the models after {snap['minutes']:g} min")
-        models = load_models(snap["pcdiff"]["checkpoint"], snap["voxelizer"]["checkpoint"], device=s.device)
-        scored = {}
-        for split, root in (("test", out / "implants" / label), ("val", out / "implants" / "validation" / label)):
-            if case_ids.get(split):
-                scored[split] = _score_split(
-                    s, models, split, root, (raw, prepared, out / PLOTLY_JS), case_ids[split], log, progress, snap
-                )
-        gen, evaluation = scored["test"]
-        val = scored.get("val")
-        curve.append(
-            {
-                "minutes": snap["minutes"],
-                "steps": {n: snap[n]["step"] for n in ("pcdiff", "voxelizer")},
-                "failed": gen.failed,
-                "evaluation": evaluation,
-                "root": out / "implants" / label,
-                "val_dsc_mean": mean_dsc(val[1], case_ids["val"]) if val else None,
-            }
-        )
+    for snap in kept:
+        entry = {"minutes": snap["minutes"], "steps": {n: snap[n]["step"] for n in ("pcdiff", "voxelizer")}}
+        entry.update(val_dsc_mean=None, val_failed={}, placement={}, val_cases=[c.case_id for c in cases])
+        if cases:
+            log(
+                f"[3/7] probing the models after {snap['minutes']:g} min on {len(cases)} validation cases "
+                f"({options.ensemble} proposals, {options.sampler} {options.steps or 'all'} steps)"
+            )
+            start = time.perf_counter()
+            results = run_cases(
+                pool,
+                score_case,
+                jobs,
+                _checkpoints(snap, s),
+                options,
+                progress=(lambda d, n: progress("probe", d, n, snap["minutes"])) if progress else None,
+            )
+            evaluation, failed, placements = _collected(results, time.perf_counter() - start, times)
+            entry.update(
+                val_dsc_mean=mean_dsc(evaluation, entry["val_cases"]),
+                val_failed=failed,
+                placement=mean_placement(placements),
+            )
+        curve.append(entry)
     return curve
 
 
-def _score_split(s: DemoSettings, models, split: str, root: Path, paths: tuple, ids, log, progress, snap):
-    """Implants for one split's cases into ``root``, evaluated against the true implants: (generated, evaluation).
+def score_test(
+    out: Path,
+    s: DemoSettings,
+    snap: dict,
+    paths: tuple[Path, Path],
+    pool: Executor,
+    times: TimeSplit,
+    log: Callable[[str], None],
+    progress,
+) -> dict:
+    """Stage 4: the chosen phase's implants for the test cases, every output written, then scored.
 
-    ``paths``: the raw dataset, the prepared one and the shared plotly.js.
+    ``paths``: the raw dataset and the prepared one. Returns the root, the
+    failures, the evaluation and the placement of the generated points.
     """
-    raw, prepared, viewer_js = paths
-    log(f"      {len(ids)} {'validation' if split == 'val' else 'test'} cases → {root}")
-    gen = generate_folder(
-        prepared,
-        root,
-        models,
-        GenerateOptions(ensemble=s.ensemble, sampler=s.sampler, steps=s.steps, seed=s.seed),
-        split=split,
-        log=log,
-        progress=(lambda d, n: progress("generate", d, n, snap["minutes"])) if progress else None,
-        viewer_js=viewer_js,
+    raw, prepared = paths
+    dataset = PreparedDataset(prepared)
+    cases = dataset.split("test")
+    root = out / "implants" / "test"
+    log(
+        f"[4/7] generating the {len(cases)} test cases' implants with the models after {snap['minutes']:g} min → {root}"
     )
-    evaluation = evaluate_predictions(root, raw, cases=ids, progress=scoring_progress(progress))
-    write_reports(evaluation, root)
-    return gen, evaluation
+    write_plotly_js(out / PLOTLY_JS)  # once, before the workers link every case's view to it
+    with times.timed("generating"):
+        results = run_cases(
+            pool,
+            write_case,
+            case_jobs(dataset, cases),
+            _checkpoints(snap, s),
+            full_options(s),
+            str(root),
+            str(out / PLOTLY_JS),
+            progress=(lambda d, n: progress("generate", d, n, snap["minutes"])) if progress else None,
+        )
+    failed = {r["case_id"]: r["failed"] for r in results if r["failed"] is not None}
+    for case_id, message in failed.items():
+        log(f"case {case_id} failed: {message}")
+    with times.timed("scoring"):
+        case_ids = [c.case_id for c in cases]
+        evaluation = evaluate_predictions(root, raw, cases=case_ids, progress=scoring_progress(progress))
+        write_reports(evaluation, root)
+        placements = placement_rows(dataset, root, cases)
+    return {"root": root, "failed": failed, "evaluation": evaluation, "placement": mean_placement(placements)}
 
 
 def chosen_phase(curve: list[dict]) -> int:
@@ -107,76 +203,44 @@ def scoring_progress(progress):
     return (lambda d, n: progress("score", d, n, None)) if progress else None
 
 
-def run_oracle(dataset: PreparedDataset, out: Path, snapshot: dict, s: DemoSettings, cases, progress=None) -> None:
-    """Each test case's true implant points, as ``s.ensemble`` proposals, through the pipeline after PCDiff."""
-    options = GenerateOptions(ensemble=s.ensemble, sampler=s.sampler, steps=s.steps, seed=s.seed)
-    models = load_models(snapshot["pcdiff"]["checkpoint"], snapshot["voxelizer"]["checkpoint"], device=s.device)
-    n_implant = models.pcdiff.config.n_implant
-    rng = np.random.default_rng(s.seed)
-    for k, case in enumerate(cases):
-        if progress and k == 0:
-            progress("oracle", 0, len(cases), None)
-        meta = dataset.meta(case.implant)
-        points = np.asarray(dataset.points(case.implant), dtype=np.float64)
-        affine = (
-            np.asarray(meta["direction"], dtype=np.float64) * np.asarray(meta["spacing"], dtype=np.float64)[None, :]
-        )
-        points_mm = points @ affine.T + np.asarray(meta["origin"], dtype=np.float64)
-        chosen = np.stack(
-            [
-                points_mm[rng.choice(len(points_mm), n_implant, replace=len(points_mm) < n_implant)]
-                for _ in range(s.ensemble)
-            ]
-        )
-        generate_case(
-            dataset.meta(case.defective)["source"],
-            out / case.case_id,
-            models,
-            options,
-            proposals_mm=chosen,
-            title=f"{case.case_id}: oracle (true implant points)",
-            viewer_js=out.parent / PLOTLY_JS,
-        )
-        if progress:
-            progress("oracle", k + 1, len(cases), None)
+def run_oracle(
+    dataset: PreparedDataset, snap: dict, s: DemoSettings, cases, pool: Executor, times: TimeSplit, progress=None
+) -> Evaluation:
+    """Each test case's true implant points, as ``s.ensemble`` proposals, through the pipeline after PCDiff; scored."""
+    start = time.perf_counter()
+    results = run_cases(
+        pool,
+        score_case,
+        case_jobs(dataset, cases),
+        _checkpoints(snap, s),
+        full_options(s),
+        True,
+        progress=(lambda d, n: progress("oracle", d, n, None)) if progress else None,
+    )
+    return _collected(results, time.perf_counter() - start, times)[0]
 
 
-def run_baseline(prepared: Path, out: Path, progress=None) -> dict:
+def run_baseline(dataset: PreparedDataset, out: Path, pool: Executor, times: TimeSplit, progress=None) -> dict:
     """Mean-of-registered-training-skulls implants for the test split into ``out/<case_id>/implant.nrrd``."""
-    data = PreparedDataset(prepared)
-    atlas = Atlas.from_prepared(data, split="train")
-    seconds = []
-    cases = data.split("test")
-    for k, case in enumerate(cases):
-        if progress and k == 0:
-            progress("baseline", 0, len(cases), None)
-        t = time.perf_counter()
-        defective = read_binary_volume(data.meta(case.defective)["source"])
-        implant = mean_skull_implant(defective, atlas)
-        write_volume(out / case.case_id / "implant.nrrd", implant)
-        seconds.append(time.perf_counter() - t)
-        if progress:
-            progress("baseline", k + 1, len(cases), None)
-    return {"atlas_skulls": len(atlas), "seconds_per_case": round(sum(seconds) / max(len(seconds), 1), 2)}
+    cases = dataset.split("test")
+    with times.timed("generating"):
+        results = run_cases(
+            pool,
+            baseline_case,
+            case_jobs(dataset, cases),
+            str(out),
+            progress=(lambda d, n: progress("baseline", d, n, None)) if progress else None,
+        )
+    seconds = sum(r["generating_s"] for r in results)
+    atlas_skulls = len({c.skull_id for c in dataset.split("train")})
+    return {"atlas_skulls": atlas_skulls, "seconds_per_case": round(seconds / max(len(results), 1), 2)}
 
 
 def placement_rows(dataset: PreparedDataset, root: Path, cases) -> list[dict]:
-    """Per case generated under ``root``: the placement of its generated points (mm) against the true
-    implant points (:func:`pointforge.tasks.pcdiff.placement.placement_metrics`, the case's proposals averaged)."""
+    """Per case generated under ``root`` (its ``proposals/points.npy``): where its points lie (:func:`placement_mm`)."""
     rows = []
     for case in cases:
         path = root / case.case_id / "proposals" / "points.npy"
-        if not path.is_file():
-            continue
-        spacing = np.asarray(dataset.meta(case.defective)["spacing"], dtype=np.float64)
-        pred = torch.from_numpy(np.load(path).astype(np.float64) * spacing)
-        true = torch.from_numpy(np.asarray(dataset.points(case.implant), dtype=np.float64) * spacing)
-        found = placement_metrics(pred, true[None].expand(len(pred), -1, -1))
-        rows.append({"case": case.case_id, **{name: float(values.mean()) for name, values in found.items()}})
+        if path.is_file():
+            rows.append({"case": case.case_id, **placement_mm(dataset, case.defective, case.implant, np.load(path))})
     return rows
-
-
-def placement_summary(dataset: PreparedDataset, root: Path, cases) -> dict[str, float]:
-    """The means of :func:`placement_rows` over the cases."""
-    rows = placement_rows(dataset, root, cases)
-    return {name: float(np.mean([r[name] for r in rows])) for name in (rows[0] if rows else {}) if name != "case"}

@@ -7,22 +7,29 @@ from pathlib import Path
 from typing import Callable
 
 from pointforge.data.prepare import prepare_dataset
-from pointforge.data.synthetic.dataset import synthesize
+from pointforge.data.synthetic.dataset import FAMILIES, synthesize
 from pointforge.errors import DataError, UserError
+from pointforge.implant.demo import budget
 
 
 @dataclass
 class DemoSettings:
-    minutes: float = 5.0  # training wall-clock budget; the two models train side by side
-    skulls: int = 10
+    """What the demo does; the defaults are `make demo`'s, sized by :mod:`.budget` to about ten minutes on 2 cores."""
+
+    minutes: float = budget.DEFAULT_MINUTES  # training wall-clock budget; the two models train side by side
+    family: str = "anatomical"  # the synthetic skull family (pointforge.data.synthetic.dataset.FAMILIES)
+    skulls: int = budget.DEFAULT_SKULLS
     size: int = 64
     points: int = 16_384  # surface points per prepared volume
-    split: str = "0.6,0.2,0.2"
+    split: str = budget.DEFAULT_SPLIT
     seed: int = 0
     ensemble: int = 5
     sampler: str = "dpm++2m"
     steps: int | None = 20
-    phases: tuple[float, ...] = (0.25, 0.5, 1.0)  # fractions of the budget at which the models are evaluated
+    phases: tuple[float, ...] = budget.PHASES  # fractions of the budget after which the models are kept and probed
+    probe_cases: int = budget.PROBE_CASES  # validation cases each phase is probed on
+    probe_ensemble: int = budget.PROBE_ENSEMBLE
+    probe_steps: int = budget.PROBE_STEPS
     device: str = "auto"
     workers: int | None = None
     data: str | None = None  # a raw SkullBreak/SkullFix folder to use instead of synthetic skulls
@@ -30,6 +37,10 @@ class DemoSettings:
     def validate(self) -> None:
         if not self.minutes > 0:
             raise UserError(f"--minutes must be positive, got {self.minutes}")
+        if self.family not in FAMILIES:
+            raise UserError(f"--family {self.family!r}: no such skull family; choose one of: {', '.join(FAMILIES)}")
+        if self.probe_cases < 1 or self.probe_ensemble < 1 or self.probe_steps < 1:
+            raise UserError("the probe's cases, ensemble and steps must each be at least 1")
         if self.data is not None and not Path(self.data).is_dir():
             raise UserError(f"--data {self.data}: no such folder; give a raw SkullBreak or SkullFix dataset folder")
         if self.skulls < 5:
@@ -57,11 +68,14 @@ def make_data(out: Path, s: DemoSettings, log: Callable[[str], None], progress) 
     """Stage 1: the raw dataset (synthetic, or the user's ``s.data``) and its prepared form under ``out/data``."""
     raw, prepared = out / "data" / "raw", out / "data" / "prepared"
     if s.data is None:
-        log(f"[1/6] synthesising {s.skulls} SkullBreak-style skulls at {s.size}³ and preparing them → {out / 'data'}")
-        synthesize(raw, s.skulls, s.size, s.seed, layout="skullbreak")
+        log(
+            f"[1/7] synthesising {s.skulls} SkullBreak-style skulls of the {s.family} family at {s.size}³ "
+            f"and preparing them → {out / 'data'}"
+        )
+        synthesize(raw, s.skulls, s.size, s.seed, layout="skullbreak", family=s.family)
     else:
         raw = Path(s.data)
-        log(f"[1/6] preparing {raw} (split {s.split} by skull) → {prepared}")
+        log(f"[1/7] preparing {raw} (split {s.split} by skull) → {prepared}")
     prep = prepare_dataset(
         raw,
         prepared,

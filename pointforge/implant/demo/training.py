@@ -120,7 +120,7 @@ def train_phases(out: Path, s: DemoSettings, prepared: Path, log: Callable[[str]
     for k, fraction in enumerate(s.phases):
         minutes = (fraction - done_fraction) * s.minutes
         log(
-            f"[2/6] training PCDiff and the voxelizer side by side: phase {k + 1}/{len(s.phases)}, "
+            f"[2/7] training PCDiff and the voxelizer side by side: phase {k + 1}/{len(s.phases)}, "
             f"{minutes:.2f} min (to {fraction * s.minutes:.2f} of {s.minutes:g} min)"
         )
         jobs = {

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pointforge.data.skulls.splits import parse_ratios
+from pointforge.data.synthetic.dataset import FAMILIES
 from pointforge.errors import ConfigError
 from pointforge.nn.diffusion.samplers.base import Sampler
 from pointforge.nn.diffusion.samplers.registry import make_sampler
@@ -46,10 +47,13 @@ class SyntheticSection:
     seed: int = 0
     points: int = 4096  # surface points kept per volume when preparing
     split: str = "0.5,0.25,0.25"  # train, val, test ratios, grouped by skull
+    family: str = "domes"  # the skull family (pointforge.data.synthetic.dataset.FAMILIES)
 
     # Called by PCDiffConfig.validate, which checks the optional sections
     # together with the keys that depend on them.
     def check(self, prefix: str) -> None:
+        if self.family not in FAMILIES:
+            raise ConfigError(f"config key '{prefix}.family' must be one of {', '.join(FAMILIES)}, got {self.family!r}")
         if not 2 <= self.skulls <= 1000:
             raise ConfigError(
                 f"config key '{prefix}.skulls' must be from 2 to 1000 (a training and a validation skull at least), got {self.skulls}"

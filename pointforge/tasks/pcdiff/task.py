@@ -136,6 +136,7 @@ def ensure_prepared_dataset(
         synthetic.points,
         log=_say,
         split=synthetic.split,
+        family=synthetic.family,
         timeout_s=3600.0 if lock_timeout_s is None else lock_timeout_s,
     )
 

@@ -102,6 +102,7 @@ def test_presets_load_and_paper_is_the_published_setup():
         ("task.eval.sampler=ddpm", "task.eval.steps"),
         ("task.n_skull=10", "task.n_skull"),
         ("task.synthetic.size=16", "task.synthetic.size"),
+        ("task.synthetic.family=blobs", "task.synthetic.family"),
         ("task.val_split=train", "task.val_split"),
     ],
 )
@@ -150,6 +151,10 @@ def test_synthetic_dataset_is_built_once_while_other_callers_wait(tmp_path, monk
     assert ensure_prepared_dataset(root, spec) == root and len(calls) == 1
     with pytest.raises(ConfigError, match="made with other settings"):
         ensure_prepared_dataset(root, SyntheticSection(skulls=3, size=64, seed=3, points=1000))
+    with pytest.raises(ConfigError, match="family 'domes' \\(asked 'anatomical'\\)"):
+        ensure_prepared_dataset(
+            root, SyntheticSection(skulls=2, size=64, seed=3, points=1000, split="0.5,0.5,0", family="anatomical")
+        )
     with pytest.raises(DataError, match="no prepared dataset here"):
         ensure_prepared_dataset(tmp_path / "nothing", None)
     (tmp_path / "junk").mkdir()
