@@ -24,7 +24,7 @@ from pointforge.implant.demo.run import run_demo
 from pointforge.implant.demo.scoring import chosen_phase, mean_dsc, spread_cases
 from pointforge.implant.demo.settings import DemoSettings
 from pointforge.implant.demo.training import decays, phase_worker, train_side_by_side
-from pointforge.implant.demo.verdict import case_values, intervals
+from pointforge.implant.demo.verdict import case_values, intervals, verdict_sentences
 from pointforge.implant.demo.workers import baseline_case, case_jobs, case_pool, run_cases
 from pointforge.implant.evaluate import Evaluation, summarise
 from pointforge.train.launch import worker_args
@@ -123,6 +123,10 @@ def test_a_failed_case_counts_as_dsc_0_and_leaves_the_hd95_comparison():
     assert values["pipeline"].tolist() == [0.8, 0.0, 0.6] and used == cases
     values, used = case_values({"pipeline": pipeline, "baseline": baseline}, cases, "hd95")
     assert used == ["bilateral/001", "random_2/001"] and values["baseline"].tolist() == [9.0, 3.0]
+    nothing = _evaluation(dict.fromkeys(cases))
+    found = intervals({"pipeline": nothing, "baseline": baseline}, cases)
+    assert found["hd95"]["cases"] == 0 and found["dsc"]["verdict"] == "loses to"
+    assert verdict_sentences(found)[2] == "HD95: no case where every method made an implant, nothing to compare"
 
 
 def test_beats_is_said_only_where_the_paired_interval_excludes_zero():

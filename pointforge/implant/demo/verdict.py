@@ -78,6 +78,9 @@ def verdict_sentences(found: dict[str, dict]) -> list[str]:
     sentences = []
     for entry in found.values():
         d = entry["difference"]
+        if not entry["cases"]:
+            sentences.append(f"{entry['label']}: no case where every method made an implant, nothing to compare")
+            continue
         digits = 2 if entry["lower_is_better"] else 3
         said = verdict_words("PCDiff's pipeline", entry["verdict"], "the baseline", entry["label"])
         sentences.append(
