@@ -20,7 +20,6 @@ import trimesh
 from typer.testing import CliRunner
 
 from pointforge.cli.main import app
-from pointforge.data.cache import ensure_synthetic_prepared
 from pointforge.data.skulls.prepared import PreparedDataset
 from pointforge.data.volumes import read_volume, write_volume
 from pointforge.errors import UserError
@@ -30,7 +29,7 @@ from pointforge.implant.writer import case_done, generate_case
 from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config
 from pointforge.train.engine import train
-from tests.helpers import CONFIGS, QUIET
+from tests.helpers import CONFIGS, QUIET, train_tiny_implant_models
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -40,43 +39,7 @@ QUIET = [*QUIET, "ckpt.every_minutes=0"]
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, one_thread):
     """(prepared root, raw root, pcdiff checkpoint, voxelizer checkpoint)."""
-    base = tmp_path_factory.mktemp("generate")
-    root = ensure_synthetic_prepared(base / "data", 4, 64, 0, 4096, log=lambda _m: None, split="0.5,0.25,0.25")
-    pc = load_train_config(
-        "pcdiff",
-        CONFIGS / "pcdiff" / "tiny.yaml",
-        [
-            *QUIET,
-            f"run.dir={base / 'pcdiff'}",
-            f"task.data_root={root}",
-            "task.synthetic=null",
-            "task.diffusion.timesteps=20",
-            "task.diffusion.beta_start=5e-3",
-            "task.diffusion.beta_end=0.25",
-            "train.epochs=1000",
-            "train.max_steps=150",
-            "train.eval_every=0",
-            "train.ema_decay=null",
-            "optim.lr=3e-3",
-        ],
-    )
-    vox = load_train_config(
-        "voxelizer",
-        CONFIGS / "voxelizer" / "tiny.yaml",
-        [
-            *QUIET,
-            f"run.dir={base / 'voxelizer'}",
-            f"task.data_root={root}",
-            "task.synthetic=null",
-            "train.epochs=1000",
-            "train.max_steps=30",
-            "train.eval_every=0",
-            "task.n_points=1024",
-        ],
-    )
-    pc_ckpt = train(get_task("pcdiff"), pc, console=False).checkpoint
-    vox_ckpt = train(get_task("voxelizer"), vox, console=False).checkpoint
-    return root, root / "raw", pc_ckpt, vox_ckpt
+    return train_tiny_implant_models(tmp_path_factory.mktemp("generate"))
 
 
 @pytest.fixture(scope="module")
