@@ -119,7 +119,9 @@ def read_series_zip(path: Path, members: list[zipfile.ZipInfo], *, max_voxels: i
         slope, intercept = float(ds.get("RescaleSlope", 1)), float(ds.get("RescaleIntercept", 0))
         hounsfield[:, :, k] = pixels.T.astype(np.float32) * slope + intercept
     mask = bone_mask(hounsfield)
-    volume = Volume(mask, spacing=spacing, origin=(float(origin[0]), float(origin[1]), float(origin[2])), direction=direction)
+    volume = Volume(
+        mask, spacing=spacing, origin=(float(origin[0]), float(origin[1]), float(origin[2])), direction=direction
+    )
     finest = min(spacing)
     if max(spacing) - finest > 1e-3 * finest:
         data, _ = resample_isotropic(volume, finest)

@@ -28,6 +28,7 @@ def _bind(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        sock.listen(2048)  # connections wait in the backlog from now on, before uvicorn's loop starts
     except OSError as exc:
         sock.close()
         raise UserError(f"cannot listen on {host}:{port} ({exc.strerror}); choose another --port or --host") from None

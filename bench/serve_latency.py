@@ -1,0 +1,105 @@
+"""A case served through `pointforge serve` against the same case run by `generate`, side by side.
+
+Per round, one case is generated in this process (``generate_case``, models
+loaded once, the same options as the service: what ``pointforge generate``
+does minus loading the models), then the same file is uploaded to a real
+`pointforge serve` process (loaded once, one worker) and the answer polled every
+50 ms until the job is done: upload, check, queue, generate, write and the
+poll itself. The rounds alternate so that the load of a shared machine falls
+on both alike; the first round of each is a warm-up and not counted. The
+overhead (served minus generate) is what the service adds to a case.
+
+    python bench/serve_latency.py --pcdiff CK --voxelizer CK --input skull.nrrd --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from _common import machine, print_table, write_json
+
+
+def start_server(args, data: Path) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, "-m", "pointforge", "serve", "--pcdiff", args.pcdiff, "--voxelizer", args.voxelizer]
+    cmd += ["--port", "0", "--data-dir", str(data), "--device", "cpu", "--threads", str(args.threads)]
+    cmd += ["--ensemble", str(args.ensemble), "--sampler", args.sampler, "--max-disk-gb", "100"]
+    cmd += ["--steps", str(args.steps)] if args.steps else []
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        found = re.search(r"listening on (http://\S+)", line)
+        if found:
+            return proc, found.group(1)
+    raise SystemExit(f"pointforge serve did not start (exit {proc.wait()})")
+
+
+def served_seconds(client: httpx.Client, body: bytes) -> float:
+    start = time.perf_counter()
+    job = client.post("/api/cases", params={"name": "bench.nrrd"}, content=body).json()
+    while (status := client.get(f"/api/cases/{job['id']}").json()["status"]) in ("queued", "running"):
+        time.sleep(0.05)
+    if status != "done":
+        raise SystemExit(f"the served case ended {status}")
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for flag in ("--pcdiff", "--voxelizer", "--input"):
+        parser.add_argument(flag, required=True)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--ensemble", type=int, default=2)
+    parser.add_argument("--sampler", default="ddim")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+
+    import torch
+
+    from pointforge.implant.pipeline import GenerateOptions, load_models
+    from pointforge.implant.writer import generate_case
+
+    torch.set_num_threads(args.threads)
+    models = load_models(args.pcdiff, args.voxelizer, device="cpu")
+    options = GenerateOptions(ensemble=args.ensemble, sampler=args.sampler, steps=args.steps)
+    body = Path(args.input).read_bytes()
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as scratch:
+        proc, url = start_server(args, Path(scratch) / "data")
+        rows = []
+        try:
+            with httpx.Client(base_url=url, timeout=60) as client:
+                for k in range(args.rounds + 1):
+                    start = time.perf_counter()
+                    generate_case(args.input, Path(scratch) / f"case{k}", models, options)
+                    generated = time.perf_counter() - start
+                    served = served_seconds(client, body)
+                    if k:
+                        rows.append((k, generated, served, served - generated))
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    overhead = [r[3] for r in rows]
+    print(machine())
+    print_table(["round", "generate s", "served s", "overhead s"], rows)
+    summary = {
+        "generate_median_s": statistics.median(r[1] for r in rows),
+        "served_median_s": statistics.median(r[2] for r in rows),
+        "overhead_median_s": statistics.median(overhead),
+        "overhead_max_s": max(overhead),
+    }
+    print(", ".join(f"{k} {v:.3f}" for k, v in summary.items()), f"(load average {load:.1f} at start)")
+    write_json("serve_latency", {"machine": machine(), "args": vars(args), "rows": rows, **summary, "load": load})
+
+
+if __name__ == "__main__":
+    main()
