@@ -2,7 +2,8 @@
 
 Per round, one case is generated in this process (``generate_case``, models
 loaded once, the same options as the service: what ``pointforge generate``
-does minus loading the models), then the same file is uploaded to a real
+does minus loading the models), once as the command writes it and once
+without preview.png as the service writes it, then the same file is uploaded to a real
 `pointforge serve` process (loaded once, one worker) and the answer polled every
 50 ms until the job is done: upload, check, queue, generate, write and the
 poll itself. The rounds alternate so that the load of a shared machine falls
@@ -25,6 +26,7 @@ import time
 from pathlib import Path
 
 import httpx
+
 from _common import machine, print_table, write_json
 
 
@@ -80,20 +82,24 @@ def main() -> None:
             with httpx.Client(base_url=url, timeout=60) as client:
                 for k in range(args.rounds + 1):
                     start = time.perf_counter()
-                    generate_case(args.input, Path(scratch) / f"case{k}", models, options)
+                    generate_case(args.input, Path(scratch) / f"cli{k}", models, options)
+                    as_cli = time.perf_counter() - start
+                    start = time.perf_counter()
+                    generate_case(args.input, Path(scratch) / f"case{k}", models, options, preview=False)
                     generated = time.perf_counter() - start
                     served = served_seconds(client, body)
                     if k:
-                        rows.append((k, generated, served, served - generated))
+                        rows.append((k, as_cli, generated, served, served - generated))
         finally:
             proc.terminate()
             proc.wait(30)
-    overhead = [r[3] for r in rows]
+    overhead = [r[4] for r in rows]
     print(machine())
-    print_table(["round", "generate s", "served s", "overhead s"], rows)
+    print_table(["round", "generate (CLI) s", "generate, no preview s", "served s", "overhead s"], rows)
     summary = {
-        "generate_median_s": statistics.median(r[1] for r in rows),
-        "served_median_s": statistics.median(r[2] for r in rows),
+        "generate_cli_median_s": statistics.median(r[1] for r in rows),
+        "generate_median_s": statistics.median(r[2] for r in rows),
+        "served_median_s": statistics.median(r[3] for r in rows),
         "overhead_median_s": statistics.median(overhead),
         "overhead_max_s": max(overhead),
     }

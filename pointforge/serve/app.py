@@ -8,7 +8,7 @@ Routes (the OpenAPI schema is at ``/openapi.json``, browsable at ``/docs``):
   checked, stored, queued; 201 with the job, or 400/413/415 with one line in ``detail``;
 * ``GET /api/cases`` every job, newest first; ``GET /api/cases/{id}`` one job and its report's summary;
 * ``GET /api/cases/{id}/files/{kind}`` a download (``implant``, ``uncertainty``, ``completed_skull``,
-  ``stl``, ``report``, ``preview``); ``DELETE /api/cases/{id}`` removes a case that is not running;
+  ``stl``, ``report``); ``DELETE /api/cases/{id}`` removes a case that is not running;
 * ``GET /cases/{id}/view.html`` the 3-D view `generate` writes (and ``/cases/plotly.min.js``).
 
 Ids are made by the server and checked against the store before any file is
@@ -37,7 +37,7 @@ from pointforge.serve.worker import DataLayout
 
 __all__ = ["create_app", "DOWNLOADS"]
 
-DOWNLOADS = {"implant", "uncertainty", "completed_skull", "stl", "report", "preview"}
+DOWNLOADS = {"implant", "uncertainty", "completed_skull", "stl", "report"}
 _MEDIA = {".js": "text/javascript", ".css": "text/css", ".html": "text/html"}
 _NAME_CHARS = 120
 

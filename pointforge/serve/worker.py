@@ -133,6 +133,7 @@ class WorkerPool:
                 progress=lambda stage, done, total: self.store.progress(job.id, stage, done, total),
                 title=f"{job.name}: generated implant",
                 viewer_js=self.layout.plotly_js,
+                preview=False,  # the page shows the 3-D view; preview.png would double a small case's time
             )
         except UserError as exc:
             self.store.fail(job.id, str(exc).replace(str(self.layout.upload(job)), "the upload"))

@@ -1,7 +1,8 @@
 """`pointforge generate`: the whole pipeline on tiny trained models, its outputs, and bad inputs.
 
-The models are trained here through the engine, small enough to take about half
-a minute together: PCDiff tiny on a short schedule (T = 20, as the overfit test
+The models are trained through the engine once per test session
+(``tiny_implant_models`` in tests/conftest.py, shared with the serve tests),
+small enough to take about half a minute together: PCDiff tiny on a short schedule (T = 20, as the overfit test
 in test_pcdiff_quality.py) so its samples land on the skull after a few hundred
 steps, and the tiny voxelizer. They are far from good; these tests check what
 the pipeline does with whatever the models propose (geometry, files, errors),
@@ -29,7 +30,7 @@ from pointforge.implant.writer import case_done, generate_case
 from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config
 from pointforge.train.engine import train
-from tests.helpers import CONFIGS, QUIET, train_tiny_implant_models
+from tests.helpers import CONFIGS, QUIET
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -37,9 +38,9 @@ QUIET = [*QUIET, "ckpt.every_minutes=0"]
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, one_thread):
-    """(prepared root, raw root, pcdiff checkpoint, voxelizer checkpoint)."""
-    return train_tiny_implant_models(tmp_path_factory.mktemp("generate"))
+def trained(tiny_implant_models):
+    """(prepared root, raw root, pcdiff checkpoint, voxelizer checkpoint), shared with the serve tests."""
+    return tiny_implant_models
 
 
 @pytest.fixture(scope="module")

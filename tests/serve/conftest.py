@@ -1,4 +1,4 @@
-"""The serve tests' shared pieces: tiny trained models (once per session) and a small defective skull."""
+"""The serve tests' shared pieces: the session's tiny trained models and a small defective skull."""
 
 from __future__ import annotations
 
@@ -6,11 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import torch_threads, train_tiny_implant_models
-
 
 @pytest.fixture(scope="session")
-def tiny_models(tmp_path_factory) -> tuple[Path, Path, Path]:
+def tiny_models(tiny_implant_models) -> tuple[Path, Path, Path]:
     """(pcdiff checkpoint, voxelizer checkpoint, a defective skull of the test split at half resolution).
 
     Half resolution (32³, 2× the spacing) keeps a served case to a few seconds on a busy
@@ -20,8 +18,7 @@ def tiny_models(tmp_path_factory) -> tuple[Path, Path, Path]:
     from pointforge.data.skulls.prepared import PreparedDataset
     from pointforge.data.volumes import read_volume, write_volume
 
-    with torch_threads(1):
-        root, _, pcdiff, voxelizer = train_tiny_implant_models(tmp_path_factory.mktemp("serve-models"))
+    root, _, pcdiff, voxelizer = tiny_implant_models
     data = PreparedDataset(root)
     case = data.split("test")[0]
     full = read_volume(data.meta(case.defective)["source"])

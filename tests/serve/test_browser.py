@@ -30,7 +30,7 @@ pytestmark = [
         CHROMIUM is None or CHROMEDRIVER is None,
         reason="no chromium or chromedriver on PATH (apt-get install chromium chromium-driver; .ci/run installs them)",
     ),
-    pytest.mark.timeout(240),
+    pytest.mark.timeout(600),  # the tiny models may be trained first, in the session fixture
 ]
 
 

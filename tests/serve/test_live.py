@@ -15,7 +15,7 @@ import pytest
 
 from tests.serve.live import LiveServer
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(600)  # the tiny models are trained first, in the session fixture
 
 
 def case_folders(data_dir):
