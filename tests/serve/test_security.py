@@ -153,3 +153,14 @@ def test_the_shape_of_an_accepted_upload_is_reported(tmp_path):
     body = write_volume(tmp_path / "m.nrrd", mask).read_bytes()
     made = client.post("/api/cases", content=body)
     assert made.status_code == 201 and made.json()["shape"] == [10, 12, 14] and made.json()["status"] == "queued"
+
+
+def test_the_command_refuses_a_network_address_without_a_token_in_one_line(tmp_path):
+    from tests.helpers import run_cli_process
+
+    ck = tmp_path / "none.pt"
+    code, out, err = run_cli_process(
+        "serve", "--pcdiff", ck, "--voxelizer", ck, "--host", "0.0.0.0", "--data-dir", tmp_path / "d", timeout=120
+    )
+    assert code == 2 and "--token" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "d").exists()
