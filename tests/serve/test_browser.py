@@ -43,6 +43,7 @@ def browser(downloads: Path):
     options.add_argument("--window-size=1200,1800")
     options.add_argument(f"--user-data-dir={downloads.parent / 'chromium-profile'}")
     options.add_experimental_option("prefs", {"download.default_directory": str(downloads)})
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=str(CHROMEDRIVER)))
     driver.execute_cdp_cmd("Page.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)})
     return driver
@@ -89,6 +90,8 @@ def test_a_case_uploaded_on_the_page_is_shown_in_3d_and_its_stl_downloads_watert
         print(f"bone {bone:.3f}, implant {implant:.4f} of the view's middle")
         assert bone > 0.02, f"no skull in bone colour in the page's 3-D view ({bone:.3f})"
         assert implant > 0.002, f"no implant in the agreement colours in the page's 3-D view ({implant:.4f})"
+        refused = [e["message"] for e in driver.get_log("browser") if "Content Security Policy" in e["message"]]
+        assert not refused, f"the content security policy blocked part of the page: {refused[:3]}"
         summary = driver.find_element(By.ID, "case-summary").text
         assert "agreement" in summary and "watertight" in summary
         driver.find_element(By.ID, "download-stl").click()
