@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import json
 import shutil
+from contextlib import asynccontextmanager
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
@@ -140,10 +141,27 @@ class _Cases:
         return {"deleted": job.id}
 
 
-def create_app(settings: ServeSettings, store: JobStore, layout: DataLayout, wake: Callable[[], None]) -> FastAPI:
-    """The service's application over ``store`` and ``layout``; ``wake`` tells the workers a job was queued."""
+def create_app(
+    settings: ServeSettings,
+    store: JobStore,
+    layout: DataLayout,
+    wake: Callable[[], None],
+    on_stop: Callable[[], None] | None = None,
+) -> FastAPI:
+    """The service's application over ``store`` and ``layout``; ``wake`` tells the workers a job was queued,
+    ``on_stop`` runs when the server shuts down cleanly (before uvicorn hands a caught signal back)."""
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        if on_stop is not None:
+            on_stop()
+
     app = FastAPI(
-        title="pointforge serve", version=__version__, summary="Cranial implant design from a defective skull"
+        title="pointforge serve",
+        version=__version__,
+        summary="Cranial implant design from a defective skull",
+        lifespan=lifespan,
     )
     app.middleware("http")(guard(settings))
     cases = _Cases(settings, store, layout, wake)

@@ -1,7 +1,8 @@
 """`pointforge serve` as one function: lock the data folder, recover the queue, load the models, serve.
 
 :func:`serve` returns when the server stops (Ctrl-C or SIGTERM: the workers
-are told to stop; a job still running is queued again at the next start).
+are told to stop; a job still running goes back to the queue without counting
+as an attempt, and runs again at the next start).
 """
 
 from __future__ import annotations
@@ -71,10 +72,22 @@ def serve(
         port = sock.getsockname()[1]
         host = f"[{settings.host}]" if ":" in settings.host else settings.host
         say(f"pointforge serve: listening on http://{host}:{port} (data in {layout.root})")
-        app = create_app(settings, store, layout, workers.wake)
+        stopped = False
+
+        def stop() -> None:
+            nonlocal stopped
+            if stopped:
+                return
+            stopped = True
+            workers.stop()
+            released = store.release_running()
+            if released:
+                say(f"stopped: {released} running job(s) queued again for the next start")
+            store.close()
+
+        app = create_app(settings, store, layout, workers.wake, on_stop=stop)
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
         try:
             server.run(sockets=[sock])
         finally:
-            workers.stop()
-            store.close()
+            stop()

@@ -194,6 +194,13 @@ class JobStore:
         """Remove a job that is not running; False if it is running (or does not exist)."""
         return self._change("DELETE FROM jobs WHERE id = ? AND status != 'running'", (job_id,)) == 1
 
+    def release_running(self) -> int:
+        """On a clean stop (Ctrl-C, SIGTERM): jobs still running go back to the queue, their attempt not counted."""
+        return self._change(
+            "UPDATE jobs SET status = 'queued', attempts = MAX(attempts - 1, 0), stage = '', done = 0, total = 0, "
+            "message = 'the server was stopped while this job ran; queued again' WHERE status = 'running'"
+        )
+
     def recover(self) -> tuple[int, int]:
         """After a crash: jobs left ``running`` are queued again, or failed after :data:`MAX_ATTEMPTS` tries.
 

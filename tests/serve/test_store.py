@@ -62,3 +62,13 @@ def test_the_disk_bound_evicts_the_oldest_finished_cases_and_never_a_running_one
     assert not layout.case(jobs[0].id).exists() and layout.case(jobs[2].id).exists()
     assert keep_within(store, layout, 0) == [jobs[2].id]
     assert store.get(jobs[3].id).status == "running" and layout.case(jobs[3].id).exists()
+
+
+def test_a_clean_stop_requeues_running_jobs_without_counting_the_attempt(tmp_path):
+    store = JobStore(tmp_path / "jobs.sqlite3")
+    job = store.add(new_job_id(), "skull.nrrd", "x.nrrd", "nrrd")
+    store.claim()
+    assert store.release_running() == 1
+    again = store.get(job.id)
+    assert again.status == "queued" and again.attempts == 0 and "stopped" in again.message
+    assert store.claim().id == job.id
