@@ -20,6 +20,9 @@ def serve(
     token: str = typer.Option(
         None, "--token", envvar="POINTFORGE_SERVE_TOKEN", help="Required from every client (prefer the env variable)."
     ),
+    public_url: str = typer.Option(
+        None, "--public-url", help="Behind a reverse proxy: the address browsers use (https://host), kept as Host."
+    ),
     max_upload_mb: float = typer.Option(512, "--max-upload-mb", help="Largest upload accepted."),
     max_disk_gb: float = typer.Option(
         20, "--max-disk-gb", help="Finished cases beyond this are evicted, oldest first."
@@ -41,6 +44,7 @@ def serve(
         port=port,
         workers=workers,
         token=token or os.environ.get("POINTFORGE_SERVE_TOKEN") or None,
+        public_url=public_url,
         max_upload_mb=max_upload_mb,
         max_disk_gb=max_disk_gb,
         ensemble=ensemble,

@@ -9,7 +9,9 @@
   browser marks ``Sec-Fetch-Site: cross-site``, is refused (403); no CORS
   header is ever sent, so no other site can read an answer either.
 * **host**: on a loopback address only ``localhost``, ``127.0.0.1`` and
-  ``[::1]`` are accepted as ``Host``, which stops DNS-rebinding pages.
+  ``[::1]`` are accepted as ``Host``, which stops DNS-rebinding pages; behind
+  a reverse proxy, ``--public-url`` adds the one address browsers use (as
+  ``Host`` and as ``Origin``).
 * **headers**: a content security policy on every page, ``nosniff``, no
   referrer, no framing by other sites, no caching of API answers.
 """
@@ -69,13 +71,14 @@ def _refusal(status: int, detail: str) -> Response:
 
 def _refused(request: Request, settings: ServeSettings) -> Response | None:
     host = request.headers.get("host", "")
-    if is_loopback(settings.host):
+    public = settings.public_origin
+    if is_loopback(settings.host) and not (public is not None and host == public[1]):
         name = host.rsplit(":", 1)[0] if not host.startswith("[") else host.split("]")[0] + "]"
         if name not in ("localhost", "127.0.0.1", "[::1]"):
             return _refusal(421, f"host {host[:80]!r} is not this service's address")
     origin = request.headers.get("origin")
-    own = f"{request.url.scheme}://{host}"
-    if (origin is not None and origin != own) or request.headers.get("sec-fetch-site") == "cross-site":
+    own = {f"{request.url.scheme}://{host}", *([public[0]] if public else [])}
+    if (origin is not None and origin not in own) or request.headers.get("sec-fetch-site") == "cross-site":
         return _refusal(403, "cross-origin requests are refused")
     if settings.token and request.url.path not in PUBLIC_PATHS:
         if not token_matches(_presented_token(request), settings.token):

@@ -175,3 +175,17 @@ def test_a_ct_series_zip_is_accepted_through_the_api_and_queued_as_a_mask(tmp_pa
     assert made.status_code == 201 and made.json()["kind"] == "dicom-zip", made.text
     assert store.get(made.json()["id"]).input == f"{made.json()['id']}.nrrd"
     assert not any((tmp_path / "incoming").iterdir())  # the zip itself is not kept
+
+
+def test_behind_a_proxy_the_public_address_is_the_one_more_host_and_origin_accepted(tmp_path, skull_bytes):
+    client, store = client_for(tmp_path, public_url="https://implants.example.org", token=TOKEN)
+    proxied = {"Host": "implants.example.org", "Authorization": f"Bearer {TOKEN}"}
+    made = client.post("/api/cases", content=skull_bytes, headers={**proxied, "Origin": "https://implants.example.org"})
+    assert made.status_code == 201, made.text
+    assert client.get("/api/cases", headers={**proxied, "Host": "other.example.org"}).status_code == 421
+    foreign = {**proxied, "Origin": "https://evil.example"}
+    assert client.post("/api/cases", content=skull_bytes, headers=foreign).status_code == 403
+    with pytest.raises(UserError, match="--public-url must be like"):
+        ServeSettings(data_dir=".", public_url="implants.example.org/x", token=TOKEN).validate()
+    with pytest.raises(UserError, match="--token"):
+        ServeSettings(data_dir=".", public_url="https://implants.example.org").validate()
