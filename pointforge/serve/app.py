@@ -141,30 +141,8 @@ class _Cases:
         return {"deleted": job.id}
 
 
-def create_app(
-    settings: ServeSettings,
-    store: JobStore,
-    layout: DataLayout,
-    wake: Callable[[], None],
-    on_stop: Callable[[], None] | None = None,
-) -> FastAPI:
-    """The service's application over ``store`` and ``layout``; ``wake`` tells the workers a job was queued,
-    ``on_stop`` runs when the server shuts down cleanly (before uvicorn hands a caught signal back)."""
-
-    @asynccontextmanager
-    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        yield
-        if on_stop is not None:
-            on_stop()
-
-    app = FastAPI(
-        title="pointforge serve",
-        version=__version__,
-        summary="Cranial implant design from a defective skull",
-        lifespan=lifespan,
-    )
-    app.middleware("http")(guard(settings))
-    cases = _Cases(settings, store, layout, wake)
+def _add_page_routes(app: FastAPI, settings: ServeSettings) -> None:
+    """The page, its script and style, the health check and the sign-in: what answers without a token."""
 
     @app.get("/", include_in_schema=False)
     def page() -> HTMLResponse:
@@ -190,6 +168,34 @@ def create_app(
         response = JSONResponse({"ok": True})
         response.set_cookie(COOKIE, settings.token, httponly=True, samesite="strict")
         return response
+
+
+def create_app(
+    settings: ServeSettings,
+    store: JobStore,
+    layout: DataLayout,
+    wake: Callable[[], None],
+    on_stop: Callable[[], None] | None = None,
+) -> FastAPI:
+    """The service's application over ``store`` and ``layout``; ``wake`` tells the workers a job was queued,
+    ``on_stop`` runs when the server shuts down cleanly (before uvicorn hands a caught signal back)."""
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        if on_stop is not None:
+            on_stop()
+
+    app = FastAPI(
+        title="pointforge serve",
+        version=__version__,
+        summary="Cranial implant design from a defective skull",
+        lifespan=lifespan,
+    )
+    app.middleware("http")(guard(settings))
+    cases = _Cases(settings, store, layout, wake)
+
+    _add_page_routes(app, settings)
 
     @app.get("/api/cases")
     def list_cases() -> list[dict[str, Any]]:
