@@ -85,7 +85,9 @@ def slurm_command(
             continue
         job_id = submit(sjob)
         typer.echo(f"submitted {sjob.name}: Slurm job {job_id}; output {sjob.run_dir}/slurm-{job_id}.out")
-        typer.echo(f"  watch: pointforge monitor {sjob.run_dir}    stop with a checkpoint: scancel --batch {job_id}")
+        typer.echo(
+            f"  watch: pointforge monitor {sjob.run_dir}    stop with a checkpoint: scancel --batch --signal=TERM {job_id}"
+        )
     if dry_run:
         typer.echo("dry run: nothing submitted")
 

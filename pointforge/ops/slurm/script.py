@@ -14,7 +14,7 @@ How the job ends, and what the batch shell does about it:
   stop (SIGTERM: they finish the step together, save and exit 0), waits for
   the step to end, then ``scontrol requeue``\\ s the job, which resumes later
   on whatever nodes it gets.
-* ``SIGTERM`` to the shell alone (``scancel --batch``): the same stop, no
+* ``SIGTERM`` to the shell alone (``scancel --batch --signal=TERM``): the same stop, no
   requeue: the job ends COMPLETED, exit 0, with a checkpoint.
 * A plain ``scancel`` or a preemption signals every process of the job: the
   workers get SIGTERM themselves and save before Slurm's ``KillWait`` ends.
@@ -124,7 +124,7 @@ def _body(job: SlurmScript) -> list[str]:
     )
     return [
         "",
-        "# Written by pointforge slurm. Stop cleanly: scancel --batch JOBID (checkpoint, exit 0);",
+        "# Written by pointforge slurm. Stop cleanly: scancel --batch --signal=TERM JOBID (checkpoint, exit 0);",
         "# checkpoint and requeue: scancel --batch --signal=USR1 JOBID (Slurm sends USR1 itself before the time limit).",
         "set -uo pipefail",
         f"RUN_DIR={run_dir}",
