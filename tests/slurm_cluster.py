@@ -33,7 +33,7 @@ from pathlib import Path
 
 NODES = ("pf1", "pf2")
 PARTITION = "pf"
-DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "sinfo")
+DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scancel", "scontrol", "sinfo")
 
 
 def skip_reason() -> str | None:
