@@ -22,7 +22,9 @@ Upsampler: the peak per sparse point at a few point budgets, against the task's 
 The tracker makes each step several times slower (it runs Python for every op); the
 times it prints are not training speed. Memory is what is measured.
 
-    python bench/pvcnn_memory.py [--threads 2] [--skip-paper]
+    python bench/pvcnn_memory.py [--threads 2] [--skip-paper]   # PVCNN2: measure, fit, table
+    python bench/pvcnn_memory.py --report                       # the table again from the JSON
+    python bench/pvcnn_memory.py --upsampler                    # the upsampler
 """
 
 from __future__ import annotations
