@@ -16,6 +16,7 @@ from pointforge.cli import (
     doctor as _doctor_cli,
     launch as _launch_cli,
     monitor as _monitor_cli,
+    slurm as _slurm_cli,
     train as _train_cli,
 )
 from pointforge.cli.demo import demo as demo_command
@@ -60,6 +61,7 @@ app.command("serve")(serve_command)
 _train_cli.register(app)
 _launch_cli.register(app)
 _monitor_cli.register(app)
+_slurm_cli.register(app)
 _doctor_cli.register(app)
 app.command("upsample")(upsample_command)
 app.command("evaluate-upsampling")(evaluate_upsampling_command)
