@@ -45,6 +45,10 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow tests
 
+# The tests that submit real jobs to a one-host Slurm (root; .ci/run installs it).
+test-slurm: $(STAMP)
+	$(PY) -m pytest -q -m slurm tests
+
 demo: $(STAMP)
 	$(VENV)/bin/pointforge demo
 

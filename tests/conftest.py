@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from tests.helpers import register_test_tasks, torch_threads
+from tests.helpers import register_test_tasks, torch_threads, train_tiny_implant_models
 
 # Tests are sized for 2 cores; more threads only add contention.
 torch.set_num_threads(min(2, os.cpu_count() or 1))
@@ -24,3 +24,13 @@ def one_thread():
     """
     with torch_threads(1):
         yield
+
+
+@pytest.fixture(scope="session")
+def tiny_implant_models(tmp_path_factory):
+    """Tiny PCDiff and voxelizer, trained once per session for every test that runs the implant pipeline.
+
+    (prepared root, raw root, pcdiff checkpoint, voxelizer checkpoint); see
+    :func:`tests.helpers.train_tiny_implant_models`."""
+    with torch_threads(1):
+        return train_tiny_implant_models(tmp_path_factory.mktemp("implant-models"))

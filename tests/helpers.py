@@ -133,6 +133,50 @@ def write_raw_dataset(
     return root
 
 
+# --------------------------------------------------------------------------- tiny trained implant models
+
+
+def train_tiny_implant_models(base: Path) -> tuple[Path, Path, Path, Path]:
+    """Tiny PCDiff and voxelizer trained through the engine under ``base`` (about half a minute together).
+
+    PCDiff runs a short schedule (T = 20) so that its samples land on the skull
+    after a few hundred steps. Returns (prepared root, raw root, pcdiff
+    checkpoint, voxelizer checkpoint). Far from good models: tests with them
+    check what the code does with whatever they propose, not implant quality.
+    """
+    from pointforge.data.cache import ensure_synthetic_prepared
+    from pointforge.tasks import get_task
+    from pointforge.train.engine import train
+
+    quiet = ["ckpt.every_minutes=0", "train.epochs=1000", "train.eval_every=0", "task.synthetic=null"]
+    root = ensure_synthetic_prepared(base / "data", 4, 64, 0, 4096, log=lambda _m: None, split="0.5,0.25,0.25")
+    pc = quiet_config(
+        "pcdiff",
+        CONFIGS / "pcdiff" / "tiny.yaml",
+        *quiet,
+        f"run.dir={base / 'pcdiff'}",
+        f"task.data_root={root}",
+        "task.diffusion.timesteps=20",
+        "task.diffusion.beta_start=5e-3",
+        "task.diffusion.beta_end=0.25",
+        "train.max_steps=150",
+        "train.ema_decay=null",
+        "optim.lr=3e-3",
+    )
+    vox = quiet_config(
+        "voxelizer",
+        CONFIGS / "voxelizer" / "tiny.yaml",
+        *quiet,
+        f"run.dir={base / 'voxelizer'}",
+        f"task.data_root={root}",
+        "train.max_steps=30",
+        "task.n_points=1024",
+    )
+    pc_ckpt = train(get_task("pcdiff"), pc, console=False).checkpoint
+    vox_ckpt = train(get_task("voxelizer"), vox, console=False).checkpoint
+    return root, root / "raw", Path(pc_ckpt), Path(vox_ckpt)
+
+
 # --------------------------------------------------------------------------- the tests' own tasks
 
 # Tasks that exist for the tests only, by name: "module:Class", as an entry point names them.

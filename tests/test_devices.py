@@ -1,8 +1,13 @@
+"""The ground floor's device facts: cores really available, memory, and the one device resolver."""
+
 import os
 
 import pytest
+import torch
 
 from pointforge import devices
+from pointforge.devices import resolve_device
+from pointforge.errors import ConfigError, DeviceError
 
 
 def test_available_cores_is_the_affinity_capped_by_a_cpu_quota(monkeypatch, tmp_path):
@@ -45,3 +50,13 @@ def test_use_threads_sizes_torchs_pool_and_refuses_nonsense():
                 devices.use_threads(bad)
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_one_device_resolver():
+    assert resolve_device("cpu") == torch.device("cpu") and resolve_device(torch.device("cpu")) == torch.device("cpu")
+    if not torch.cuda.is_available():
+        assert resolve_device("auto") == torch.device("cpu")
+        with pytest.raises(DeviceError, match="device=cuda:3 does not exist"):
+            resolve_device("cuda:3")
+    with pytest.raises(ConfigError, match="is not a device"):
+        resolve_device("tpu")

@@ -64,7 +64,7 @@ def launch_command(
     """
     from pointforge.ops.launch.start import launch
 
-    spec, overrides = _plan_spec(args, job, runs_dir, session)
+    spec, overrides = plan_spec(args, job, runs_dir, session)
     if stop is not None:
         _stop(spec, stop, runs_dir, now=now, wait=wait)
         return
@@ -86,7 +86,7 @@ def launch_command(
     _say_started(plan, started, spec, tmux=tmux)
 
 
-def _plan_spec(args, job, runs_dir, session):
+def plan_spec(args, job, runs_dir, session):
     """The plan (from a plan file or --job flags, or None) and the key=value overrides among ``args``."""
     from pointforge.ops.launch.spec import PlanSpec, load_plan, parse_job_flag
 

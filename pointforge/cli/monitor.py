@@ -23,10 +23,14 @@ def monitor_command(
     ),
     logs: int = typer.Option(0, "--logs", min=0, help="Also show the last N lines of each run's log.", metavar="N"),
     no_gpus: bool = typer.Option(False, "--no-gpus", help="Leave out the GPU table."),
+    no_slurm: bool = typer.Option(
+        False, "--no-slurm", help="Leave out the Slurm jobs (shown where Slurm is installed)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON snapshot (runs and GPUs) instead of tables."),
 ) -> None:
     """One table of runs: status (crashed = gone without a final status), progress, loss, LR, speed, ETA,
-    last checkpoint and its age, disk used; and the GPUs with the jobs on them, where NVML or nvidia-smi tell."""
+    last checkpoint and its age, disk used; pointforge's Slurm jobs (state, nodes, elapsed, time left, progress);
+    and the GPUs with the jobs on them, where NVML or nvidia-smi tell."""
     from rich.console import Console
 
     from pointforge.ops import monitor as ops
@@ -35,7 +39,7 @@ def monitor_command(
     if watch is not None and not as_json:
         ops.watch(roots, watch, log_lines=logs, console=Console())
         return
-    snap = ops.snapshot(roots, gpus=not no_gpus)
+    snap = ops.snapshot(roots, gpus=not no_gpus, slurm=not no_slurm)
     if as_json:
         typer.echo(json.dumps(snap.as_dict(), indent=2, default=str))
         return

@@ -21,7 +21,8 @@ Outputs of one case (``EXT`` is the input's: NRRD in → NRRD out, NIfTI → NIf
   the proposals disagree);
 * ``completed_skull.EXT`` — defective skull ∪ implant;
 * ``preview.png`` — skull and implant from four surgical views, the implant
-  coloured by agreement;
+  coloured by agreement (unless ``preview=False``: a service that shows the
+  3-D view skips this, the slowest file to write);
 * ``view.html`` — the same turnable in a web browser, offline, each proposal
   switchable (:mod:`pointforge.implant.view`); it loads ``plotly.min.js`` from
   beside it, or from the dataset's root in folder mode (one copy for all cases);
@@ -165,7 +166,14 @@ def _timed(job: Callable[[], Any]) -> float:
 
 
 def write_case(
-    result: Generated, folder: Path, *, suffix: str, report: dict, label: float = 1, js_src: str = PLOTLY_JS
+    result: Generated,
+    folder: Path,
+    *,
+    suffix: str,
+    report: dict,
+    label: float = 1,
+    js_src: str = PLOTLY_JS,
+    preview: bool = True,
 ) -> dict:
     """Write every output of one case into ``folder`` (which the caller renames into place);
     returns ``report`` completed with what was written. The caller writes report.json last.
@@ -181,7 +189,7 @@ def write_case(
         "uncertainty": f"uncertainty{suffix}",
         "completed_skull": f"completed_skull{suffix}",
         "mesh": "implant.stl",
-        "preview": "preview.png",
+        **({"preview": "preview.png"} if preview else {}),
         "view": "view.html",
         "proposals": [f"proposals/implant_{k}{suffix}" for k in range(len(result.proposals))],
         "points": "proposals/points.npy",
@@ -193,7 +201,7 @@ def write_case(
     with ThreadPoolExecutor(max_workers=available_cores()) as pool:
         jobs = {
             "view": [pool.submit(_timed, partial(_write_view, result, folder, files, title, js_src))],
-            "preview": [pool.submit(_timed, partial(_write_preview, result, folder, files, title))],
+            "preview": [pool.submit(_timed, partial(_write_preview, result, folder, files, title))] if preview else [],
             "volumes": [pool.submit(_timed, job) for job in _volume_jobs(result, folder, files, label)],
         }
         mesh_start = time.perf_counter()
@@ -269,6 +277,7 @@ def generate_case(
     proposals_mm: np.ndarray | None = None,
     label: float | None = None,
     viewer_js: str | os.PathLike | None = None,
+    preview: bool = True,
 ) -> dict:
     """Generate the implant for the defective skull at ``input_path`` into the folder ``out``.
 
@@ -277,7 +286,7 @@ def generate_case(
     ``out`` is refused unless ``overwrite``. Masks are written with ``label``
     as foreground, by default the input's own foreground value. view.html loads
     plotly.js from ``viewer_js`` (written there if missing; default: inside
-    ``out``). Returns the report.
+    ``out``). ``preview=False`` skips preview.png. Returns the report.
     """
     options = options or GenerateOptions()
     options.validate()
@@ -309,7 +318,15 @@ def generate_case(
     if viewer_js is not None:
         js_src = Path(os.path.relpath(write_plotly_js(viewer_js).resolve(), out.resolve())).as_posix()
     try:
-        write_case(result, partial, suffix=suffix, report=report, label=report["label"]["value"], js_src=js_src)
+        write_case(
+            result,
+            partial,
+            suffix=suffix,
+            report=report,
+            label=report["label"]["value"],
+            js_src=js_src,
+            preview=preview,
+        )
         report["timings_s"]["total_s"] = round(time.perf_counter() - t0, 3)
         (partial / REPORT).write_text(json.dumps(json_safe(report), indent=1))
         _move_into_place(partial, out)

@@ -63,6 +63,8 @@ __all__ = [
     "NodeShuffleUpsampler",
     "build_upsampler",
     "child_graph",
+    "training_elements",
+    "training_step_bytes",
     "plane_start",
 ]
 
@@ -272,6 +274,37 @@ class NodeShuffleUpsampler(nn.Module):
         children = children + self.refine(self.refine_norm(children), child_edges, edge_attr=edge_attr)
         fine = self.decode(children)
         return Upsampled(points=base + coarse + fine, batch=batch.repeat_interleave(r))
+
+
+# A training step's bytes per counted element (see training_step_bytes), fitted by
+# bench/pvcnn_memory.py to measured peaks (docs/benchmarks.md, "Training memory").
+_BYTES_PER_EDGE_ELEMENT = 6.0
+_BYTES_PER_NODE_ELEMENT = 0.0  # fitted to 0: the per-point layers are freed before the peak
+# Neighbours per point of the symmetrised k-NN graph (between k and 2k): bench/pvcnn_memory.py
+# measures 1.16 k on surface-like clouds; 1.5 k errs high (lidar rows may come nearer 2 k).
+_EDGES_PER_K = 1.5
+
+
+def training_elements(config: UpsamplerConfig, edges_per_point: float | None = None) -> tuple[float, float]:
+    """Per sparse point, the ``(edge, node)`` elements a training step keeps for backward.
+
+    ``edge``: channels × edges (the feature blocks' position and attention MLPs,
+    the shuffle's keys and values, the refinement's edge features on the child
+    graph); ``node``: channels × points of every per-point layer.
+    ``edges_per_point``: of the symmetrised k-NN graph (None: the assumed 1.5 k).
+    """
+    c, r, layers = config.hidden, config.ratio, config.feature_layers
+    edges = _EDGES_PER_K * config.k if edges_per_point is None else edges_per_point
+    child_edges = r * edges + r * (r - 1)
+    return c * (edges * (6 * layers + 3 * r) + child_edges * 8), c * (4 * layers + 8 * r)
+
+
+def training_step_bytes(config: UpsamplerConfig, points: int, *, parameters: int) -> int:
+    """Bytes a float32 training step on ``points`` sparse points needs beyond the weights:
+    the activations (:func:`training_elements`) plus gradients and Adam's two moments."""
+    edge, node = training_elements(config)
+    per_point = _BYTES_PER_EDGE_ELEMENT * edge + _BYTES_PER_NODE_ELEMENT * node
+    return int(points * per_point + 3 * 4 * parameters)
 
 
 def build_upsampler(config: UpsamplerConfig | str | None = None, **overrides) -> NodeShuffleUpsampler:

@@ -18,6 +18,7 @@ from pointforge.errors import DataError
 from pointforge.formats import format_bytes
 from pointforge.ops.host import GpuInventory, format_gpu_list, gpu_inventory
 from pointforge.ops.runs import CONSOLE_LOG, RunState, find_run_dirs, run_state, tail_lines
+from pointforge.ops.slurm.queue import QueuedJob, queued_jobs
 from pointforge.train.tracking import format_duration
 
 STATUS_STYLE = {
@@ -36,6 +37,7 @@ class Snapshot:
     runs: list[RunState]
     gpus: GpuInventory | None
     taken_at: float = field(default_factory=time.time)
+    slurm: list[QueuedJob] = field(default_factory=list)  # pointforge's Slurm jobs, where Slurm is installed
 
     def as_dict(self) -> dict[str, Any]:
         gpus = None
@@ -55,7 +57,8 @@ class Snapshot:
                     for g in self.gpus.gpus
                 ],
             }
-        return {"taken_at": self.taken_at, "runs": [r.as_dict() for r in self.runs], "gpus": gpus}
+        runs = [r.as_dict() for r in self.runs]
+        return {"taken_at": self.taken_at, "runs": runs, "gpus": gpus, "slurm": [j.as_dict() for j in self.slurm]}
 
 
 def collect_runs(paths: Sequence[str | os.PathLike], *, with_disk: bool = True) -> list[RunState]:
@@ -78,8 +81,37 @@ def collect_runs(paths: Sequence[str | os.PathLike], *, with_disk: bool = True) 
     return runs
 
 
-def snapshot(paths: Sequence[str | os.PathLike], *, gpus: bool = True) -> Snapshot:
-    return Snapshot(collect_runs(paths), gpu_inventory(details=True) if gpus else None)
+def snapshot(paths: Sequence[str | os.PathLike], *, gpus: bool = True, slurm: bool = True) -> Snapshot:
+    runs = collect_runs(paths)
+    jobs = queued_jobs([r.run_dir for r in runs]) if slurm else []
+    return Snapshot(runs, gpu_inventory(details=True) if gpus else None, slurm=jobs)
+
+
+def slurm_rows(jobs: Sequence[QueuedJob], runs: Sequence[RunState]) -> list[dict[str, str]]:
+    """The Slurm table: each job's state and time, with its progress read from its run dir."""
+    by_dir = {str(r.run_dir.resolve()): r for r in runs}
+    rows = []
+    for job in jobs:
+        run = by_dir.get(str(Path(job.run_dir).resolve())) if job.run_dir else None
+        if run is not None and run.step is not None:
+            progress = (
+                f"{run.step}/{run.total_steps} ({run.status})" if run.total_steps else f"{run.step} ({run.status})"
+            )
+        else:
+            progress = "-"
+        rows.append(
+            {
+                "job": job.job_id,
+                "name": job.name,
+                "state": job.shown_state,
+                "nodes": job.nodes,
+                "elapsed": job.elapsed,
+                "left": job.time_left,
+                "progress": progress,
+                "run dir": job.run_dir or "-",
+            }
+        )
+    return rows
 
 
 def job_of_pid(runs: Iterable[RunState], pid: int) -> str | None:
@@ -238,6 +270,14 @@ def render(snap: Snapshot, *, log_lines: int = 0, width: int | None = None) -> A
                     parts.append(Text(f"{run.name}: {run.status}: {detail}", style=STATUS_STYLE.get(run.status, "")))
     else:
         parts.append(Text(f"no runs found ({stamp})"))
+    if snap.slurm:
+        slurm_table = Table(title="Slurm jobs", title_justify="left")
+        rows = slurm_rows(snap.slurm, snap.runs)
+        for name in rows[0]:
+            slurm_table.add_column(name)
+        for row in rows:
+            slurm_table.add_row(*row.values())
+        parts.append(slurm_table)
     if snap.gpus is not None:
         if snap.gpus.has_details:
             gpu_table = Table(title="GPUs", title_justify="left")

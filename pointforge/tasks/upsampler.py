@@ -59,7 +59,7 @@ from pointforge.data.pairs.scenes import spread_sizes, write_synthetic_pairs
 from pointforge.errors import ConfigError, DataError
 from pointforge.locks import exclusive_lock
 from pointforge.nn.losses import chamfer_distance, point_to_plane_distance
-from pointforge.nn.upsampler import PRESETS, NodeShuffleUpsampler, UpsamplerConfig
+from pointforge.nn.upsampler import PRESETS, NodeShuffleUpsampler, UpsamplerConfig, training_step_bytes
 from pointforge.train.task import EvalContext, StepContext, Task
 from pointforge.train.tracking import get_logger
 
@@ -339,6 +339,17 @@ class UpsamplerTask(Task):
                 loss = loss + self._cfg.surface_weight * surface
                 extras["surface"] = float(surface.detach())
         return loss, extras
+
+    def memory_estimate(self, cfg: UpsamplingConfig, micro_batch: int) -> int | None:
+        """With budget batching, a float32 training step on ``max_points`` sparse points
+        (:func:`~pointforge.nn.upsampler.training_step_bytes`), whatever the micro-batch's
+        cloud count; with count batching the points per batch are unknown: None."""
+        if cfg.batching != "budget":
+            return None
+        config = model_config(cfg)
+        with torch.device("meta"):
+            parameters = sum(p.numel() for p in NodeShuffleUpsampler(config).parameters())
+        return training_step_bytes(config, cfg.max_points, parameters=parameters)
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, loader, ctx: EvalContext) -> dict[str, float]:

@@ -81,18 +81,21 @@ def torchrun_command(
     max_restarts: int = 0,
     endpoint: str | None = None,
     run_id: str | None = None,
+    nnodes: int | str = 1,
 ) -> list[str]:
     """``python -m torch.distributed.run ... -m pointforge WORKER...`` on this node.
 
     Without ``endpoint``: ``--standalone`` (torchrun picks a free port, so two
     jobs on one node do not collide). With one (``HOST:PORT``): a ``c10d``
-    rendezvous there, named ``run_id``, as ``pointforge launch`` plans it.
+    rendezvous there, named ``run_id``, for ``nnodes`` agents (one per node;
+    a string where a batch script fills the number in), as ``pointforge
+    launch`` plans it.
     """
     if endpoint is None:
         rendezvous = ["--standalone"]
     else:
         rendezvous = [
-            "--nnodes=1",
+            f"--nnodes={nnodes}",
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={endpoint}",
             f"--rdzv-id={run_id or 'pointforge'}",

@@ -1,7 +1,8 @@
 """`pointforge generate`: the whole pipeline on tiny trained models, its outputs, and bad inputs.
 
-The models are trained here through the engine, small enough to take about half
-a minute together: PCDiff tiny on a short schedule (T = 20, as the overfit test
+The models are trained through the engine once per test session
+(``tiny_implant_models`` in tests/conftest.py, shared with the serve tests),
+small enough to take about half a minute together: PCDiff tiny on a short schedule (T = 20, as the overfit test
 in test_pcdiff_quality.py) so its samples land on the skull after a few hundred
 steps, and the tiny voxelizer. They are far from good; these tests check what
 the pipeline does with whatever the models propose (geometry, files, errors),
@@ -20,7 +21,6 @@ import trimesh
 from typer.testing import CliRunner
 
 from pointforge.cli.main import app
-from pointforge.data.cache import ensure_synthetic_prepared
 from pointforge.data.skulls.prepared import PreparedDataset
 from pointforge.data.volumes import read_volume, write_volume
 from pointforge.errors import UserError
@@ -38,45 +38,9 @@ QUIET = [*QUIET, "ckpt.every_minutes=0"]
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, one_thread):
-    """(prepared root, raw root, pcdiff checkpoint, voxelizer checkpoint)."""
-    base = tmp_path_factory.mktemp("generate")
-    root = ensure_synthetic_prepared(base / "data", 4, 64, 0, 4096, log=lambda _m: None, split="0.5,0.25,0.25")
-    pc = load_train_config(
-        "pcdiff",
-        CONFIGS / "pcdiff" / "tiny.yaml",
-        [
-            *QUIET,
-            f"run.dir={base / 'pcdiff'}",
-            f"task.data_root={root}",
-            "task.synthetic=null",
-            "task.diffusion.timesteps=20",
-            "task.diffusion.beta_start=5e-3",
-            "task.diffusion.beta_end=0.25",
-            "train.epochs=1000",
-            "train.max_steps=150",
-            "train.eval_every=0",
-            "train.ema_decay=null",
-            "optim.lr=3e-3",
-        ],
-    )
-    vox = load_train_config(
-        "voxelizer",
-        CONFIGS / "voxelizer" / "tiny.yaml",
-        [
-            *QUIET,
-            f"run.dir={base / 'voxelizer'}",
-            f"task.data_root={root}",
-            "task.synthetic=null",
-            "train.epochs=1000",
-            "train.max_steps=30",
-            "train.eval_every=0",
-            "task.n_points=1024",
-        ],
-    )
-    pc_ckpt = train(get_task("pcdiff"), pc, console=False).checkpoint
-    vox_ckpt = train(get_task("voxelizer"), vox, console=False).checkpoint
-    return root, root / "raw", pc_ckpt, vox_ckpt
+def trained(tiny_implant_models):
+    """(prepared root, raw root, pcdiff checkpoint, voxelizer checkpoint), shared with the serve tests."""
+    return tiny_implant_models
 
 
 @pytest.fixture(scope="module")

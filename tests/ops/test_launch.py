@@ -28,6 +28,9 @@ from pointforge.ops.launch.start import job_script, launch, start_plan
 from pointforge.ops.launch.stop import jobs_in, stop_jobs
 from pointforge.ops.monitor import collect_runs, render_text, snapshot
 from pointforge.ops.runs import read_launch, run_state
+from pointforge.tasks import get_task
+from pointforge.tasks.configs import load_train_config
+from pointforge.train import preflight
 from tests.helpers import CONFIGS, QUIET, REPO, TOY_TINY, descendants, run_cli
 
 TINY = TOY_TINY
@@ -198,6 +201,19 @@ def test_config_errors_and_uneven_batches_are_refused_per_job(tmp_path):
     spec = PlanSpec(jobs=[job("a", gpus="0-1")], runs_dir=str(tmp_path / "runs"))
     with pytest.raises(ConfigError, match="run_dir in the plan"):
         build_plan(spec, cwd=tmp_path, inventory=fake(2), extra_overrides=["run.dir=x"]).check()
+
+
+def test_a_micro_batch_that_does_not_fit_is_refused_naming_the_largest_that_does(tmp_path, monkeypatch):
+    spec = PlanSpec(
+        jobs=[job("pc", cpu=1, task="pcdiff", config="tiny", overrides=["data.global_batch=8", "data.micro_batch=8"])],
+        runs_dir=str(tmp_path / "runs"),
+    )
+    build_plan(spec, cwd=tmp_path, inventory=fake(0)).check()  # fits the real machine
+    cfg = load_train_config("pcdiff", "tiny").task
+    three = get_task("pcdiff").memory_estimate(cfg, 3)
+    monkeypatch.setattr(preflight, "available_memory_bytes", lambda device: three)
+    with pytest.raises(ConfigError, match=r"job pc: .*set data.micro_batch=3 \(gradient accumulation keeps"):
+        build_plan(spec, cwd=tmp_path, inventory=fake(0)).check()
 
 
 def test_real_gpus_refuse_a_pinned_device(tmp_path):

@@ -266,3 +266,28 @@ def test_killed_rank_restarts_and_resumes_under_max_restarts(tmp_path, reference
     assert match, log[-2000:]
     assert 4 <= int(match.group(1)) < 24
     assert_equal_weights(weights(run_dir), weights(reference_run), exact=True)
+
+
+def test_two_torchrun_agents_as_two_nodes_train_to_the_end_equal_to_one_agent(tmp_path, reference_run):
+    """``--nnodes 2``: two agents (as on two nodes) meet at a c10d rendezvous on localhost, one worker each."""
+    import socket
+
+    from pointforge.train.launch import torchrun_command as agent_command, worker_args
+
+    run_dir = tmp_path / "run"
+    worker = worker_args("toy", config=TINY, overrides=[*QUIET, *REFERENCE, f"run.dir={run_dir}"])
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = agent_command(worker, nproc=1, endpoint=f"localhost:{port}", run_id="two-nodes", nnodes=2)
+    assert "--nnodes=2" in cmd and "--rdzv-backend=c10d" in cmd
+    agents = [Job(cmd, tmp_path / "logs", f"agent{i}") for i in range(2)]
+    try:
+        for agent in agents:
+            assert agent.wait(120) == 0, agent.output()[-3000:]
+    finally:
+        for agent in agents:
+            agent.stop()
+    status = run_json(run_dir)
+    assert status["status"] == "finished" and status["world_size"] == 2 and status["global_step"] == 24
+    assert_equal_weights(weights(run_dir), weights(reference_run), exact=True)

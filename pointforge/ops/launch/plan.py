@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import torch
+
 from pointforge.errors import CheckpointError, ConfigError, DeviceError, UserError
 from pointforge.ops.host import (
     FAKE_GPUS_ENV,
@@ -32,11 +34,12 @@ from pointforge.ops.host import (
 )
 from pointforge.ops.launch.spec import JobSpec, PlanSpec, absolute, is_stripped, job_run_dir
 from pointforge.ops.runs import CONSOLE_LOG, is_live, run_state
+from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config, resolve_config_path
 from pointforge.train import checkpoint as ckpt_io
 from pointforge.train.launch import torchrun_command, worker_args, worker_pythonpath
 from pointforge.train.lock import RunDirInUse
-from pointforge.train.preflight import check_existing_checkpoints, check_run_dir_lock
+from pointforge.train.preflight import Finding, check_existing_checkpoints, check_memory, check_run_dir_lock
 from pointforge.train.schedule import plan_batches
 
 
@@ -362,10 +365,20 @@ def _check_config(
             )
         )
     try:
-        plan_batches(cfg.data.global_batch, nproc, cfg.data.micro_batch)
+        batch = plan_batches(cfg.data.global_batch, nproc, cfg.data.micro_batch)
     except UserError as err:
         ctx.problems.append(_as(err, where))
+        return overrides, config_path
+    memory = _check_memory(job, cfg, batch.micro_batch, device)
+    if not memory.ok:
+        ctx.problems.append(memory.error(f"{where}: {memory.problem}"))
     return overrides, config_path
+
+
+def _check_memory(job: JobSpec, cfg: Any, micro_batch: int, device: str) -> Finding:
+    """The task's own estimate of a training step against the job's first device (the engine asks the same)."""
+    target = torch.device("cuda", job.gpus[0]) if device == "cuda" and job.gpus else torch.device("cpu")
+    return check_memory(get_task(job.task), cfg.task, micro_batch, target, global_batch=cfg.data.global_batch)
 
 
 def _config_path(job: JobSpec, cwd: Path) -> Path | None:

@@ -51,6 +51,7 @@ from pointforge.nn.knn import knn
 from pointforge.nn.losses import chamfer_distance
 from pointforge.nn.pvcnn import PVCNN2
 from pointforge.nn.pvcnn_config import get_preset
+from pointforge.nn.pvcnn_memory import training_step_bytes
 from pointforge.tasks.pcdiff.config import PCDiffConfig, SyntheticSection, build_eval_sampler, build_schedule
 from pointforge.tasks.pcdiff.frame import FramedDenoiser, FrameSection, atlas_center, build_atlas, frame_condition
 from pointforge.tasks.pcdiff.placement import condition_use, placement_metrics
@@ -336,6 +337,15 @@ class PCDiffTask(Task):
     def training_step(self, model: nn.Module, batch: Any, ctx: StepContext):
         x0 = batch["points"].transpose(1, 2)  # [B, 3, n_skull + n_implant]
         return diffusion_loss(model, self.schedule, x0, self.cfg.points[1], weighting=self.cfg.diffusion.loss_weighting)
+
+    def memory_estimate(self, cfg: PCDiffConfig, micro_batch: int) -> int:
+        """A float32 training step of the PVCNN2 preset on ``n_skull + n_implant`` points
+        (:func:`~pointforge.nn.pvcnn_memory.training_step_bytes`: activations fitted to
+        measured peaks, plus gradients and Adam's moments); AMP only lowers it."""
+        preset = replace(get_preset(cfg.model), extra_feature_channels=1 if cfg.condition_mark else 0)
+        with torch.device("meta"):
+            parameters = sum(p.numel() for p in PVCNN2(preset).parameters())
+        return training_step_bytes(preset, sum(cfg.points), micro_batch, parameters=parameters)
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, loader, ctx: EvalContext) -> dict[str, float]:
