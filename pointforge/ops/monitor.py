@@ -238,6 +238,18 @@ def fit_columns(rows: list[dict[str, str]], width: int | None) -> list[str]:
     return [c for c in order if c in chosen]
 
 
+def _table(title: str, rows: list[dict[str, str]]) -> Any:
+    """A rich table of ``rows`` (dicts with the same keys, which name the columns)."""
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for name in rows[0]:
+        table.add_column(name)
+    for row in rows:
+        table.add_row(*row.values())
+    return table
+
+
 def render(snap: Snapshot, *, log_lines: int = 0, width: int | None = None) -> Any:
     """A rich renderable: the runs table, the GPU table (or why there is none), log tails.
 
@@ -271,22 +283,10 @@ def render(snap: Snapshot, *, log_lines: int = 0, width: int | None = None) -> A
     else:
         parts.append(Text(f"no runs found ({stamp})"))
     if snap.slurm:
-        slurm_table = Table(title="Slurm jobs", title_justify="left")
-        rows = slurm_rows(snap.slurm, snap.runs)
-        for name in rows[0]:
-            slurm_table.add_column(name)
-        for row in rows:
-            slurm_table.add_row(*row.values())
-        parts.append(slurm_table)
+        parts.append(_table("Slurm jobs", slurm_rows(snap.slurm, snap.runs)))
     if snap.gpus is not None:
         if snap.gpus.has_details:
-            gpu_table = Table(title="GPUs", title_justify="left")
-            rows = gpu_rows(snap.gpus, snap.runs)
-            for name in rows[0]:
-                gpu_table.add_column(name)
-            for row in rows:
-                gpu_table.add_row(*row.values())
-            parts.append(gpu_table)
+            parts.append(_table("GPUs", gpu_rows(snap.gpus, snap.runs)))
         else:
             parts.append(Text(snap.gpus.note or "no GPU information (NVML not available)"))
     if log_lines > 0:

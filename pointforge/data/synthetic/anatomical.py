@@ -36,10 +36,8 @@ import numpy as np
 from scipy.spatial.transform import Rotation
 
 from pointforge.data.synthetic.fsaverage import HeadTemplate, load_template
-from pointforge.data.synthetic.grid import check_size, grid_geometry
-from pointforge.data.synthetic.raster import rasterize
+from pointforge.data.synthetic.raster import skull_on_grid
 from pointforge.data.synthetic.sphere import SphereField, fibonacci_sphere
-from pointforge.data.volumes import as_triple
 from pointforge.errors import ConfigError
 
 # fsaverage's head is larger and broader than an average adult's (MNI space): scaled by
@@ -70,11 +68,7 @@ def make_skull(
     Draws from ``rng`` only, so the same generator state gives the same skull.
     The geometry is in the module docstring.
     """
-    size = check_size(size)
-    grid_shape, grid_spacing = grid_geometry(size, shape, spacing)
-    extent = grid_spacing * np.asarray(grid_shape)
-    params = draw_params(rng, grid_spacing, extent)
-    return rasterize(params, grid_shape, grid_spacing), as_triple(grid_spacing)
+    return skull_on_grid(draw_params, size, rng, shape, spacing)
 
 
 @dataclass(frozen=True)

@@ -32,10 +32,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from pointforge.data.synthetic.grid import check_size, grid_geometry
-from pointforge.data.synthetic.raster import rasterize
+from pointforge.data.synthetic.raster import skull_on_grid
 from pointforge.data.synthetic.sphere import SphereField, bump, fibonacci_sphere, unit
-from pointforge.data.volumes import as_triple
 from pointforge.errors import ConfigError
 
 # Bone narrower than this many voxels leaves 26-connected gaps between the
@@ -58,11 +56,7 @@ def make_skull(
     overrides that. Draws from ``rng`` only, so the same generator state gives the
     same skull. The geometry is in the module docstring.
     """
-    size = check_size(size)
-    grid_shape, grid_spacing = grid_geometry(size, shape, spacing)
-    extent = grid_spacing * np.asarray(grid_shape)
-    params = draw_params(rng, grid_spacing, extent)
-    return rasterize(params, grid_shape, grid_spacing), as_triple(grid_spacing)
+    return skull_on_grid(draw_params, size, rng, shape, spacing)
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,14 @@ every voxel, is the reference the tests hold it to. Both end in
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 from scipy import ndimage
 
 from pointforge.data.surface import make_well_composed
-from pointforge.data.synthetic.grid import grid_origin
+from pointforge.data.synthetic.grid import check_size, grid_geometry, grid_origin
+from pointforge.data.volumes import as_triple
 
 BLOCK = 8
 _CHUNK_POINTS = 1 << 21
@@ -61,6 +62,20 @@ def rasterize(shell: Shell, shape: Sequence[int], spacing: np.ndarray, *, block:
         bone = shell.bone(grid_mm).reshape(len(blocks), block, block, block)
         view[blocks[:, 0], blocks[:, 1], blocks[:, 2]] = bone
     return finish_bone(np.ascontiguousarray(padded[: shape[0], : shape[1], : shape[2]]))
+
+
+def skull_on_grid(
+    draw: Callable[[np.random.Generator, np.ndarray, np.ndarray], Shell],
+    size: int,
+    rng: np.random.Generator,
+    shape: tuple[int, int, int] | None,
+    spacing: tuple[float, float, float] | None,
+) -> tuple[np.ndarray, tuple[float, float, float]]:
+    """One family's skull on its grid: ``draw(rng, spacing, extent)`` gives the shell, rasterised here."""
+    size = check_size(size)
+    grid_shape, grid_spacing = grid_geometry(size, shape, spacing)
+    extent = grid_spacing * np.asarray(grid_shape)
+    return rasterize(draw(rng, grid_spacing, extent), grid_shape, grid_spacing), as_triple(grid_spacing)
 
 
 def rasterize_dense(shell: Shell, shape: Sequence[int], spacing: np.ndarray) -> np.ndarray:
