@@ -455,7 +455,7 @@ def generate_implant(
     say(f"surface: {len(skull_pts)} points on the defective skull ({timings['surface_s']:.1f} s)")
 
     t = time.perf_counter()
-    sampler = proposal_sampler(options.sampler, options.steps, models.pcdiff.schedule)
+    sampler = proposal_sampler(options.sampler, options.steps, models.pcdiff.schedule, cfg.prior)
     implants = _proposals(work, skull_pts, models, options, sampler, generator, progress, proposals_mm)
     timings["sample_s"] = time.perf_counter() - t
     say(

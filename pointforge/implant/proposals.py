@@ -28,7 +28,7 @@ from pointforge.nn.diffusion.samplers.registry import make_sampler
 from pointforge.nn.diffusion.schedule import NoiseSchedule
 from pointforge.nn.ops.fps import furthest_point_sample_indices
 from pointforge.tasks.pcdiff.config import PCDiffConfig
-from pointforge.tasks.pcdiff.frame import atlas_center, frame_condition
+from pointforge.tasks.pcdiff.frame import PriorSection, atlas_estimate, frame_condition, prior_points
 from pointforge.tasks.pcdiff.task import HALF_EXTENT
 
 __all__ = ["GENERATE_STEPS", "proposal_sampler", "complete", "inside_volume"]
@@ -38,11 +38,18 @@ __all__ = ["GENERATE_STEPS", "proposal_sampler", "complete", "inside_volume"]
 GENERATE_STEPS = {"ddim": 7}
 
 
-def proposal_sampler(name: str, steps: int | None, schedule: NoiseSchedule | None) -> Sampler:
-    """Sampler ``name`` on the model's ``schedule``; ``steps`` None: :data:`GENERATE_STEPS`, else the sampler's default."""
+def proposal_sampler(
+    name: str, steps: int | None, schedule: NoiseSchedule | None, prior: PriorSection | None = None
+) -> Sampler:
+    """Sampler ``name`` on the model's ``schedule``; ``steps`` None: :data:`GENERATE_STEPS`, else the sampler's default.
+
+    For a model trained with ``task.prior`` (its config's ``prior``) the sampler starts at the prior's step."""
     if steps is None:
         steps = GENERATE_STEPS.get(str(name).lower())
-    return make_sampler(name, steps, schedule=schedule)
+    start = prior.start_step if prior is not None else None
+    if steps is not None and start is not None:
+        steps = min(steps, start + 1)
+    return make_sampler(name, steps, schedule=schedule, start=start)
 
 
 def _as_points(skull_points: Any) -> tuple[np.ndarray, bool]:
@@ -77,9 +84,24 @@ def _framed_condition(points, model, config, n_skull, spacing, generator):
             "the config has task.frame but the model carries no atlas; load it with load_pcdiff from its checkpoint"
         )
     spacing = np.broadcast_to(np.asarray(spacing, dtype=np.float64), (3,))
-    center = atlas_center(atlas, points, spacing, config.frame)
+    agree = config.prior.agree if config.prior is not None else 0.5
+    estimate = atlas_estimate(atlas, points, spacing, config.frame, agree)
     seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
-    return frame_condition(points, center, n_skull, config.frame, np.random.default_rng(seed), half_extent=HALF_EXTENT)
+    rng = np.random.default_rng(seed)
+    chosen, norm = frame_condition(points, estimate.center, n_skull, config.frame, rng, half_extent=HALF_EXTENT)
+    return chosen, norm, estimate.points, rng
+
+
+def _prior_start(config: PCDiffConfig, sampler: Sampler, estimate, norm, n: int, n_implant: int, rng) -> torch.Tensor:
+    """``[n, 3, n_implant]``: each proposal's own draw of the atlas's implant points, in the frame."""
+    assert config.prior is not None
+    if int(sampler.timesteps[0]) != config.prior.start_step:
+        raise ConfigError(
+            f"the model samples from its prior at step {config.prior.start_step} but the sampler starts at "
+            f"{int(sampler.timesteps[0])}; build it with proposal_sampler(..., prior=config.prior)"
+        )
+    draws = np.stack([norm.apply(prior_points(estimate, n_implant, rng)) for _ in range(n)])
+    return torch.from_numpy(draws).transpose(1, 2).contiguous()
 
 
 def complete(
@@ -138,8 +160,11 @@ def complete(
     if subsample not in ("random", "fps"):
         raise ConfigError(f"subsample must be 'random' or 'fps', got {subsample!r}")
     points, as_torch = _as_points(skull_points)
+    init = None
     if config is not None and config.frame is not None:
-        chosen, norm = _framed_condition(points, model, config, int(n_skull), spacing, generator)
+        chosen, norm, estimate, rng = _framed_condition(points, model, config, int(n_skull), spacing, generator)
+        if config.prior is not None:
+            init = _prior_start(config, sampler, estimate, norm, int(n), int(n_implant), rng)
     else:
         chosen = points[_subsample_indices(points, int(n_skull), subsample, generator)]
         norm = bbox_normalization(chosen, HALF_EXTENT)
@@ -149,7 +174,16 @@ def complete(
     model.eval()
     try:
         with torch.no_grad():
-            out = sample_ensemble(model, sampler, cond, int(n_implant), int(n), generator=generator, progress=progress)
+            out = sample_ensemble(
+                model,
+                sampler,
+                cond,
+                int(n_implant),
+                int(n),
+                generator=generator,
+                init=None if init is None else init.to(device),
+                progress=progress,
+            )
     finally:
         model.train(was_training)
     implants = out[:, :, int(n_skull) :].transpose(1, 2)  # [n, n_implant, 3] normalised

@@ -47,6 +47,7 @@ def denoise(
     *,
     generator: Optional[torch.Generator] = None,
     noise: Optional[Tensor] = None,
+    init: Optional[Tensor] = None,
     progress: Optional[ProgressCallback] = None,
 ) -> Tensor:
     """Generate ``n_generated`` points for each conditioning cloud, calling ``network`` once per sampler step.
@@ -57,11 +58,22 @@ def denoise(
     ``[B, C, N_cond + n_generated]`` in ``cond``'s dtype, the conditioning
     points exactly as given. The network is called as ``network(x, t)``; put a
     module in eval mode first. ``progress(done, total)`` follows every step.
+
+    ``init`` (``[B, C, n_generated]``), an estimate of the clean generated
+    points, starts the chain part-way as SDEdit does (Meng et al., ICLR 2022):
+    the start is ``init`` diffused to the sampler's first (noisiest) step with
+    the noise above, so a sampler built with ``start`` < T - 1 refines the
+    estimate instead of drawing from pure noise.
     """
     check_cloud(cond, "cond")
     n_generated = check_n_generated(n_generated)
     condition = cond.to(work_dtype(cond.dtype))
     sample = _start(cond, n_generated, noise, generator)
+    if init is not None:
+        if tuple(init.shape) != tuple(sample.shape):
+            raise DataError(f"init must be [{', '.join(map(str, sample.shape))}], got {tuple(init.shape)}")
+        first = int(sampler.timesteps[0])
+        sample = sampler.schedule.q_sample(init.to(device=sample.device, dtype=sample.dtype), first, sample)
     previous: Optional[StepOutput] = None
     total = sampler.num_steps
     for done, t in enumerate(sampler.timesteps.tolist(), start=1):
@@ -93,14 +105,19 @@ def sample_ensemble(
     n: int,
     *,
     generator: Optional[torch.Generator] = None,
+    init: Optional[Tensor] = None,
     progress: Optional[ProgressCallback] = None,
 ) -> Tensor:
     """``n`` proposals per conditioning cloud in one batched pass of :func:`denoise`.
 
-    Returns ``[n, C, N]`` for a ``[C, N]`` cloud, ``[B, n, C, N]`` for ``[B, C, N]``.
+    ``init``: each proposal's clean estimate to start from (:func:`denoise`),
+    ``[n, C, n_generated]`` for a ``[C, N]`` cloud, ``[B, n, C, n_generated]``
+    for ``[B, C, N]``. Returns ``[n, C, N]`` for a ``[C, N]`` cloud, ``[B, n, C, N]`` for ``[B, C, N]``.
     """
     single = isinstance(cond, Tensor) and cond.dim() == 2
     batched = repeat_for_ensemble(cond, n)
-    out = denoise(network, sampler, batched, n_generated, generator=generator, progress=progress)
+    if init is not None:
+        init = init.reshape(-1, *init.shape[-2:])
+    out = denoise(network, sampler, batched, n_generated, generator=generator, init=init, progress=progress)
     out = out.reshape(-1, n, *out.shape[1:])
     return out[0] if single else out

@@ -18,7 +18,7 @@ from pointforge.nn.diffusion.samplers.base import Sampler
 from pointforge.nn.diffusion.samplers.registry import make_sampler
 from pointforge.nn.diffusion.schedule import NoiseSchedule
 from pointforge.nn.pvcnn_config import get_preset
-from pointforge.tasks.pcdiff.frame import FrameSection
+from pointforge.tasks.pcdiff.frame import FrameSection, PriorSection
 
 __all__ = [
     "PRESET_POINTS",
@@ -134,6 +134,7 @@ class PCDiffConfig:
     condition_mark: bool = False  # an input channel marking the skull points (1) and the implant's (0)
     mirror: bool = False  # training augmentation: half the examples mirrored left-right (array axis 0)
     frame: FrameSection | None = None  # diffuse in a local frame around the implant (completion_frame)
+    prior: PriorSection | None = None  # start sampling from the atlas estimate of the implant (needs frame)
     diffusion: DiffusionSection = field(default_factory=DiffusionSection)
     eval: EvalSection = field(default_factory=EvalSection)
 
@@ -159,6 +160,17 @@ class PCDiffConfig:
             if self.rotate_degrees:
                 raise ConfigError(
                     f"config key '{prefix}.rotate_degrees' must be 0 with '{prefix}.frame' (the atlas frame assumes aligned skulls)"
+                )
+        if self.prior is not None:
+            if self.frame is None:
+                raise ConfigError(
+                    f"config key '{prefix}.prior' needs '{prefix}.frame' (the prior is the frame's atlas estimate)"
+                )
+            self.prior.check(f"{prefix}.prior", self.diffusion.timesteps)
+            if self.eval.steps is not None and self.eval.steps > self.prior.start_step + 1:
+                raise ConfigError(
+                    f"config key '{prefix}.eval.steps' = {self.eval.steps} exceeds the {self.prior.start_step + 1} steps "
+                    f"from '{prefix}.prior.start_step' to 0"
                 )
         if n_skull < 1 or n_implant < 1:
             raise ConfigError(
@@ -193,5 +205,7 @@ def build_schedule(section: DiffusionSection) -> NoiseSchedule:
     )
 
 
-def build_eval_sampler(section: EvalSection, schedule: NoiseSchedule) -> Sampler:
-    return make_sampler(section.sampler, section.steps, section.eta, schedule=schedule)
+def build_eval_sampler(section: EvalSection, schedule: NoiseSchedule, prior: PriorSection | None = None) -> Sampler:
+    """The validation sampler; with a ``prior`` it starts at the prior's step."""
+    start = prior.start_step if prior is not None else None
+    return make_sampler(section.sampler, section.steps, section.eta, schedule=schedule, start=start)

@@ -53,7 +53,16 @@ from pointforge.nn.pvcnn import PVCNN2
 from pointforge.nn.pvcnn_config import get_preset
 from pointforge.nn.pvcnn_memory import training_step_bytes
 from pointforge.tasks.pcdiff.config import PCDiffConfig, SyntheticSection, build_eval_sampler, build_schedule
-from pointforge.tasks.pcdiff.frame import FramedDenoiser, FrameSection, atlas_center, build_atlas, frame_condition
+from pointforge.tasks.pcdiff.frame import (
+    FramedDenoiser,
+    FrameSection,
+    ImplantEstimate,
+    PriorSection,
+    atlas_estimate,
+    build_atlas,
+    frame_condition,
+    prior_points,
+)
 from pointforge.tasks.pcdiff.placement import condition_use, placement_metrics
 from pointforge.train.task import EvalContext, StepContext, Task
 from pointforge.train.tracking import get_logger
@@ -160,6 +169,7 @@ class PCDiffDataset(CompletionDataset):
         max_cases: int | None = None,
         frame: FrameSection | None = None,
         atlas: torch.Tensor | None = None,
+        prior: PriorSection | None = None,
         mirror: bool = False,
         **kwargs: Any,
     ):
@@ -170,8 +180,9 @@ class PCDiffDataset(CompletionDataset):
         self._spacing: dict[str, torch.Tensor] = {}
         # With a frame: no atlas = the true implant centre, jittered (training);
         # an atlas = its estimate, as inference makes it (validation).
-        self.frame, self.atlas = frame, atlas
-        self._centers: dict[str, np.ndarray] = {}
+        # With an atlas and a prior: the atlas's implant points too ("prior"), to start sampling from.
+        self.frame, self.atlas, self.prior = frame, atlas, prior
+        self._estimates: dict[str, ImplantEstimate] = {}
 
     def spacing(self, index: int) -> torch.Tensor:
         case = self.cases[index]
@@ -206,21 +217,28 @@ class PCDiffDataset(CompletionDataset):
                 np.sort(rng.choice(len(implant_all), self.n_implant, replace=len(implant_all) < self.n_implant))
             ]
         )
+        estimate = None
         if self.atlas is None:
             center = np.asarray(implant_all, dtype=np.float64).mean(axis=0)
         else:
-            if case.case_id not in self._centers:
-                self._centers[case.case_id] = atlas_center(self.atlas, skull, self.spacing(index).numpy(), frame)
-            center = self._centers[case.case_id]
+            if case.case_id not in self._estimates:
+                agree = self.prior.agree if self.prior is not None else 0.5
+                spacing = self.spacing(index).numpy()
+                self._estimates[case.case_id] = atlas_estimate(self.atlas, skull, spacing, frame, agree)
+            estimate = self._estimates[case.case_id]
+            center = estimate.center
         cond, norm = frame_condition(
             skull, center, self.n_skull, frame, rng, half_extent=self.half_extent, jitter=self.atlas is None
         )
-        return {
+        item = {
             "points": torch.from_numpy(norm.apply(np.concatenate([cond, implant]))),
             "center": torch.from_numpy(norm.center.astype(np.float32)),
             "scale": torch.tensor(norm.scale, dtype=torch.float32),
             "case_id": case.case_id,
         }
+        if estimate is not None and self.prior is not None:
+            item["prior"] = torch.from_numpy(norm.apply(prior_points(estimate.points, self.n_implant, rng)))
+        return item
 
 
 # --------------------------------------------------------------------------- metrics
@@ -279,7 +297,7 @@ class PCDiffTask(Task):
     def configure(self, cfg: PCDiffConfig) -> None:
         self.cfg = cfg
         self.schedule = build_schedule(cfg.diffusion)
-        self.sampler = build_eval_sampler(cfg.eval, self.schedule)
+        self.sampler = build_eval_sampler(cfg.eval, self.schedule, cfg.prior)
 
     def build_model(self, cfg: PCDiffConfig) -> nn.Module:
         # A training run configures the task first and builds the frame's atlas from
@@ -318,6 +336,7 @@ class PCDiffTask(Task):
                 max_cases=cfg.eval.max_cases,
                 seed=cfg.data_seed + 1,
                 atlas=self._atlas(cfg),
+                prior=cfg.prior,
                 **common,
             )
         elif cfg.val_split is not None:
@@ -336,7 +355,13 @@ class PCDiffTask(Task):
 
     def training_step(self, model: nn.Module, batch: Any, ctx: StepContext):
         x0 = batch["points"].transpose(1, 2)  # [B, 3, n_skull + n_implant]
-        return diffusion_loss(model, self.schedule, x0, self.cfg.points[1], weighting=self.cfg.diffusion.loss_weighting)
+        t = None
+        if self.cfg.prior is not None:  # sampling starts at the prior's step: train on the steps it uses
+            t = torch.randint(0, self.cfg.prior.start_step + 1, (x0.shape[0],)).to(x0.device)
+        loss = diffusion_loss(
+            model, self.schedule, x0, self.cfg.points[1], t=t, weighting=self.cfg.diffusion.loss_weighting
+        )
+        return loss
 
     def memory_estimate(self, cfg: PCDiffConfig, micro_batch: int) -> int:
         """A float32 training step of the PVCNN2 preset on ``n_skull + n_implant`` points
@@ -360,7 +385,8 @@ class PCDiffTask(Task):
         for batch in loader:
             points = batch["points"].to(ctx.device)
             cond = points[:, :n_skull].transpose(1, 2)
-            out = denoise(model, self.sampler, cond, n_implant, generator=generator)
+            init = batch["prior"].to(ctx.device).transpose(1, 2) if "prior" in batch else None
+            out = denoise(model, self.sampler, cond, n_implant, generator=generator, init=init)
             pred = out[:, :, n_skull:].transpose(1, 2).float()
             true = points[:, n_skull:].float()
             scale = batch["scale"].to(ctx.device)

@@ -20,7 +20,7 @@ from pointforge.tasks.pcdiff.frame import (
     FramedDenoiser,
     FrameSection,
     LocalFrame,
-    estimate_implant_center,
+    estimate_implant,
     frame_condition,
     nearest_indices,
 )
@@ -186,7 +186,7 @@ def test_atlas_estimate_finds_the_missing_cap_of_a_shell():
     skull = _shell(np.array([5.0, -3.0, 2.0]), 81.0, 8000, 4)
     direction = np.array([0.6, 0.0, 0.8])
     cap = (skull - skull.mean(axis=0)) @ direction > 81.0 * np.cos(np.deg2rad(30))
-    found = estimate_implant_center(skull[~cap], atlas)
+    found = estimate_implant(skull[~cap], atlas).center
     assert np.linalg.norm(found - skull[cap].mean(axis=0)) < 6.0  # mm, on a cap 80 mm wide
     box = (skull[~cap].min(axis=0) + skull[~cap].max(axis=0)) / 2
     assert np.linalg.norm(box - skull[cap].mean(axis=0)) > 30.0  # what no estimate would give

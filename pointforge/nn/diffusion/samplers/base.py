@@ -49,8 +49,10 @@ class StepOutput:
     t: Tensor
 
 
-def respaced_timesteps(schedule: NoiseSchedule, steps: int, spacing: str = "uniform") -> Tensor:
-    """Descending, distinct steps from ``T - 1`` to 0 at which a fast sampler runs.
+def respaced_timesteps(
+    schedule: NoiseSchedule, steps: int, spacing: str = "uniform", start: Optional[int] = None
+) -> Tensor:
+    """Descending, distinct steps from ``start`` (default ``T - 1``) to 0 at which a fast sampler runs.
 
     ``uniform``: ``unique(round(linspace(0, T-1, steps)))`` as upstream's DDIM;
     ``quadratic``: uniform in ``sqrt(t)``, denser where little noise is left;
@@ -59,14 +61,14 @@ def respaced_timesteps(schedule: NoiseSchedule, steps: int, spacing: str = "unif
     """
     if spacing not in SPACINGS:
         raise ConfigError(f"unknown step spacing {spacing!r}; choose one of: {', '.join(SPACINGS)}")
-    last = schedule.num_timesteps - 1
+    last = schedule.num_timesteps - 1 if start is None else start
     # numpy, not torch: linspace and round-half-to-even must equal upstream's bit for bit.
     if spacing == "uniform":
         grid = np.linspace(0, last, steps).round()
     elif spacing == "quadratic":
         grid = (np.linspace(0, math.sqrt(last), steps) ** 2).round()
     else:
-        ac = schedule.alphas_cumprod_float64.numpy()
+        ac = schedule.alphas_cumprod_float64.numpy()[: last + 1]
         half_log_snr = 0.5 * (np.log(ac) - np.log1p(-ac))
         targets = np.linspace(half_log_snr[0], half_log_snr[-1], steps)
         grid = np.abs(half_log_snr[None, :] - targets[:, None]).argmin(axis=1)
@@ -78,7 +80,9 @@ class Sampler(ABC):
     """Turns a network's output into the next sample; subclasses define the update.
 
     ``timesteps`` lists, in order, the steps at which the network is evaluated;
-    ``num_steps`` is how many there are.
+    ``num_steps`` is how many there are. ``start`` (default ``T - 1``) is the
+    noisiest step: a sampler that starts part-way (from a noised estimate
+    rather than pure noise, as SDEdit) spreads its steps over ``[0, start]``.
     """
 
     name = "sampler"
@@ -88,15 +92,17 @@ class Sampler(ABC):
         schedule: Optional[NoiseSchedule] = None,
         steps: Optional[int] = None,
         spacing: str = "uniform",
+        start: Optional[int] = None,
     ):
         self.schedule = schedule if schedule is not None else default_schedule()
         num_timesteps = self.schedule.num_timesteps
         self.spacing = spacing
+        start = num_timesteps - 1 if start is None else check_int(start, f"{self.name} start step", 1, num_timesteps - 1)
         if steps is None:
-            self.timesteps = torch.arange(num_timesteps - 1, -1, -1)
+            self.timesteps = torch.arange(start, -1, -1)
         else:
-            steps = check_int(steps, f"{self.name} steps", 2, num_timesteps)
-            self.timesteps = respaced_timesteps(self.schedule, steps, spacing)
+            steps = check_int(steps, f"{self.name} steps", 2, start + 1)
+            self.timesteps = respaced_timesteps(self.schedule, steps, spacing, start)
         # For each step on the grid, the step it moves to (-1: the clean end);
         # _OFF_GRID elsewhere.
         self._next_step = torch.full((num_timesteps,), _OFF_GRID, dtype=torch.int64)

@@ -40,8 +40,9 @@ class DDIMSampler(Sampler):
         clamp: Optional[float] = None,
         spacing: str = "uniform",
         schedule: Optional[NoiseSchedule] = None,
+        start: Optional[int] = None,
     ):
-        super().__init__(schedule, steps, spacing)
+        super().__init__(schedule, steps, spacing, start)
         eta = check_real(eta, "eta")
         if not 0.0 <= eta <= 1.0:
             raise ConfigError(f"eta must lie in [0, 1] (0 = deterministic DDIM), got {eta}")

@@ -21,8 +21,8 @@ class DDPMSampler(Sampler):
 
     name = "ddpm"
 
-    def __init__(self, schedule: Optional[NoiseSchedule] = None):
-        super().__init__(schedule)
+    def __init__(self, schedule: Optional[NoiseSchedule] = None, start: Optional[int] = None):
+        super().__init__(schedule, start=start)
 
     def __repr__(self) -> str:
         return f"DDPMSampler(steps={self.num_steps})"

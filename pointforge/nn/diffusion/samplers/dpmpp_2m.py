@@ -34,8 +34,9 @@ class DPMSolverPP2MSampler(Sampler):
         *,
         spacing: str = "quadratic",
         schedule: Optional[NoiseSchedule] = None,
+        start: Optional[int] = None,
     ):
-        super().__init__(schedule, steps, spacing)
+        super().__init__(schedule, steps, spacing, start)
         ac = self.schedule.alphas_cumprod_float64
         self._alpha = torch.sqrt(ac)
         self._sigma = torch.sqrt(1.0 - ac)

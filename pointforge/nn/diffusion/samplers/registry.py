@@ -27,10 +27,12 @@ def make_sampler(
     clamp: Optional[float] = None,
     spacing: Optional[str] = None,
     schedule: Optional[NoiseSchedule] = None,
+    start: Optional[int] = None,
 ) -> Sampler:
     """A sampler by name: ``ddpm`` (all T steps), ``ddim`` (default 50 steps,
     ``eta``, ``clamp``, uniform ``spacing``) or ``dpm++2m`` (default 20 steps,
-    quadratic ``spacing``)."""
+    quadratic ``spacing``); ``start``: the noisiest step, for sampling that starts
+    part-way from a noised estimate (default ``T - 1``, pure noise)."""
     if not isinstance(name, str) or name.lower() not in SAMPLER_NAMES:
         raise ConfigError(f"unknown sampler {name!r}; choose one of: {', '.join(SAMPLER_NAMES)}")
     name = name.lower()
@@ -43,7 +45,7 @@ def make_sampler(
         if name not in owners and value != default:
             raise ConfigError(f"{option} applies to the {' and '.join(owners)} sampler only; remove it for {name}")
     if name == "ddpm":
-        sampler = DDPMSampler(schedule)
+        sampler = DDPMSampler(schedule, start)
         if steps is not None and steps != sampler.num_steps:
             raise ConfigError(
                 f"ddpm runs all {sampler.num_steps} steps, got steps={steps}; use ddim or dpm++2m for fewer"
@@ -52,5 +54,5 @@ def make_sampler(
     if steps is None:
         steps = DEFAULT_STEPS[name]
     if name == "ddim":
-        return DDIMSampler(steps, eta, clamp=clamp, spacing=spacing or "uniform", schedule=schedule)
-    return DPMSolverPP2MSampler(steps, spacing=spacing or "quadratic", schedule=schedule)
+        return DDIMSampler(steps, eta, clamp=clamp, spacing=spacing or "uniform", schedule=schedule, start=start)
+    return DPMSolverPP2MSampler(steps, spacing=spacing or "quadratic", schedule=schedule, start=start)
