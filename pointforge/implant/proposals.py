@@ -163,8 +163,7 @@ def complete(
     init = None
     if config is not None and config.frame is not None:
         chosen, norm, estimate, rng = _framed_condition(points, model, config, int(n_skull), spacing, generator)
-        if config.prior is not None:
-            init = _prior_start(config, sampler, estimate, norm, int(n), int(n_implant), rng)
+        init = _prior_start(config, sampler, estimate, norm, int(n), int(n_implant), rng) if config.prior else None
     else:
         chosen = points[_subsample_indices(points, int(n_skull), subsample, generator)]
         norm = bbox_normalization(chosen, HALF_EXTENT)
@@ -174,15 +173,9 @@ def complete(
     model.eval()
     try:
         with torch.no_grad():
+            start = None if init is None else init.to(device)
             out = sample_ensemble(
-                model,
-                sampler,
-                cond,
-                int(n_implant),
-                int(n),
-                generator=generator,
-                init=None if init is None else init.to(device),
-                progress=progress,
+                model, sampler, cond, int(n_implant), int(n), generator=generator, init=start, progress=progress
             )
     finally:
         model.train(was_training)

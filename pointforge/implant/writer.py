@@ -293,7 +293,9 @@ def generate_case(
     _check_label(label)
     input_path, out = Path(input_path), Path(out)
     # A sampler/steps mismatch fails before any work.
-    steps = proposal_sampler(options.sampler, options.steps, models.pcdiff.schedule, models.pcdiff.config.prior).num_steps
+    steps = proposal_sampler(
+        options.sampler, options.steps, models.pcdiff.schedule, models.pcdiff.config.prior
+    ).num_steps
     if out.exists() and not overwrite:
         raise UserError(f"{out} already exists; pass --overwrite to replace it, or choose another --out")
     suffix = _suffix_of(input_path)

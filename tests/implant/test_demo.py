@@ -192,6 +192,7 @@ def report_inputs(tmp_path: Path):
     pipeline = _evaluation({"bilateral/001": 0.8, "random_1/001": None})
     baseline = _evaluation({"bilateral/001": 0.5, "random_1/001": 0.5})
     oracle = _evaluation({"bilateral/001": 0.9, "random_1/001": 0.7})
+    prior = _evaluation({"bilateral/001": 0.6, "random_1/001": 0.4})
     root = tmp_path / "implants" / "test"
     (root / "bilateral/001").mkdir(parents=True)
     (root / "bilateral/001" / "report.json").write_text(
@@ -207,7 +208,7 @@ def report_inputs(tmp_path: Path):
     test = {"root": root, "failed": {"random_1/001": "no implant"}, "evaluation": pipeline}
     settings = {"family": "anatomical", "skulls": 16, "size": 64, "split": "0.625,0.125,0.25", "minutes": 6.0}
     settings.update(ensemble=5, sampler="dpm++2m", steps=20, probe_ensemble=2, probe_steps=10)
-    scored = {"pipeline": pipeline, "baseline": baseline, "oracle": oracle}
+    scored = {"pipeline": pipeline, "baseline": baseline, "oracle": oracle, "prior": prior}
     summary = {
         "settings": settings,
         "cases": cases,
@@ -253,6 +254,10 @@ def test_the_report_gives_intervals_counts_failures_as_zero_and_says_who_wins(tm
     assert "| bilateral/001 | 0.800 | 0.500 |" in text and "12.50" in text
     assert "| PCDiff (chosen models) | 0.400 |" in text and "| 4.2 | 1.12 | 3.0 | 2.5 |" in text
     assert "| the true implant (oracle) | 0.800 |" in text and "| baseline (mean registered skull) | 0.500 |" in text
+    # What PCDiff adds to the atlas estimate it starts from: +0.2 and -0.4 on the two cases.
+    assert "| the atlas estimate PCDiff starts from | 0.500 |" in text
+    assert "| difference PCDiff − its atlas start (paired) | -0.100 [-0.400, +0.200] |" in text
+    assert "| PCDiff … | no clear difference from its atlas start |" in text
     assert "| training | 360.0 | 60 % |" in text and "| total | 600.0 | 100 % |" in text and "| report |" not in text
     assert "pointforge train pcdiff --config paper --nproc 8" in text
     assert (tmp_path / "curve.png").stat().st_size > 5_000
@@ -283,6 +288,7 @@ def test_a_tiny_demo_runs_end_to_end(tmp_path):
     assert set(s["intervals"]) == {"dsc", "bdsc", "hd95"} and set(s["beats_baseline"]) == {"dsc", "bdsc", "hd95"}
     assert s["time_split_s"]["training"] > 0 and s["time_split_s"]["generating"] > 0
     assert (tmp_path / "demo" / "oracle" / "metrics.csv").is_file()
+    assert (tmp_path / "demo" / "prior" / "metrics.csv").is_file() and "over_prior" in s["intervals"]["dsc"]
     assert len(list((tmp_path / "demo" / "baseline").glob("*/*/implant.nrrd"))) == 5
     text = result.report_md.read_text()
     assert "dome" in text and "Where the demo's time went" in text and "[3/7] probing" in "\n".join(said)

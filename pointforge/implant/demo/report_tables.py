@@ -48,6 +48,7 @@ def intervals_table(summary: dict) -> Table:
         "pipeline": "PCDiff pipeline",
         "baseline": "baseline (mean registered skull)",
         "oracle": "oracle (true implant points)",
+        "prior": "atlas estimate (PCDiff's start)",
     }
     rows = [
         [label, *(_interval_cell(e[name], 2 if e["lower_is_better"] else 3) for e in found.values())]
@@ -61,6 +62,15 @@ def intervals_table(summary: dict) -> Table:
         ]
     )
     rows.append(["PCDiff …", *(f"{e['verdict']} the baseline" for e in found.values())])
+    if all("over_prior" in e for e in found.values()):
+        digits = [2 if e["lower_is_better"] else 3 for e in found.values()]
+        rows.append(
+            [
+                "difference PCDiff − its atlas start (paired)",
+                *(_interval_cell(e["over_prior"], d, signed=True) for e, d in zip(found.values(), digits)),
+            ]
+        )
+        rows.append(["PCDiff …", *(f"{e['over_prior']['verdict']} its atlas start" for e in found.values())])
     rows.append(["cases", *(str(e["cases"]) for e in found.values())])
     return headers, rows
 
@@ -175,6 +185,13 @@ def limits_table(summary: dict) -> Table:
         ["baseline (mean registered skull)", format_score(summary["baseline_dsc_mean"]), _cell(base, "bdsc")]
         + [_cell(base, "hd95", 2), "", "", "", ""],
     ]
+    if "prior" in summary:
+        prior = summary["prior"]
+        rows.insert(
+            1,
+            ["the atlas estimate PCDiff starts from", format_score(summary["prior_dsc_mean"]), _cell(prior, "bdsc")]
+            + [_cell(prior, "hd95", 2), "", "", "", ""],
+        )
     return headers, rows
 
 

@@ -20,7 +20,7 @@ from pointforge.implant.demo.scoring import (
     mean_dsc,
     probe_phases,
     run_baseline,
-    run_oracle,
+    run_given,
     score_test,
     scoring_progress,
 )
@@ -73,10 +73,13 @@ def _score(out: Path, s: DemoSettings, kept: list[dict], paths: tuple[Path, Path
 
         t = time.perf_counter()
         log(
-            "[5/7] oracle: the true implant points through the same voxelizer and clean-up (what a perfect PCDiff would reach)"
+            "[5/7] oracle: the true implant points through the same voxelizer and clean-up (what a perfect PCDiff would reach); "
+            "prior: the atlas's estimate of them (where PCDiff starts)"
         )
-        oracle = run_oracle(dataset, kept[chosen], s, test_cases, pool, times, progress)
+        oracle = run_given(dataset, kept[chosen], s, test_cases, pool, times, "oracle", progress)
         write_reports(oracle, out / "oracle")
+        prior = run_given(dataset, kept[chosen], s, test_cases, pool, times, "prior", progress)
+        write_reports(prior, out / "prior")
         stages["oracle_s"] = time.perf_counter() - t
 
         t = time.perf_counter()
@@ -87,7 +90,8 @@ def _score(out: Path, s: DemoSettings, kept: list[dict], paths: tuple[Path, Path
         baseline = evaluate_predictions(out / "baseline", raw, cases=case_ids, progress=scoring_progress(progress))
         write_reports(baseline, out / "baseline")
     stages["baseline_s"] = time.perf_counter() - t
-    return curve, test, {"pipeline": test["evaluation"], "baseline": baseline, "oracle": oracle}, base_stats
+    scored = {"pipeline": test["evaluation"], "baseline": baseline, "oracle": oracle, "prior": prior}
+    return curve, test, scored, base_stats
 
 
 def run_demo(

@@ -203,10 +203,18 @@ def scoring_progress(progress):
     return (lambda d, n: progress("score", d, n, None)) if progress else None
 
 
-def run_oracle(
-    dataset: PreparedDataset, snap: dict, s: DemoSettings, cases, pool: Executor, times: TimeSplit, progress=None
+def run_given(
+    dataset: PreparedDataset,
+    snap: dict,
+    s: DemoSettings,
+    cases,
+    pool: Executor,
+    times: TimeSplit,
+    source: str,
+    progress=None,
 ) -> Evaluation:
-    """Each test case's true implant points, as ``s.ensemble`` proposals, through the pipeline after PCDiff; scored."""
+    """Each test case's true implant points (``source="oracle"``) or the atlas's estimate of them
+    (``"prior"``), as ``s.ensemble`` proposals, through the pipeline after PCDiff; scored."""
     start = time.perf_counter()
     results = run_cases(
         pool,
@@ -214,8 +222,8 @@ def run_oracle(
         case_jobs(dataset, cases),
         _checkpoints(snap, s),
         full_options(s),
-        True,
-        progress=(lambda d, n: progress("oracle", d, n, None)) if progress else None,
+        source,
+        progress=(lambda d, n: progress(source, d, n, None)) if progress else None,
     )
     return _collected(results, time.perf_counter() - start, times)[0]
 

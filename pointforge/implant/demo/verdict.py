@@ -24,7 +24,7 @@ from pointforge.implant.stats import bootstrap_mean, paired_difference, verdict,
 
 # (metric, its name in the report, whether lower is better)
 METRICS = (("dsc", "DSC", False), ("bdsc", "bDSC", False), ("hd95", "HD95", True))
-METHODS = ("pipeline", "baseline", "oracle")
+METHODS = ("pipeline", "baseline", "oracle", "prior")
 
 
 def _scores(evaluation: Evaluation, case_ids: list[str], metric: str) -> list[float | None]:
@@ -56,7 +56,8 @@ def intervals(evaluations: dict[str, Evaluation], case_ids: list[str], *, seed: 
     """Per metric: each method's mean and interval, the paired difference pipeline − baseline, the verdict.
 
     ``evaluations`` holds the ``pipeline`` and ``baseline`` (and optionally
-    ``oracle``) evaluations of the test cases ``case_ids``.
+    ``oracle`` and ``prior``) evaluations of the test cases ``case_ids``; with
+    ``prior``, ``over_prior`` is the paired difference pipeline − prior.
     """
     found = {}
     for metric, label, lower_is_better in METRICS:
@@ -70,6 +71,9 @@ def intervals(evaluations: dict[str, Evaluation], case_ids: list[str], *, seed: 
             "difference": difference.as_dict(),
             "verdict": verdict(difference, lower_is_better=lower_is_better),
         }
+        if "prior" in values:  # what PCDiff adds to the atlas estimate it starts from
+            over = paired_difference(values["pipeline"], values["prior"], seed=seed)
+            found[metric]["over_prior"] = {**over.as_dict(), "verdict": verdict(over, lower_is_better=lower_is_better)}
     return found
 
 

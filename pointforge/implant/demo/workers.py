@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from pointforge.data.skulls.prepared import PreparedDataset
+from pointforge.data.surface import surface_points
 from pointforge.data.volumes import read_binary_volume, write_volume
 from pointforge.devices import use_threads
 from pointforge.errors import DataError, UserError, disk_full_cause
@@ -37,6 +38,7 @@ from pointforge.implant.baseline import Atlas, mean_skull_implant
 from pointforge.implant.metrics import evaluate_case
 from pointforge.implant.pipeline import Generated, GenerateOptions, Models, generate_implant, load_models
 from pointforge.implant.writer import case_done, generate_case
+from pointforge.tasks.pcdiff.frame import atlas_estimate, prior_points
 from pointforge.tasks.pcdiff.placement import placement_metrics
 
 METRICS = ("dsc", "bdsc", "hd95", "hd")
@@ -134,19 +136,27 @@ def placement_mm(dataset: PreparedDataset, defective: str, implant: str, generat
     return {name: float(values.mean()) for name, values in found.items()}
 
 
-def score_case(job: CaseJob, checkpoints: Checkpoints, options: GenerateOptions, oracle: bool = False) -> dict:
+# What a scored case's implant points come from: PCDiff, the true implant (the oracle) or the
+# atlas estimate PCDiff's frame (and prior) start from, each through the same voxelizer and clean-up.
+SOURCES = ("model", "oracle", "prior")
+
+
+def score_case(job: CaseJob, checkpoints: Checkpoints, options: GenerateOptions, source: str = "model") -> dict:
     """Generate one case in memory and score it: ``{"row", "placement"}`` or ``{"failed"}``, plus seconds.
 
-    ``oracle``: the case's true implant points replace PCDiff's proposals.
+    ``source`` (:data:`SOURCES`): ``oracle``, the case's true implant points
+    replace PCDiff's proposals; ``prior``, the atlas's estimate of them does.
     """
     dataset = _dataset(job.prepared)
     models = _models(checkpoints)
     defective = read_binary_volume(_source(dataset, job.defective_points))
     start = time.perf_counter()
     given = None
-    if oracle:
-        rng = np.random.default_rng([options.seed, job.index])
+    rng = np.random.default_rng([options.seed, job.index])
+    if source == "oracle":
         given = oracle_points(dataset, job, models.pcdiff.config.n_implant, options.ensemble, rng)
+    elif source == "prior":
+        given = atlas_points(defective, models, options, rng)
     try:
         generated = generate_implant(defective, models, options, proposals_mm=given)
     except DataError as err:
@@ -171,6 +181,21 @@ def oracle_points(
     points_mm = points @ affine.T + np.asarray(meta["origin"], dtype=np.float64)
     many = len(points_mm) < n_implant
     return np.stack([points_mm[rng.choice(len(points_mm), n_implant, replace=many)] for _ in range(ensemble)])
+
+
+def atlas_points(defective, models: Models, options: GenerateOptions, rng: np.random.Generator) -> np.ndarray:
+    """``[ensemble, n_implant, 3]`` mm: draws of the atlas's estimate of the missing bone
+    (:func:`~pointforge.tasks.pcdiff.frame.atlas_estimate`, with the model's atlas and frame)."""
+    cfg = models.pcdiff.config
+    if cfg.frame is None:
+        raise DataError("the atlas prior needs a PCDiff model trained with task.frame (it carries the atlas)")
+    agree = cfg.prior.agree if cfg.prior is not None else 0.5
+    skull = surface_points(defective.data, 50_000, seed=int(options.seed))
+    atlas = getattr(models.pcdiff.model, "atlas_mm")
+    assert isinstance(atlas, torch.Tensor)  # a model trained with task.frame carries its atlas
+    found = atlas_estimate(atlas, skull, np.asarray(defective.spacing), cfg.frame, agree)
+    draws = np.stack([prior_points(found.points, int(cfg.n_implant), rng) for _ in range(options.ensemble)])
+    return defective.voxel_to_physical(draws.reshape(-1, 3)).reshape(draws.shape)
 
 
 def write_case(job: CaseJob, checkpoints: Checkpoints, options: GenerateOptions, out: str, viewer_js: str) -> dict:

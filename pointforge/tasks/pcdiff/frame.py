@@ -94,7 +94,9 @@ class ImplantEstimate:
     """What the atlas says of a defective skull's missing bone: its centre and its points (same units)."""
 
     center: np.ndarray  # [3]
-    points: np.ndarray  # [M, 3]: missing atlas bone that at least ``agree`` of the best-agreed count of atlas skulls share
+    points: (
+        np.ndarray
+    )  # [M, 3]: missing atlas bone that at least ``agree`` of the best-agreed count of atlas skulls share
 
 
 def estimate_implant(
@@ -143,9 +145,7 @@ def estimate_implant(
     near = cKDTree(missing).query_ball_point(missing, radius_mm)
     votes = np.array([len(np.unique(owners[idx])) for idx in near])
     best = votes.max()
-    return ImplantEstimate(
-        center=missing[votes == best].mean(axis=0), points=missing[votes >= max(1.0, agree * best)]
-    )
+    return ImplantEstimate(center=missing[votes == best].mean(axis=0), points=missing[votes >= max(1.0, agree * best)])
 
 
 @dataclass

@@ -97,7 +97,9 @@ class Sampler(ABC):
         self.schedule = schedule if schedule is not None else default_schedule()
         num_timesteps = self.schedule.num_timesteps
         self.spacing = spacing
-        start = num_timesteps - 1 if start is None else check_int(start, f"{self.name} start step", 1, num_timesteps - 1)
+        start = (
+            num_timesteps - 1 if start is None else check_int(start, f"{self.name} start step", 1, num_timesteps - 1)
+        )
         if steps is None:
             self.timesteps = torch.arange(start, -1, -1)
         else:
