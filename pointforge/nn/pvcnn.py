@@ -32,7 +32,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pointforge.errors import DataError
-from pointforge.nn.pvcnn_blocks import Attention, FeaturePropagation, PVConv, SetAbstraction, SharedMLP, VoxelMap
+from pointforge.nn.pvcnn_blocks import (
+    Attention,
+    FeaturePropagation,
+    PVConv,
+    SetAbstraction,
+    SharedMLP,
+    VoxelMap,
+    dropout,
+    pointwise,
+)
 from pointforge.nn.pvcnn_config import GROUP_NORM_GROUPS, ConvStage, PVCNN2Config, resolve_config
 
 __all__ = ["PVCNN2", "timestep_embedding"]
@@ -175,7 +184,8 @@ class PVCNN2(nn.Module):
             features = _run_blocks(blocks[1:], features, points_coords)
             coords = points_coords
 
-        return self.classifier(features)
+        mlp, drop, out = self.classifier
+        return pointwise(out, dropout(drop, mlp(features)))
 
     def extra_repr(self) -> str:
         return f"{sum(p.numel() for p in self.parameters()):,} parameters"
