@@ -46,16 +46,19 @@ class EMA:
                 params[i].data = flat[offset : offset + n].view_as(params[i])
                 offset += n
             self._groups.append((indices, flat))
-        self._pointers = [p.data_ptr() for p in params]
+        # One parameter per group tells whether something gave the module new storage
+        # (``module.to`` replaces every parameter's); checking all would cost ~1 ms a step.
+        self._anchors = [(params[indices[0]], params[indices[0]].data_ptr()) for indices, _ in self._groups]
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
-        ema_params = list(self.module.parameters())
-        if [p.data_ptr() for p in ema_params] != self._pointers:
+        if any(param.data_ptr() != pointer for param, pointer in self._anchors):
             self._flatten()
-        params = [p.detach() for p in model.parameters()]
+        params = list(model.parameters())
         for indices, flat in self._groups:
-            flat.lerp_(torch.cat([params[i].reshape(-1) for i in indices]), 1.0 - self.decay)
+            # One C++ call for the ~300 views and their concatenation.
+            current = torch._utils._flatten_dense_tensors([params[i] for i in indices])
+            flat.lerp_(current, 1.0 - self.decay)
         for ema_buf, buf in zip(self.module.buffers(), model.buffers()):
             ema_buf.copy_(buf)
 
