@@ -25,7 +25,7 @@ distributed training.
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, cast
 
 import torch
 import torch.nn.functional as F
@@ -189,7 +189,7 @@ class PVCNN2(nn.Module):
             coords = points_coords
 
         mlp, drop, out = self.classifier
-        return pointwise(out, dropout(drop, mlp(features)))
+        return pointwise(out, dropout(cast(nn.Dropout, drop), mlp(features)))
 
     def extra_repr(self) -> str:
         return f"{sum(p.numel() for p in self.parameters()):,} parameters"
