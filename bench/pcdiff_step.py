@@ -1,67 +1,47 @@
-"""PCDiff training step of the demo recipe on CPU: seconds per step and steps per second.
+"""PCDiff demo training step on CPU: steps per second as `pointforge demo` runs it, optionally against another checkout.
 
-The workload is one optimizer step of ``pointforge/configs/pcdiff/demo.yaml`` (PVCNN2 ``tiny``,
-1536 skull + 256 implant points, batch 4, Adam, one torch thread): forward, diffusion
-loss, backward, Adam step, zero_grad. Data loading (the task's dataset and collate, as
-the engine's loader runs them with ``num_workers: 0``) is timed separately. Two recipes:
-the demo as configured, and the demo with ``task.condition_mark=true`` and
-``task.frame.scale=0.5`` (one more input channel; the dataset reads every skull point
-and crops around the implant).
+The workload is one optimizer step of ``pointforge/configs/pcdiff/demo.yaml`` as the
+engine runs it: PVCNN2 ``tiny`` with the condition mark and the frame, 1536 skull + 256
+implant points, batch 4, one torch thread; a batch from the task's dataset and collate
+(``num_workers: 0``, on the main thread), forward, diffusion loss, backward, the
+engine's optimizer (``train/schedule.build_optimizer``), ``zero_grad``, the engine's EMA
+update (``train.ema_decay``). Data loading and the step are timed apart, in process
+CPU time (the steadier figure on a shared machine) and wall time.
 
-Side by side in one process, interleaved step by step (the order rotating) on models
-with the same initial weights, the same batches and the same t and noise, the step runs
-with the engine's Adam (``current``) and with ``torch.optim.Adam(..., foreach=True)``,
-the multi-tensor step (what ``train/schedule.py`` could pass; measured here, not used by
-the engine yet).
+Each measurement runs in a fresh process (``--worker``) that imports ``pointforge``
+from the checkout it measures; the step sees the same batches and the same seeds in
+every process, so two checkouts can be compared step for step. ``--against DIR`` (a
+checkout of another commit, e.g. ``git worktree add /tmp/base main``) alternates the two
+checkouts' processes ``--rounds`` times (the order flipping each round) and reports each
+one's median, their ratio, and the largest difference of their losses over the first
+steps (the same computation gives the same loss curve up to float rounding).
+``--profile`` prints torch.profiler's table of one checkout's step instead.
 
-The before/after table of the step's earlier cuts (the SA levels' GroupNorm for all batch
-elements at once, the scatter-add backward of devoxelisation and 3-NN interpolation,
-channels-last grids for oneDNN's 3D convolutions) is historical: it was measured in
-2026-11 with switches that kept the old paths selectable, and is kept in
-docs/benchmarks.md. The switches are gone; two of the old paths (the per-element GroupNorm
-loop, embedding_bag's own backward) live on as test oracles
-(tests/nn/oracles.py).
-
-The machine may be shared: each path's median of interleaved steps, wall and process CPU
-time, and their ratio are the point; absolute times are context. CPU time (one thread)
-is the better measure when other jobs compete for the cores.
-
-    python bench/pcdiff_step.py [--repeats 12] [--data PREPARED_ROOT] [--recipe demo|mark_frame|both]
+    python bench/pcdiff_step.py [--rounds 5] [--repeats 12] [--against DIR] [--data PREPARED_ROOT]
+    python bench/pcdiff_step.py --profile [--against DIR]   # the table of DIR's step (default: this checkout)
 
 Without ``--data`` a synthetic demo dataset (10 skulls at 64^3, as ``make demo``
-builds) is made in a temporary folder first (~10 s).
+builds) is made in a temporary folder first (~15 s).
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
+import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
-import yaml
-
 from _common import machine, print_table, write_json
-from pointforge.config.coercion import from_dict
-from pointforge.tasks.pcdiff.config import PCDiffConfig
-from pointforge.tasks.pcdiff.task import PCDiffTask
 
-ROOT = Path(__file__).resolve().parent.parent
-DEMO_CONFIG = ROOT / "pointforge" / "configs" / "pcdiff" / "demo.yaml"
-
-RECIPES: dict[str, dict[str, Any]] = {
-    "demo": {},
-    "mark_frame": {"condition_mark": True, "frame": {"scale": 0.5}},
-}
-
-# Adam options per path; the first is the engine's.
-PATH_ADAM: dict[str, dict[str, Any]] = {"current": {}, "+ Adam foreach": {"foreach": True}}
-FOREACH = "+ Adam foreach"
+HERE = Path(__file__).resolve()
+ROOT = HERE.parent.parent
+WARMUP = 3  # oneDNN primitives, the allocator, the data path's caches
 
 
 def demo_dataset(folder: Path) -> Path:
@@ -75,159 +55,197 @@ def demo_dataset(folder: Path) -> Path:
     return folder / "prepared"
 
 
-def task_config(data_root: Path, overrides: dict[str, Any]) -> tuple[PCDiffConfig, dict[str, Any]]:
-    full = yaml.safe_load(DEMO_CONFIG.read_text())
-    section = {**full["task"], **overrides, "data_root": str(data_root), "val_split": None}
-    return from_dict(PCDiffConfig, section, prefix="task"), full
+def _demo_parts(tree: Path, data_root: Path) -> tuple[Any, Any, Any, Any, Any, dict[str, Any]]:
+    """The task, its training dataset's loader, model, optimizer and EMA, as the demo builds them."""
+    import torch
+    import yaml
 
+    from pointforge.config.coercion import from_dict
+    from pointforge.config.training import OptimSection
+    from pointforge.tasks.pcdiff.config import PCDiffConfig
+    from pointforge.tasks.pcdiff.task import PCDiffTask
+    from pointforge.train.ema import EMA
+    from pointforge.train.schedule import build_optimizer
 
-def measure_recipe(name: str, data_root: Path, repeats: int) -> dict[str, Any]:
-    cfg, full = task_config(data_root, RECIPES[name])
+    full = yaml.safe_load((tree / "pointforge" / "configs" / "pcdiff" / "demo.yaml").read_text())
+    section = {**full["task"], "data_root": str(data_root), "val_split": None}
+    cfg = from_dict(PCDiffConfig, section, prefix="task")
     task = PCDiffTask()
     task.configure(cfg)
     train_ds, _ = task.build_datasets(cfg)
-    batch = int(full["data"]["global_batch"])
     loader = torch.utils.data.DataLoader(
         train_ds,
-        batch_size=batch,
+        batch_size=int(full["data"]["global_batch"]),
         shuffle=True,
         drop_last=True,
         collate_fn=task.collate,
         generator=torch.Generator().manual_seed(0),
     )
-
-    # Data loading, as the engine's single-process loader does it.
-    batches, data_wall, data_cpu = [], [], []
-    iterator = iter(loader)
-    while len(batches) < 8:
-        wall, cpu = time.perf_counter(), time.process_time()
-        try:
-            item = next(iterator)
-        except StopIteration:
-            iterator = iter(loader)
-            continue
-        data_wall.append(time.perf_counter() - wall)
-        data_cpu.append(time.process_time() - cpu)
-        batches.append(item)
-
     torch.manual_seed(0)
-    base = task.build_model(cfg).train()
-    optim = full["optim"]
-    models, optimizers = {}, {}
-    for path in PATH_ADAM:
-        models[path] = copy.deepcopy(base)
-        optimizers[path] = torch.optim.Adam(
-            models[path].parameters(), lr=float(optim["lr"]), betas=tuple(optim["betas"]), **PATH_ADAM[path]
-        )
+    model = task.build_model(cfg).train()
+    optim = from_dict(OptimSection, full["optim"], prefix="optim")
+    optimizer = build_optimizer(model.parameters(), optim, optim.lr)
+    ema = EMA(model, float(full["train"]["ema_decay"]))
+    return task, loader, model, optimizer, ema, full
 
-    def step(path: str, item: dict[str, Any]) -> float:
-        model, optimizer = models[path], optimizers[path]
-        loss = task.training_step(model, item, None)
+
+def worker(tree: Path, data_root: Path, repeats: int, profile: bool) -> dict[str, Any]:
+    """Measure this process's checkout (``pointforge`` as imported); one JSON-able record."""
+    import torch
+
+    torch.set_num_threads(1)  # perf.threads in the demo recipe
+    task, loader, model, optimizer, ema, full = _demo_parts(tree, data_root)
+    batches = iter(loader)
+
+    def next_batch() -> Any:
+        nonlocal batches
+        try:
+            return next(batches)
+        except StopIteration:
+            batches = iter(loader)
+            return next(batches)
+
+    def step(index: int, batch: Any) -> float:
+        torch.manual_seed(1000 + index)  # the same t and noise in every process
+        loss = task.training_step(model, batch, None)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return float(loss.detach())
+        ema.update(model)
+        return loss.item()
 
-    times: dict[str, dict[str, list[float]]] = {p: {"wall": [], "cpu": []} for p in PATH_ADAM}
-    losses: dict[str, list[float]] = {p: [] for p in PATH_ADAM}
-    paths = list(PATH_ADAM)
-    for r in range(repeats + 2):  # two warm-up rounds (oneDNN primitives, allocator)
-        item = batches[r % len(batches)]
-        for path in paths[r % len(paths) :] + paths[: r % len(paths)]:  # rotate who goes first
-            torch.manual_seed(1000 + r)  # the same t and noise for every path
-            wall, cpu = time.perf_counter(), time.process_time()
-            loss = step(path, item)
-            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-            losses[path].append(loss)
-            if r >= 2:
-                times[path]["wall"].append(wall)
-                times[path]["cpu"].append(cpu)
+    if profile:
+        from torch.profiler import ProfilerActivity, profile as torch_profile
+
+        for index in range(WARMUP):
+            step(index, next_batch())
+        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+            for index in range(WARMUP, WARMUP + repeats):
+                step(index, next_batch())
+        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60)
+        return {"profile": table, "steps": repeats}
+
+    losses: list[float] = []
+    times: dict[str, list[float]] = {"data_cpu": [], "data_wall": [], "step_cpu": [], "step_wall": []}
+    for index in range(WARMUP + repeats):
+        wall, cpu = time.perf_counter(), time.process_time()
+        batch = next_batch()
+        data_wall, data_cpu = time.perf_counter() - wall, time.process_time() - cpu
+        wall, cpu = time.perf_counter(), time.process_time()
+        losses.append(step(index, batch))
+        step_wall, step_cpu = time.perf_counter() - wall, time.process_time() - cpu
+        if index >= WARMUP:
+            for key, value in zip(times, (data_cpu, data_wall, step_cpu, step_wall)):
+                times[key].append(value)
     return {
-        "recipe": name,
-        "overrides": RECIPES[name],
-        "parameters": sum(p.numel() for p in base.parameters()),
-        "data_wall_s": data_wall,
-        "data_cpu_s": data_cpu,
-        "step": times,
+        "medians": {key: statistics.median(values) for key, values in times.items()},
         "losses": losses,
+        "parameters": sum(p.numel() for p in model.parameters()),
     }
+
+
+def run_worker(tree: Path, data_root: Path, repeats: int, profile: bool = False) -> dict[str, Any]:
+    """One measurement in a fresh process importing ``pointforge`` from ``tree``."""
+    command = [sys.executable, str(HERE), "--worker", "--tree", str(tree), "--data", str(data_root)]
+    command += ["--repeats", str(repeats)] + (["--profile"] if profile else [])
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        raise SystemExit(f"the measurement of {tree} failed:\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def compare(trees: list[Path], data_root: Path, rounds: int, repeats: int) -> dict[str, Any]:
+    runs: dict[str, list[dict[str, Any]]] = {str(t): [] for t in trees}
+    loads = []
+    for r in range(rounds):
+        for tree in trees if r % 2 == 0 else trees[::-1]:
+            runs[str(tree)].append(run_worker(tree, data_root, repeats))
+        loads.append(os.getloadavg()[0])
+        print(f"round {r + 1}/{rounds} done, load average {loads[-1]:.1f}", flush=True)
+    summary: dict[str, Any] = {}
+    for tree, records in runs.items():
+        summary[tree] = {
+            key: statistics.median(rec["medians"][key] for rec in records) for key in records[0]["medians"]
+        }
+        summary[tree]["per_round_step_cpu"] = [rec["medians"]["step_cpu"] for rec in records]
+    return {"runs": runs, "summary": summary, "loads": loads}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=12, help="timed steps per path (after 2 warm-up rounds)")
+    parser.add_argument("--rounds", type=int, default=5, help="processes per checkout, alternating (default 5)")
     parser.add_argument(
-        "--data", type=Path, help="a prepared dataset (default: synthesise the demo's into a temporary folder)"
+        "--repeats", type=int, default=12, help=f"timed steps per process, after {WARMUP} warm-up steps"
     )
-    parser.add_argument("--recipe", choices=[*RECIPES, "both"], default="both")
+    parser.add_argument("--against", type=Path, help="another checkout to measure in alternation with this one")
+    parser.add_argument("--data", type=Path, help="a prepared dataset (default: synthesise the demo's)")
+    parser.add_argument("--profile", action="store_true", help="print the profiler table of one checkout's step")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--tree", type=Path, default=ROOT, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    torch.set_num_threads(1)  # perf.threads in the demo recipe
+    if args.worker:
+        print(json.dumps(worker(args.tree, args.data, args.repeats, args.profile)))
+        return
 
-    recipes = list(RECIPES) if args.recipe == "both" else [args.recipe]
     with tempfile.TemporaryDirectory(prefix="pcdiff_step_") as scratch:
         data_root = args.data if args.data is not None else demo_dataset(Path(scratch))
-        results = [measure_recipe(name, data_root, args.repeats) for name in recipes]
+        if args.profile:
+            tree = (args.against or ROOT).resolve()
+            print(f"torch.profiler, {args.repeats} demo steps of {tree} (self CPU time), 1 thread")
+            print(run_worker(tree, data_root, args.repeats, profile=True)["profile"])
+            return
+        trees = [ROOT] + ([args.against.resolve()] if args.against else [])
+        result = compare(trees, data_root, args.rounds, args.repeats)
 
     print(
-        f"PCDiff demo training step (PVCNN2 tiny, batch 4, 1536 + 256 points, Adam), 1 torch thread, "
-        f"{args.repeats} interleaved steps per path"
+        "PCDiff demo training step (PVCNN2 tiny + mark + frame, batch 4, 1536 + 256 points, "
+        f"engine optimizer + EMA), 1 torch thread; median of {args.rounds} processes x {args.repeats} steps"
     )
     print(machine())
-    load = os.getloadavg()[0]
-    print(
-        f"load average when done: {load:.1f} on {os.cpu_count()} cores (other work inflates wall times; CPU time less so)"
-    )
+    print(f"load average per round: {', '.join(f'{x:.1f}' for x in result['loads'])} on {os.cpu_count()} cores")
+    summary = result["summary"]
+    base = summary[str(trees[-1])]
     rows = []
-    for res in results:
-
-        def med(p: str, k: str) -> float:
-            return statistics.median(res["step"][p][k])
-
-        for path in PATH_ADAM:
-            rows.append(
-                [
-                    res["recipe"],
-                    path,
-                    med(path, "wall"),
-                    1 / med(path, "wall"),
-                    med(path, "cpu"),
-                    1 / med(path, "cpu"),
-                    med("current", "cpu") / med(path, "cpu"),
-                ]
-            )
-        res["cpu_speedup"] = med("current", "cpu") / med(FOREACH, "cpu")
-        res["wall_speedup"] = med("current", "wall") / med(FOREACH, "wall")
-        res["data_cpu_s_per_batch"] = statistics.median(res["data_cpu_s"])
+    for tree in trees:
+        s = summary[str(tree)]
         rows.append(
             [
-                res["recipe"],
-                "data loading (per batch)",
-                statistics.median(res["data_wall_s"]),
-                float("nan"),
-                res["data_cpu_s_per_batch"],
-                float("nan"),
-                float("nan"),
+                "this checkout" if tree == ROOT else str(tree),
+                s["step_cpu"],
+                1 / s["step_cpu"],
+                s["step_wall"],
+                1 / s["step_wall"],
+                s["data_cpu"] * 1e3,
+                (base["step_cpu"] + base["data_cpu"]) / (s["step_cpu"] + s["data_cpu"]),
             ]
         )
     print_table(
-        ["recipe", "path", "wall s/step", "steps/s (wall)", "CPU s/step", "steps/s (CPU)", "speed-up (CPU)"], rows
+        [
+            "checkout",
+            "CPU s/step",
+            "steps/s (CPU)",
+            "wall s/step",
+            "steps/s (wall)",
+            "data CPU ms/batch",
+            "speed-up (CPU, step + data)",
+        ],
+        rows,
     )
-    for res in results:
-        print(
-            f"{res['recipe']}: Adam foreach speed-up over current = {res['cpu_speedup']:.2f}x CPU time, {res['wall_speedup']:.2f}x wall time "
-            f"(median of {args.repeats}); first losses "
-            + ", ".join(f"{p} {res['losses'][p][0]:.5f}" for p in PATH_ADAM)
-        )
-
+    if args.against:
+        first = [result["runs"][str(t)][0]["losses"] for t in trees]
+        diff = max(abs(a - b) for a, b in zip(*first))
+        print(f"largest loss difference over the first {len(first[0])} steps: {diff:.3g}")
+        result["max_loss_difference"] = diff
     record = {
         "benchmark": "pcdiff_step",
         "machine": machine(),
-        "torch": torch.__version__,
         "threads": 1,
-        "load_average": load,
+        "rounds": args.rounds,
         "repeats": args.repeats,
-        "paths": {p: {"adam": PATH_ADAM[p]} for p in PATH_ADAM},
-        "results": results,
+        "trees": [str(t) for t in trees],
+        **result,
     }
     print(f"\nwrote {write_json('pcdiff_step', record)}")
 

@@ -25,14 +25,23 @@ distributed training.
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pointforge.errors import DataError
-from pointforge.nn.pvcnn_blocks import Attention, FeaturePropagation, PVConv, SetAbstraction, SharedMLP, VoxelMap
+from pointforge.nn.pvcnn_blocks import (
+    Attention,
+    FeaturePropagation,
+    PVConv,
+    SetAbstraction,
+    SharedMLP,
+    VoxelMap,
+    dropout,
+    pointwise,
+)
 from pointforge.nn.pvcnn_config import GROUP_NORM_GROUPS, ConvStage, PVCNN2Config, resolve_config
 
 __all__ = ["PVCNN2", "timestep_embedding"]
@@ -51,13 +60,15 @@ def _conv_stage(stage: ConvStage, in_channels: int, attention_first: bool, dropo
     return blocks
 
 
-def _run_blocks(blocks: Iterable[nn.Module], features: Tensor, coords: Tensor) -> Tensor:
-    voxel_map = None
+def _run_blocks(blocks: Iterable[nn.Module], features: Tensor, coords: Tensor, maps: dict[int, VoxelMap]) -> Tensor:
+    """Run ``blocks`` on points at ``coords``; ``maps`` holds the voxel maps of these
+    coordinates by resolution, shared by the blocks and by the SA and FP levels on the
+    same points (the tiny preset builds 4 maps per pass instead of 7)."""
     for block in blocks:
         if isinstance(block, PVConv):
-            if voxel_map is None or voxel_map.resolution != block.resolution:
-                voxel_map = VoxelMap(coords, block.resolution)
-            features = block(features, coords, voxel_map)
+            if block.resolution not in maps:
+                maps[block.resolution] = VoxelMap(coords, block.resolution)
+            features = block(features, coords, maps[block.resolution])
         else:
             features = block(features)
     return features
@@ -147,13 +158,15 @@ class PVCNN2(nn.Module):
         temb = self.embedf(timestep_embedding(t, cfg.embed_dim).to(x.dtype))[:, :, None]  # [B, E, 1]
         coords, features = x[:, :3].contiguous(), x
         coords_list, skip_features = [], []
+        voxel_maps: list[dict[int, VoxelMap]] = []  # per entry of coords_list
         for level_index, level in enumerate(self.sa_layers):
             skip_features.append(features)
             coords_list.append(coords)
+            voxel_maps.append({})
             if level_index > 0:
                 features = torch.cat([features, temb.expand(-1, -1, coords.shape[2])], 1)
             blocks = list(level) if isinstance(level, nn.Sequential) else [level]
-            features = _run_blocks(blocks[:-1], features, coords)
+            features = _run_blocks(blocks[:-1], features, coords, voxel_maps[-1])
             features, coords = blocks[-1](features, coords)
             # Upstream max-pools the grouped embedding per centre; the embedding is the same
             # at every point, so the pooled value is that same vector, exactly.
@@ -172,10 +185,11 @@ class PVCNN2(nn.Module):
             # Upstream interpolates the embedding separately with the same neighbours and
             # weights: those are the embedding channels of the joint interpolation.
             temb_points = interpolated[:, -cfg.embed_dim :]
-            features = _run_blocks(blocks[1:], features, points_coords)
+            features = _run_blocks(blocks[1:], features, points_coords, voxel_maps[-1 - fp_index])
             coords = points_coords
 
-        return self.classifier(features)
+        mlp, drop, out = self.classifier
+        return pointwise(out, dropout(cast(nn.Dropout, drop), mlp(features)))
 
     def extra_repr(self) -> str:
         return f"{sum(p.numel() for p in self.parameters()):,} parameters"

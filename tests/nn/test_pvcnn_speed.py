@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from pointforge.nn.ops.bags import sum_bags, weighted_bags
-from pointforge.nn.pvcnn_blocks import _segment_group_norm, _segment_weights
+from pointforge.nn.pvcnn_blocks import _segment_group_norm, _segment_weights, dropout
 from tests.nn.oracles import embedding_bag_sum, weighted_group_norm_per_element
 
 
@@ -49,3 +49,25 @@ def test_scatter_bag_backward_equals_embedding_bag_backward():
         results.append((out.detach(), r.grad))
     torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=0)
     torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-12, atol=1e-12)
+
+
+def test_dropout_draws_the_mask_of_nn_dropout():
+    """Same output, gradient and generator state afterwards as ``nn.Dropout`` from the
+    same seed, for point features and channels-last grids; identity in eval mode."""
+    for shape, p, layout in [
+        ((2, 16, 300), 0.5, torch.contiguous_format),
+        ((2, 8, 6, 6, 6), 0.1, torch.channels_last_3d),
+    ]:
+        x = torch.randn(shape).contiguous(memory_format=layout).requires_grad_(True)
+        probe = torch.randn(shape)
+        module = nn.Dropout(p)
+        outputs = []
+        for run in (module, lambda v: dropout(module, v)):
+            torch.manual_seed(7)
+            y = run(x)
+            outputs.append((y, torch.autograd.grad((y * probe).sum(), x)[0], torch.rand(4)))
+        for ours, theirs in zip(outputs[1], outputs[0]):
+            assert torch.equal(ours, theirs)
+        assert 0 < float((outputs[1][0] == 0).float().mean()) < 1
+    module.eval()
+    assert dropout(module, x) is x

@@ -7,6 +7,7 @@ import torch
 
 from pointforge.errors import DataError
 from pointforge.nn.ops.ball_query import ball_query
+from pointforge.nn.ops.cell_grid import CellGrid
 from pointforge.nn.ops.devoxelize import trilinear_corners, trilinear_devoxelize
 from pointforge.nn.ops.fps import furthest_point_sample, furthest_point_sample_indices
 from pointforge.nn.ops.grouping import gather, grouping
@@ -127,8 +128,15 @@ def _cloud(n: int, seed: int, lattice: bool = False) -> torch.Tensor:
     return pts
 
 
+@pytest.fixture(params=["dense table", "binary search"])
+def cell_lookup(request, monkeypatch):
+    """Each of the cell grid's two ways to find a cell's points (the same starts and counts)."""
+    monkeypatch.setattr(CellGrid, "_DENSE_PER_KEY", 1 << 30 if request.param == "dense table" else 0)
+    return request.param
+
+
 @pytest.mark.parametrize("lattice", [False, True])
-def test_ball_query_grid_equals_dense(lattice):
+def test_ball_query_grid_equals_dense(lattice, cell_lookup):
     points = _cloud(3000, 1, lattice)
     centers = points[:, :, ::7]
     for radius, u in [(0.05, 8), (0.3, 32), (0.25, 200)]:
@@ -139,7 +147,7 @@ def test_ball_query_grid_equals_dense(lattice):
 
 
 @pytest.mark.parametrize("lattice", [False, True])
-def test_three_nn_grid_equals_dense(lattice):
+def test_three_nn_grid_equals_dense(lattice, cell_lookup):
     points = _cloud(4000, 2, lattice)
     centers = points[:, :, ::9].contiguous()
     # Far-away points: their third neighbour lies outside the first cells tried, so the

@@ -9,7 +9,14 @@ import pytest
 import torch
 
 from pointforge.errors import ConfigError
-from pointforge.train.schedule import build_scheduler, lr_factor, plan_batches, restore_scheduler, scale_lr
+from pointforge.train.schedule import (
+    build_optimizer,
+    build_scheduler,
+    lr_factor,
+    plan_batches,
+    restore_scheduler,
+    scale_lr,
+)
 
 
 def test_plan_splits_global_batch():
@@ -105,3 +112,28 @@ def test_scheduler_restore_continues_and_never_rescales():
     restore_scheduler(sched3, state, [0.8])
     assert opt3.param_groups[0]["lr"] == pytest.approx(2 * opt.param_groups[0]["lr"])
     assert not math.isclose(lrs[0], lrs[3])
+
+
+@pytest.mark.parametrize("name", ["adam", "adamw"])
+def test_adam_runs_fused_and_updates_as_the_per_parameter_loop(name):
+    """Fused where every parameter is a floating-point CPU/CUDA tensor; the same update
+    as PyTorch's per-parameter loop up to float rounding, over a few steps."""
+    cfg = SimpleNamespace(name=name, betas=(0.5, 0.999), eps=1e-8, weight_decay=0.01)
+    g = torch.Generator().manual_seed(0)
+    start = [torch.randn(5, 3, generator=g), torch.randn(7, generator=g)]
+    fused_params = [torch.nn.Parameter(p.clone()) for p in start]
+    loop_params = [torch.nn.Parameter(p.clone()) for p in start]
+    fused = build_optimizer([{"params": fused_params}], cfg, 2e-3)
+    loop_cls = torch.optim.Adam if name == "adam" else torch.optim.AdamW
+    loop = loop_cls(loop_params, lr=2e-3, betas=(0.5, 0.999), eps=1e-8, weight_decay=0.01, foreach=False)
+    assert fused.defaults["fused"] is True
+    for _ in range(5):
+        grads = [torch.randn(p.shape, generator=g) for p in start]
+        for params, opt in ((fused_params, fused), (loop_params, loop)):
+            for p, grad in zip(params, grads):
+                p.grad = grad.clone()
+            opt.step()
+    for a, b in zip(fused_params, loop_params):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    # Not fusable (a complex parameter): PyTorch's default loop.
+    assert not build_optimizer([torch.nn.Parameter(torch.zeros(2, dtype=torch.complex64))], cfg, 1e-3).defaults["fused"]

@@ -48,6 +48,10 @@ class PreparedDataset:
         self.info = json.loads(info.read_text())
         with open(manifest, newline="") as fh:
             self.cases = [PreparedCase(**row) for row in csv.DictReader(fh)]
+        # Opened memory maps by relative path: opening one (header parse, path checks)
+        # cost as much as the rest of a PCDiff training item. Bounded, so a huge
+        # dataset cannot exhaust the process's map count.
+        self._maps: dict[str, np.ndarray] = {}
 
     def split(self, name: str, *, require: tuple[str, ...] = ("implant",)) -> list[PreparedCase]:
         if name not in SPLITS and name != "all":
@@ -58,14 +62,29 @@ class PreparedDataset:
     def path(self, rel: str) -> Path:
         return self.root / rel
 
+    _MAX_MAPS = 4096
+
+    def __getstate__(self) -> dict:
+        # A pickled memory map is a full copy of its data (data-loader workers under
+        # ``spawn``): workers open their own.
+        return {**self.__dict__, "_maps": {}}
+
     def points(self, rel: str, *, mmap: bool = True) -> np.ndarray:
+        """The ``[N, 3]`` points of a case file: a read-only memory map (kept open), or a copy (``mmap=False``)."""
+        if mmap and rel in self._maps:
+            return self._maps[rel]
         path = self.path(rel)
         try:
-            return np.load(path, mmap_mode="r" if mmap else None)
+            array = np.load(path, mmap_mode="r" if mmap else None)
         except FileNotFoundError:
             raise DataError(f"{path}: missing; re-run `pointforge data prepare` to complete the dataset") from None
         except ValueError as exc:
             raise DataError(f"{path}: unreadable point file ({exc}); delete it and re-run prepare") from None
+        if mmap:
+            if len(self._maps) >= self._MAX_MAPS:
+                self._maps.clear()
+            self._maps[rel] = array
+        return array
 
     def meta(self, rel: str) -> dict:
         path = self.path(rel).with_suffix(".json")

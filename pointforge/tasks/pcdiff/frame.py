@@ -188,6 +188,7 @@ def frame_condition(
     *,
     half_extent: float,
     jitter: bool = False,
+    box: Normalization | None = None,
 ) -> tuple[np.ndarray, Normalization]:
     """The conditioning points and the frame for one skull.
 
@@ -197,9 +198,11 @@ def frame_condition(
     skull's size, so the crop does not depend on how densely the surface was
     sampled) of the (jittered) centre, or the ``n_skull`` nearest if none is, and the
     :class:`Normalization` into the frame (``apply`` maps into it, ``inverse``
-    back), so callers treat it like the bounding-box normalisation.
+    back), so callers treat it like the bounding-box normalisation. ``box``: the
+    skull's :func:`bbox_normalization` when the caller has it already.
     """
-    box = bbox_normalization(skull, half_extent)
+    if box is None:
+        box = bbox_normalization(skull, half_extent)
     offset = (np.asarray(center, dtype=np.float64) - box.center) / box.scale
     if jitter and section.jitter > 0:
         offset = offset + rng.normal(0.0, section.jitter, 3)

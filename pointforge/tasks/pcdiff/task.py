@@ -42,6 +42,7 @@ from torch.utils.data import Dataset
 from pointforge.atomic import atomic_writer
 from pointforge.data.cache import ensure_synthetic_prepared
 from pointforge.data.skulls.datasets import CompletionDataset
+from pointforge.data.skulls.normalization import Normalization, bbox_normalization
 from pointforge.data.skulls.prepared import PreparedDataset
 from pointforge.errors import DataError
 from pointforge.nn.diffusion.conditioning import MarkConditioning
@@ -183,6 +184,10 @@ class PCDiffDataset(CompletionDataset):
         # With an atlas and a prior: the atlas's implant points too ("prior"), to start sampling from.
         self.frame, self.atlas, self.prior = frame, atlas, prior
         self._estimates: dict[str, ImplantEstimate] = {}
+        # Per case, what does not change between epochs (the skull's bounding box, the
+        # implant's mean): ~40% of an item's time on the demo's data, recomputed before.
+        self._boxes: dict[str, Normalization] = {}
+        self._implant_means: dict[str, np.ndarray] = {}
 
     def spacing(self, index: int) -> torch.Tensor:
         case = self.cases[index]
@@ -219,7 +224,9 @@ class PCDiffDataset(CompletionDataset):
         )
         estimate = None
         if self.atlas is None:
-            center = np.asarray(implant_all, dtype=np.float64).mean(axis=0)
+            if case.implant not in self._implant_means:
+                self._implant_means[case.implant] = np.asarray(implant_all, dtype=np.float64).mean(axis=0)
+            center = self._implant_means[case.implant]
         else:
             if case.case_id not in self._estimates:
                 agree = self.prior.agree if self.prior is not None else 0.5
@@ -227,8 +234,17 @@ class PCDiffDataset(CompletionDataset):
                 self._estimates[case.case_id] = atlas_estimate(self.atlas, skull, spacing, frame, agree)
             estimate = self._estimates[case.case_id]
             center = estimate.center
+        if case.defective not in self._boxes:
+            self._boxes[case.defective] = bbox_normalization(skull, self.half_extent)
         cond, norm = frame_condition(
-            skull, center, self.n_skull, frame, rng, half_extent=self.half_extent, jitter=self.atlas is None
+            skull,
+            center,
+            self.n_skull,
+            frame,
+            rng,
+            half_extent=self.half_extent,
+            jitter=self.atlas is None,
+            box=self._boxes[case.defective],
         )
         item = {
             "points": torch.from_numpy(norm.apply(np.concatenate([cond, implant]))),
