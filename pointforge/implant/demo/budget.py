@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 # Training minutes of `pointforge demo` / `make demo` (PCDiff and the voxelizer side by side).
-DEFAULT_MINUTES = 6.0
+DEFAULT_MINUTES = 5.0
 # The default data: 16 skulls split 10 / 2 / 4 by skull (training, validation, test),
 # so 20 test cases from 4 skulls and 10 validation cases from 2.
 DEFAULT_SKULLS = 16
