@@ -35,6 +35,11 @@ as initialised, it starts out as that baseline. The start uses one hop of the
 graph, which the refinement stage's reach already covers, so a tiled run's
 margin is unchanged.
 
+``gate``: each child's offset (coarse plus fine) is scaled by a sigmoid of
+its features, ``output = start + g · offset``, so where the network cannot
+improve on its geometric start it can keep it exactly (g → 0) instead of having
+to learn offsets that cancel; the gate starts at 0.5 and adds ``C + 1`` weights.
+
 ``heads``, ``concat``, ``beta`` and ``dropout`` configure both attention stages
 as in PyG's TransformerConv. Normalisation is LayerNorm (per point): batch
 statistics would couple the clouds of a batch and make one cloud's output
@@ -84,6 +89,7 @@ class UpsamplerConfig:
     beta: bool = True  # TransformerConv's gated skip connection
     dropout: float = 0.0  # attention dropout of the shuffle and refine stages
     start: Literal["input", "plane"] = "input"  # where the children start (module docs)
+    gate: bool = False  # a learned gate on each child's offset from its start (module docs)
 
     def __post_init__(self):
         for name in ("ratio", "k", "hidden", "feature_layers", "heads"):
@@ -230,6 +236,7 @@ class NodeShuffleUpsampler(nn.Module):
         self.refine_norm = nn.LayerNorm(c)
         self.refine = TransformerConv(c, c // h if cfg.concat else c, edge_dim=c, **attention)
         self.decode = nn.Sequential(nn.LayerNorm(c), _mlp([c, c, 3]))
+        self.gate = nn.Linear(c, 1) if cfg.gate else None
         # Near-zero heads: the output starts at the children's start, so early training only learns offsets.
         for head in (self.coarse, self.decode[-1][-1]):  # type: ignore[index]  # decode[-1] is an _mlp Sequential
             nn.init.normal_(head.weight, std=1e-3)
@@ -272,8 +279,10 @@ class NodeShuffleUpsampler(nn.Module):
         delta = (base + coarse)[c_src] - (base + coarse)[c_dst]
         edge_attr = self.relpos(torch.cat([delta, delta.norm(dim=1, keepdim=True)], dim=1))
         children = children + self.refine(self.refine_norm(children), child_edges, edge_attr=edge_attr)
-        fine = self.decode(children)
-        return Upsampled(points=base + coarse + fine, batch=batch.repeat_interleave(r))
+        offset = coarse + self.decode(children)
+        if self.gate is not None:
+            offset = torch.sigmoid(self.gate(children)) * offset
+        return Upsampled(points=base + offset, batch=batch.repeat_interleave(r))
 
 
 # A training step's bytes per counted element (see training_step_bytes), fitted by
