@@ -96,6 +96,8 @@ class ModelOverrides:
     start: Optional[Literal["input", "plane"]] = None
     # A learned gate on each child's offset from its start (pointforge.nn.upsampler).
     gate: Optional[bool] = None
+    # The plane start from the point and its plane_k - 1 nearest neighbours only (pointforge.nn.upsampler).
+    plane_k: Optional[int] = None
 
 
 @dataclass

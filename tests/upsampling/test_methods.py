@@ -79,3 +79,23 @@ def test_the_absolute_surface_term_is_the_mean_distance_across_the_plane():
     pred = target[:20] + torch.tensor([0.0, 0.0, 0.5])
     assert point_to_plane_distance(pred, target, squared=False).item() == pytest.approx(0.5, abs=1e-5)
     assert point_to_plane_distance(pred, target).item() == pytest.approx(0.25, abs=1e-5)
+
+
+def test_plane_k_puts_the_parents_where_the_plane_fit_baseline_does():
+    rng = np.random.default_rng(0)
+    xyz = np.column_stack([rng.uniform(0, 20, (400, 2)), rng.normal(0, 0.3, 400)])
+    xyz[:100, 2] += rng.uniform(0, 5, 100)  # a rough patch, where the symmetrised graph's extra edges tilt planes
+    pos = torch.from_numpy(xyz)
+    edges = knn_graph(pos, 10)
+    model = build_upsampler("tiny", start="plane", plane_k=10).double()
+    for head in (model.coarse, model.decode[-1][-1]):
+        torch.nn.init.zeros_(head.weight)
+        torch.nn.init.zeros_(head.bias)
+    with torch.no_grad():
+        parents = model(pos, None, edges).points.numpy()[::2]
+        graph_parents = build_upsampler("tiny", start="plane").double()(pos, None, edges).points.detach().numpy()[::2]
+    want = upsample_baseline("plane", xyz, 2)[: len(xyz)]
+    assert np.abs(parents - want).max() < 1e-6
+    assert np.abs(graph_parents - want).max() > 1e-2
+    with pytest.raises(ConfigError, match="plane_k"):
+        build_upsampler("tiny", plane_k=2)
