@@ -6,8 +6,9 @@ area, sparse clouds by each thinning protocol. Only the **test** tiles (an
 area no model trained or validated on) are scored. Methods, each r·N points:
 
 * every ``--ckpt LABEL=PATH`` (a trained upsampler);
-* ``start``: the first plane-start checkpoint's geometric start (its output
-  heads zeroed: the children on the local planes, what the network corrects);
+* ``start``: the plane-start checkpoints' geometric start (output heads
+  zeroed: the children on the local planes, what the network corrects), one
+  row per kind of start (``start`` over the graph, ``start plane_k 10``);
 * ``plane`` (local-plane fit) and ``midpoint`` (k-NN edge midpoints), the baselines.
 
 Per tile: Chamfer (m²) and point-to-surface (m) of :mod:`pointforge.upsampling.metrics`,
@@ -143,9 +144,13 @@ def main() -> None:
         upsampler = load_upsampler(path, "cpu")
         networks[label] = (upsampler, upsampler.normalization)
         ratio = upsampler.ratio
-    plane_starts = [u for u, _ in networks.values() if u.model.config.start == "plane"]
-    if plane_starts:
-        networks["start"] = (start_of(plane_starts[0]), plane_starts[0].normalization)
+    starts = {}
+    for upsampler, normalization in list(networks.values()):
+        config = upsampler.model.config
+        label = "start" + (f" plane_k {config.plane_k}" if config.plane_k else "")
+        if config.start == "plane" and label not in starts:
+            starts[label] = (start_of(upsampler), normalization)
+    networks |= starts
     built = json.loads((args.pairs / "tiles.json").read_text())
     protocols = args.protocol or sorted({k.split("/")[0] for k in built["manifests"] if k.endswith("/test")})
     rows = [row for p in protocols for row in run_protocol(args.pairs, p, networks, ratio)]
