@@ -1,4 +1,4 @@
-"""`pointforge data ...`: synthesise and prepare skull datasets."""
+"""`pointforge data ...`: synthesise and prepare skull datasets; real lidar as upsampler pairs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import typer
 
 from pointforge.cli.progress import progress_bar
 
-app = typer.Typer(help="Synthesise and prepare skull datasets.", no_args_is_help=True)
+app = typer.Typer(
+    help="Synthesise and prepare skull datasets; cut real lidar into upsampler pairs.", no_args_is_help=True
+)
 
 
 @app.command("synth")
@@ -76,3 +78,54 @@ def prepare(
         for line in result.failures:
             typer.secho(f"failed: {line}", err=True, fg=typer.colors.RED)
         raise typer.Exit(1)
+
+
+@app.command("lidar")
+def lidar(
+    out: Path = typer.Argument(..., help="Folder for the tiles, pairs and manifests."),
+    scan: list[str] = typer.Option(
+        None, "--scan", help="Public scan fetched through pip: nimes, forest (default both unless --las is given)."
+    ),
+    las: list[Path] = typer.Option(None, "--las", help="A dense LAS/LAZ scan of your own (repeatable)."),
+    sparse_survey: Path = typer.Option(
+        None, "--sparse-survey", help="A sparse survey of the same area as the one --las: pairs by protocol 'survey'."
+    ),
+    protocol: list[str] = typer.Option(
+        None, "--protocol", help="Thinning protocol(s): random, lines, voxel (default all three)."
+    ),
+    ratio: float = typer.Option(2.0, "--ratio", help="Dense points per sparse point."),
+    tile: float = typer.Option(30.0, "--tile", help="Tile side in metres."),
+    gap: float = typer.Option(5.0, "--gap", help="Metres dropped between the train, validation and test areas."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the thinning; the same seed gives the same files."),
+    cache: Path = typer.Option(
+        None, "--cache", help="Where fetched scans are kept (default ~/.cache/pointforge/lidar)."
+    ),
+) -> None:
+    """Real airborne lidar as sparse/dense pairs: tiles split by area into train / val / test (docs/upsampler.md)."""
+    from pointforge.data.lidar.areas import AreaSplit, build_pairs
+    from pointforge.data.lidar.scans import fetch_scan
+    from pointforge.data.lidar.thinning import PROTOCOLS
+    from pointforge.errors import ConfigError
+
+    own = {path.stem: path for path in las or []}
+    if sparse_survey is not None and len(own) != 1:
+        raise ConfigError("--sparse-survey pairs with exactly one --las (the dense survey of the same area)")
+    names = scan or ([] if own else ["nimes", "forest"])
+    scans = {name: fetch_scan(name, cache) for name in names} | own
+    surveys = {next(iter(own)): sparse_survey} if sparse_survey is not None else None
+    with progress_bar("scans", total=len(scans)) as advance:
+        summary = build_pairs(
+            out,
+            scans,
+            protocols=protocol or PROTOCOLS,
+            ratio=ratio,
+            split=AreaSplit(tile=tile, gap=gap),
+            seed=seed,
+            sparse_surveys=surveys,
+            progress=lambda done, total, name: advance(completed=done, total=total),
+        )
+    counts = {part: sum(t["split"] == part for t in summary["tiles"]) for part in ("train", "val", "test")}
+    typer.echo(
+        f"{len(scans)} scan(s) → {counts['train']} train, {counts['val']} val, {counts['test']} test tiles; "
+        f"manifests {', '.join(sorted(summary['manifests']))} under {out}"
+    )

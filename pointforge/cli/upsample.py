@@ -1,4 +1,4 @@
-"""`pointforge upsample`: densify a point cloud file with a trained upsampler.
+"""`pointforge upsample`: densify a point cloud file with a trained upsampler or a geometric baseline.
 
 Register with the root app::
 
@@ -15,10 +15,19 @@ import typer
 
 def upsample(
     input: Path = typer.Argument(..., help="Sparse point cloud: .npy, .ply, .las or .laz."),
-    ckpt: Path = typer.Option(
-        ..., "--ckpt", help="Checkpoint written by `pointforge train upsampler` (e.g. .../checkpoints/best.pt)."
-    ),
     out: Path = typer.Option(..., "--out", "-o", help="Dense point cloud to write: .npy, .ply, .las or .laz."),
+    ckpt: Path = typer.Option(
+        None, "--ckpt", help="Checkpoint written by `pointforge train upsampler` (e.g. .../checkpoints/best.pt)."
+    ),
+    method: str = typer.Option(
+        None,
+        "--method",
+        help="model (the checkpoint; the default when --ckpt is given), or a geometric baseline: "
+        "plane (local-plane fit), midpoint (k-NN edge midpoints), input (each point repeated).",
+    ),
+    ratio: int = typer.Option(
+        2, "--ratio", help="Output points per input point, for a baseline (a model has its own)."
+    ),
     device: str = typer.Option("auto", "--device", help="auto (a GPU if there is one), cpu, cuda or cuda:N."),
     tile_points: int = typer.Option(
         None,
@@ -27,23 +36,36 @@ def upsample(
         "Larger clouds are upsampled tile by tile.",
     ),
 ) -> None:
-    """Densify INPUT by the checkpoint's ratio; coordinates stay in the input's frame (LAS keeps scales, offsets, CRS).
+    """Densify INPUT; coordinates stay in the input's frame (LAS keeps scales, offsets, CRS).
 
-    A cloud of any size: larger than one tile, it is cut into overlapping tiles,
-    streamed from and to disk, and stitched without seams or duplicates.
+    With a model, a cloud of any size: larger than one tile, it is cut into
+    overlapping tiles, streamed from and to disk, and stitched without seams or
+    duplicates. A baseline reads the cloud whole. Compare them on your own data
+    with `pointforge evaluate-upsampling`.
     """
     from pointforge.cli.progress import progress_bar
-    from pointforge.upsampling.pipeline import upsample_file
+    from pointforge.errors import ConfigError
+    from pointforge.upsampling.pipeline import baseline_file, upsample_file
 
-    with progress_bar("tiles") as advance:
-        result = upsample_file(
-            input,
-            out,
-            ckpt,
-            device=device,
-            tile_points=tile_points,
-            progress=lambda d, t: advance(completed=d, total=t),
-        )
+    chosen = method or ("model" if ckpt is not None else None)
+    if chosen is None:
+        raise ConfigError("give --ckpt (a trained upsampler) or --method plane|midpoint|input (a geometric baseline)")
+    if chosen == "model":
+        if ckpt is None:
+            raise ConfigError("--method model needs --ckpt, the checkpoint of a trained upsampler")
+        with progress_bar("tiles") as advance:
+            result = upsample_file(
+                input,
+                out,
+                ckpt,
+                device=device,
+                tile_points=tile_points,
+                progress=lambda d, t: advance(completed=d, total=t),
+            )
+    else:
+        if ckpt is not None:
+            raise ConfigError(f"--method {chosen} uses no checkpoint; drop --ckpt or use --method model")
+        result = baseline_file(input, out, chosen, ratio)
     tiles = f" in {result.tiles} tiles" if result.tiles > 1 else ""
     typer.echo(
         f"{result.points_in} → {result.points_out} points{tiles} in {result.seconds:.1f} s; wrote {result.output}"

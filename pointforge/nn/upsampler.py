@@ -33,7 +33,16 @@ correction to a geometric upsampler (the ``plane`` baseline of
 directions instead of seeded random ones); with its output heads near zero,
 as initialised, it starts out as that baseline. The start uses one hop of the
 graph, which the refinement stage's reach already covers, so a tiled run's
-margin is unchanged.
+margin is unchanged. ``plane_k``: the plane (and the children's distance) from
+the point and only its ``plane_k − 1`` nearest graph neighbours, as the
+baseline takes its ``k`` nearest points; the symmetrised graph also holds the
+points that count this one among *their* nearest, which on uneven real lidar
+(tree crowns, multiple returns) tilt the plane (measured in docs/upsampler.md).
+
+``gate``: each child's offset (coarse plus fine) is scaled by a sigmoid of
+its features, ``output = start + g · offset``, so where the network cannot
+improve on its geometric start it can keep it exactly (g → 0) instead of having
+to learn offsets that cancel; the gate starts at 0.5 and adds ``C + 1`` weights.
 
 ``heads``, ``concat``, ``beta`` and ``dropout`` configure both attention stages
 as in PyG's TransformerConv. Normalisation is LayerNorm (per point): batch
@@ -66,6 +75,7 @@ __all__ = [
     "training_elements",
     "training_step_bytes",
     "plane_start",
+    "nearest_edges",
 ]
 
 STARTS = ("input", "plane")
@@ -84,8 +94,16 @@ class UpsamplerConfig:
     beta: bool = True  # TransformerConv's gated skip connection
     dropout: float = 0.0  # attention dropout of the shuffle and refine stages
     start: Literal["input", "plane"] = "input"  # where the children start (module docs)
+    gate: bool = False  # a learned gate on each child's offset from its start (module docs)
+    plane_k: Optional[int] = (
+        None  # the plane start's points: the point and its plane_k - 1 nearest (None: all graph neighbours)
+    )
 
     def __post_init__(self):
+        if self.plane_k is not None and (isinstance(self.plane_k, bool) or not 3 <= int(self.plane_k) <= self.k + 1):
+            raise ConfigError(
+                f"upsampler plane_k must be an integer from 3 to k + 1 = {self.k + 1}, got {self.plane_k!r}"
+            )
         for name in ("ratio", "k", "hidden", "feature_layers", "heads"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "feature_layers" else 1):
@@ -183,6 +201,18 @@ def plane_start(pos: Tensor, edge_index: Tensor, mean_dist: Tensor, ratio: int) 
     return torch.cat([projected[:, None, :], children], dim=1).reshape(n * ratio, 3)
 
 
+def nearest_edges(pos: Tensor, edge_index: Tensor, keep: int) -> tuple[Tensor, Tensor]:
+    """The edges into each point from its ``keep`` nearest sources only, and their lengths."""
+    src, dst = edge_index
+    dist = (pos[src] - pos[dst]).norm(dim=1)
+    order = torch.argsort(dist, stable=True)
+    order = order[torch.argsort(dst[order], stable=True)]  # grouped by target, nearest first
+    grouped = dst[order]
+    rank = torch.arange(len(order), device=pos.device) - torch.searchsorted(grouped, grouped)
+    chosen = order[rank < keep]
+    return edge_index[:, chosen], dist[chosen]
+
+
 def _away_from_nearest(pos: Tensor, edge_index: Tensor) -> Tensor:
     """``pos − pos[nearest graph neighbour]`` per point (zero for a point without edges)."""
     src, dst = edge_index
@@ -230,6 +260,7 @@ class NodeShuffleUpsampler(nn.Module):
         self.refine_norm = nn.LayerNorm(c)
         self.refine = TransformerConv(c, c // h if cfg.concat else c, edge_dim=c, **attention)
         self.decode = nn.Sequential(nn.LayerNorm(c), _mlp([c, c, 3]))
+        self.gate = nn.Linear(c, 1) if cfg.gate else None
         # Near-zero heads: the output starts at the children's start, so early training only learns offsets.
         for head in (self.coarse, self.decode[-1][-1]):  # type: ignore[index]  # decode[-1] is an _mlp Sequential
             nn.init.normal_(head.weight, std=1e-3)
@@ -262,7 +293,14 @@ class NodeShuffleUpsampler(nn.Module):
 
         children = self.shuffle(self.shuffle_norm(x), edge_index).reshape(n * r, self.config.hidden)
         children = self.child_norm(children)
-        if self.config.start == "plane":
+        if self.config.start == "plane" and self.config.plane_k is not None:
+            near, near_dist = nearest_edges(pos, edge_index, self.config.plane_k - 1)
+            count = torch.zeros(n, dtype=pos.dtype, device=pos.device).index_add_(
+                0, near[1], torch.ones_like(near_dist)
+            )
+            near_mean = torch.zeros(n, dtype=pos.dtype, device=pos.device).index_add_(0, near[1], near_dist)
+            base = plane_start(pos, near, near_mean / count.clamp(min=1), r)
+        elif self.config.start == "plane":
             base = plane_start(pos, edge_index, mean_dist, r)
         else:
             base = pos.repeat_interleave(r, dim=0)
@@ -272,8 +310,10 @@ class NodeShuffleUpsampler(nn.Module):
         delta = (base + coarse)[c_src] - (base + coarse)[c_dst]
         edge_attr = self.relpos(torch.cat([delta, delta.norm(dim=1, keepdim=True)], dim=1))
         children = children + self.refine(self.refine_norm(children), child_edges, edge_attr=edge_attr)
-        fine = self.decode(children)
-        return Upsampled(points=base + coarse + fine, batch=batch.repeat_interleave(r))
+        offset = coarse + self.decode(children)
+        if self.gate is not None:
+            offset = torch.sigmoid(self.gate(children)) * offset
+        return Upsampled(points=base + offset, batch=batch.repeat_interleave(r))
 
 
 # A training step's bytes per counted element (see training_step_bytes), fitted by

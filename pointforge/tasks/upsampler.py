@@ -18,7 +18,8 @@ What this task hands the engine (see :mod:`pointforge.train.task`):
   over the clouds of the micro-batch, always computed in float32 (outside
   autocast: nearest-neighbour search in bfloat16 would pick wrong neighbours),
   plus ``task.surface_weight`` times the point-to-plane distance to the dense
-  cloud (:func:`pointforge.nn.losses.point_to_plane_distance`; 0 turns it off);
+  cloud (:func:`pointforge.nn.losses.point_to_plane_distance`; 0 turns it off),
+  squared or absolute by ``task.surface_loss``;
 * evaluation: per-cloud mean Chamfer on the validation pairs in normalised
   units (``val_chamfer``, what ``best.pt`` is chosen by), in source units
   (``val_chamfer_src``: squared metres for metric lidar; a pair's normalised
@@ -93,6 +94,10 @@ class ModelOverrides:
     dropout: Optional[float] = None
     # Where the children start: on their parent (input) or on its local plane (plane; pointforge.nn.upsampler).
     start: Optional[Literal["input", "plane"]] = None
+    # A learned gate on each child's offset from its start (pointforge.nn.upsampler).
+    gate: Optional[bool] = None
+    # The plane start from the point and its plane_k - 1 nearest neighbours only (pointforge.nn.upsampler).
+    plane_k: Optional[int] = None
 
 
 @dataclass
@@ -136,6 +141,8 @@ class UpsamplingConfig:
     max_points: int = 20_000
     # Weight of the point-to-plane term (pointforge.nn.losses.point_to_plane_distance) added to Chamfer; 0: off.
     surface_weight: float = 0.0
+    # The point-to-plane term squared (a pull that fades near the plane) or absolute (the P2S metric's own).
+    surface_loss: Literal["squared", "absolute"] = "squared"
     synthetic: SyntheticSection = field(default_factory=SyntheticSection)
 
     def validate(self, prefix: str) -> None:
@@ -334,7 +341,12 @@ class UpsamplerTask(Task):
             extras = {"clouds": float(batch.num_clouds), "points": float(batch.num_points)}
             if self._cfg.surface_weight > 0:
                 surface = point_to_plane_distance(
-                    out.points.float(), batch.dense, out.batch, batch.dense_batch, num_clouds=batch.num_clouds
+                    out.points.float(),
+                    batch.dense,
+                    out.batch,
+                    batch.dense_batch,
+                    num_clouds=batch.num_clouds,
+                    squared=self._cfg.surface_loss == "squared",
                 )
                 loss = loss + self._cfg.surface_weight * surface
                 extras["surface"] = float(surface.detach())

@@ -49,6 +49,7 @@ from pointforge.formats import format_bytes
 from pointforge.inference.upsampler import LoadedUpsampler, load_upsampler
 from pointforge.nn.knn import knn_graph
 from pointforge.nn.upsampler import NodeShuffleUpsampler, UpsamplerConfig
+from pointforge.upsampling.baselines import BASELINES, upsample_baseline
 from pointforge.upsampling.tiling import choose_tile_points, iter_tiles, tile_cloud, work_folder
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "upsample_cloud",
     "upsample_points",
     "upsample_file",
+    "baseline_file",
     "upsample_memory_bytes",
     "check_upsample_memory",
 ]
@@ -160,15 +162,8 @@ def upsample_file(
     and to disk (:mod:`pointforge.upsampling.tiling`), its points written tile by
     tile. ``progress(done, total)`` is called after each tile.
     """
-    src, dst = Path(input), Path(output)
-    point_format(src)
+    src, dst = _check_paths(input, output)
     out_format = point_format(dst)
-    if not src.is_file():
-        raise DataError(f"{src}: no such point cloud file; check the path")
-    if dst.exists() and dst.resolve() == src.resolve():
-        raise DataError(f"{dst}: the output would overwrite the input; choose another --out path")
-    if dst.is_dir():
-        raise DataError(f"{dst} is a folder; give --out a file name ending in .npy, .ply, .las or .laz")
     upsampler = model if isinstance(model, LoadedUpsampler) else load_upsampler(model, device)
     start = time.perf_counter()
     source = open_cloud(src)
@@ -198,6 +193,41 @@ def upsample_file(
         tiles=len(sizes),
         tile_sizes=sizes,
     )
+
+
+def _check_paths(input: Union[str, Path], output: Union[str, Path]) -> tuple[Path, Path]:
+    src, dst = Path(input), Path(output)
+    point_format(src)
+    point_format(dst)
+    if not src.is_file():
+        raise DataError(f"{src}: no such point cloud file; check the path")
+    if dst.exists() and dst.resolve() == src.resolve():
+        raise DataError(f"{dst}: the output would overwrite the input; choose another --out path")
+    if dst.is_dir():
+        raise DataError(f"{dst} is a folder; give --out a file name ending in .npy, .ply, .las or .laz")
+    return src, dst
+
+
+def baseline_file(
+    input: Union[str, Path], output: Union[str, Path], method: str, ratio: int, *, workers: int = 1
+) -> UpsampleResult:
+    """``upsample_file`` with a geometric baseline (:mod:`pointforge.upsampling.baselines`) instead of a network.
+
+    The whole cloud is read and densified at once (a k-d tree and ``k``
+    neighbours per point: about 200 bytes per point); the output keeps the
+    input's storage precision and LAS geometry, as :func:`upsample_file` does.
+    """
+    src, dst = _check_paths(input, output)
+    if method not in BASELINES:
+        raise ConfigError(f"unknown method {method!r}; choose model or one of {', '.join(BASELINES)}")
+    start = time.perf_counter()
+    cloud = read_points(src)
+    if len(cloud) == 0:
+        raise DataError(f"{src}: point cloud is empty; nothing to upsample")
+    dense = upsample_baseline(method, cloud.xyz, ratio, workers=workers)
+    las = (cloud.las or LasGeometry.around(dense)) if point_format(dst) in ("las", "laz") else None
+    write_points(dst, PointCloud(xyz=dense, dtype=cloud.dtype, las=las))
+    return UpsampleResult(src, dst, len(cloud), len(dense), time.perf_counter() - start)
 
 
 def _upsample_tiled(
