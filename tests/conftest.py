@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,10 +28,21 @@ def one_thread():
 
 
 @pytest.fixture(scope="session")
-def tiny_implant_models(tmp_path_factory):
+def synthetic_skulls(tmp_path_factory) -> Path:
+    """PCDiff tiny's synthetic data (4 skulls of 64³, 4096 points, split 0.5/0.25/0.25), prepared once per session.
+
+    Shared by the PCDiff tests and :func:`tiny_implant_models` (building it takes seconds)."""
+    from pointforge.tasks.pcdiff.config import SyntheticSection
+    from pointforge.tasks.pcdiff.task import ensure_prepared_dataset
+
+    return ensure_prepared_dataset(tmp_path_factory.getbasetemp() / "pcdiff-synthetic", SyntheticSection())
+
+
+@pytest.fixture(scope="session")
+def tiny_implant_models(tmp_path_factory, synthetic_skulls):
     """Tiny PCDiff and voxelizer, trained once per session for every test that runs the implant pipeline.
 
     (prepared root, raw root, pcdiff checkpoint, voxelizer checkpoint); see
     :func:`tests.helpers.train_tiny_implant_models`."""
     with torch_threads(1):
-        return train_tiny_implant_models(tmp_path_factory.mktemp("implant-models"))
+        return train_tiny_implant_models(tmp_path_factory.mktemp("implant-models"), synthetic_skulls)

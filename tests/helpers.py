@@ -136,24 +136,12 @@ def write_raw_dataset(
 # --------------------------------------------------------------------------- tiny trained implant models
 
 
-def train_tiny_implant_models(base: Path) -> tuple[Path, Path, Path, Path]:
-    """Tiny PCDiff and voxelizer trained through the engine under ``base`` (about half a minute together).
-
-    PCDiff runs a short schedule (T = 20) so that its samples land on the skull
-    after a few hundred steps. Returns (prepared root, raw root, pcdiff
-    checkpoint, voxelizer checkpoint). Far from good models: tests with them
-    check what the code does with whatever they propose, not implant quality.
-    """
-    from pointforge.data.cache import ensure_synthetic_prepared
-    from pointforge.tasks import get_task
-    from pointforge.train.engine import train
-
-    quiet = ["ckpt.every_minutes=0", "train.epochs=1000", "train.eval_every=0", "task.synthetic=null"]
-    root = ensure_synthetic_prepared(base / "data", 4, 64, 0, 4096, log=lambda _m: None, split="0.5,0.25,0.25")
-    pc = quiet_config(
+def tiny_implant_pcdiff_config(base: Path, root: Path):
+    """The PCDiff run of :func:`train_tiny_implant_models`: tiny, 150 steps on a short schedule (T = 20), in ``base``/pcdiff."""
+    return quiet_config(
         "pcdiff",
         CONFIGS / "pcdiff" / "tiny.yaml",
-        *quiet,
+        *TINY_MODELS_QUIET,
         f"run.dir={base / 'pcdiff'}",
         f"task.data_root={root}",
         "task.diffusion.timesteps=20",
@@ -163,16 +151,32 @@ def train_tiny_implant_models(base: Path) -> tuple[Path, Path, Path, Path]:
         "train.ema_decay=null",
         "optim.lr=3e-3",
     )
+
+
+TINY_MODELS_QUIET = ["ckpt.every_minutes=0", "train.epochs=1000", "train.eval_every=0", "task.synthetic=null"]
+
+
+def train_tiny_implant_models(base: Path, root: Path) -> tuple[Path, Path, Path, Path]:
+    """Tiny PCDiff and voxelizer trained through the engine under ``base`` on the prepared ``root`` (about half a minute).
+
+    PCDiff runs a short schedule (T = 20) so that its samples land on the skull
+    after a few hundred steps (:func:`tiny_implant_pcdiff_config`). Returns (prepared root, raw root, pcdiff
+    checkpoint, voxelizer checkpoint). Far from good models: tests with them
+    check what the code does with whatever they propose, not implant quality.
+    """
+    from pointforge.tasks import get_task
+    from pointforge.train.engine import train
+
     vox = quiet_config(
         "voxelizer",
         CONFIGS / "voxelizer" / "tiny.yaml",
-        *quiet,
+        *TINY_MODELS_QUIET,
         f"run.dir={base / 'voxelizer'}",
         f"task.data_root={root}",
         "train.max_steps=30",
         "task.n_points=1024",
     )
-    pc_ckpt = train(get_task("pcdiff"), pc, console=False).checkpoint
+    pc_ckpt = train(get_task("pcdiff"), tiny_implant_pcdiff_config(base, root), console=False).checkpoint
     vox_ckpt = train(get_task("voxelizer"), vox, console=False).checkpoint
     return root, root / "raw", Path(pc_ckpt), Path(vox_ckpt)
 

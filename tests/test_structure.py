@@ -66,7 +66,9 @@ def docstring_nodes(tree: ast.AST) -> set[int]:
     return found
 
 
+@cache
 def parsed(path: Path) -> ast.Module:
+    """The syntax tree of ``path``, parsed once per session (the tests only read the trees)."""
     return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
 
 

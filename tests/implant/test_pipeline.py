@@ -59,6 +59,8 @@ def a_test_case(root: Path):
 
 
 def test_one_case_writes_every_output_on_the_input_geometry(trained, models, tmp_path):
+    """Every output on the input's own geometry and labels; the same seed gives the same implant again,
+    written as 0/1 with --label 1, into an existing folder only with overwrite (refused before any work)."""
     root, raw, _, _ = trained
     case, source = a_test_case(root)
     src = read_volume(source)
@@ -119,9 +121,17 @@ def test_one_case_writes_every_output_on_the_input_geometry(trained, models, tmp
     assert saved["versions"]["torch"] == torch.__version__
     assert saved["models"]["voxelizer"]["preset"] == "tiny"
 
-    # Same seed, same implant; written as 0/1 when asked (--label 1).
-    again = generate_case(defective_path, tmp_path / "again", models, FAST, label=1)
-    assert np.array_equal(read_volume(tmp_path / "again" / "implant.nrrd").data, implant.astype(np.uint8))
+    # Same seed, same implant; written as 0/1 when asked (--label 1); into an existing folder only with
+    # overwrite, which replaces what was there.
+    again_dir = tmp_path / "again"
+    again_dir.mkdir()
+    (again_dir / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match="already exists; pass --overwrite"):
+        generate_case(defective_path, again_dir, models, FAST, label=1)
+    assert (again_dir / "notes.txt").read_text() == "mine"
+    again = generate_case(defective_path, again_dir, models, FAST, label=1, overwrite=True)
+    assert case_done(again_dir) and not (again_dir / "notes.txt").exists()
+    assert np.array_equal(read_volume(again_dir / "implant.nrrd").data, implant.astype(np.uint8))
     assert again["implant"] == report["implant"] and again["label"]["from"] == "--label"
 
 
@@ -147,15 +157,20 @@ def test_anisotropic_nifti_in_gives_nifti_out_on_its_own_grid(trained, models, t
 
 
 def test_folder_mode_is_resumable_and_one_bad_case_does_not_stop_the_rest(trained, models, tmp_path):
+    """Three test cases, the first corrupt: the other two are written; a second run skips them."""
     root, _, _, _ = trained
     data = PreparedDataset(root)
-    cases = data.split("test")
-    assert len(cases) >= 3
-    # A copy of the prepared dataset whose first test case points at a corrupt volume.
+    cases = data.split("test")[:3]
+    assert len(cases) == 3
+    # A copy of the prepared dataset with three test cases, the first pointing at a corrupt volume.
     import shutil
 
     copy = tmp_path / "prepared"
     shutil.copytree(root, copy, ignore=shutil.ignore_patterns("raw"))
+    rows = (copy / "cases.csv").read_text().splitlines(keepends=True)
+    kept = {c.case_id for c in cases}
+    (copy / "cases.csv").write_text("".join(r for r in rows if ",test," not in r or r.split(",")[0] in kept))
+    assert [c.case_id for c in PreparedDataset(copy).split("test")] == [c.case_id for c in cases]
     bad_meta = copy / (cases[0].defective[:-4] + ".json")
     meta = json.loads(bad_meta.read_text())
     corrupt = tmp_path / "corrupt.nrrd"
@@ -258,19 +273,6 @@ def test_bad_inputs_get_one_clear_line_and_leave_nothing(trained, tmp_path):
         assert isinstance(result.exception, UserError), (message, result.output, result.exception)
         assert message in str(result.exception) and "\n" not in str(result.exception), (message, result.exception)
         assert not out.exists(), message
-
-
-def test_an_existing_output_is_refused_unless_overwrite(trained, models, tmp_path):
-    root, _, _, _ = trained
-    _, source = a_test_case(root)
-    out = tmp_path / "case"
-    out.mkdir()
-    (out / "notes.txt").write_text("mine")
-    with pytest.raises(UserError, match="already exists; pass --overwrite"):
-        generate_case(source, out, models, FAST)
-    assert (out / "notes.txt").read_text() == "mine"
-    generate_case(source, out, models, FAST, overwrite=True)
-    assert case_done(out) and not (out / "notes.txt").exists()
 
 
 def test_wrong_options_are_config_errors(models, tmp_path):

@@ -149,7 +149,17 @@ def test_two_nodes_train_to_the_end_equal_to_one_process(cluster, two_nodes, tmp
         torch.testing.assert_close(value, weights(tmp_path / "one")[key], rtol=1e-5, atol=1e-6)
 
 
-def test_a_requeue_resumes_from_the_checkpoint_and_ends_equal(cluster, two_nodes, tmp_path, monkeypatch):
+def test_a_requeue_resumes_from_the_checkpoint_and_a_killed_worker_is_restarted_and_ends_equal(
+    cluster, two_nodes, tmp_path, monkeypatch
+):
+    """Two recoveries in one job, each checked on its own, and the end equal to the uninterrupted run.
+
+    1. Slurm's warning signal (USR1) at step 3: the job saves, is requeued, waits as pending and
+       its second start resumes from the checkpoint (train.log says so).
+    2. In that second start, after two more steps, SIGKILL of the rank on the second node: torchrun
+       restarts the workers (``max_restarts: 1`` in the plan; run.json counts 1 restart in this
+       start) and the run finishes at step 24 with the very weights of ``two_nodes``.
+    """
     run_dir = tmp_path / "requeued"
     job_id = submit(cluster, run_dir, *SLOW)
     wait_until(lambda: logged_step(run_dir) >= 3, 60, "step 3", run_dir)
@@ -159,13 +169,20 @@ def test_a_requeue_resumes_from_the_checkpoint_and_ends_equal(cluster, two_nodes
     # A requeued job waits (BeginTime) before it may start again; here it need not.
     wait_until(lambda: cluster.job_state(job_id) == "PENDING", 30, "the job pending again", run_dir)
     assert queued(cluster, run_dir, monkeypatch).shown_state == "pending (requeued 1×): BeginTime"
+    stopped = status(run_dir)
+    assert stopped["status"] == "stopped" and 3 <= stopped["global_step"] < 24
     # Slurm's delay also guards this: a job credential made in the same second as the revocation of the
     # last start's counts as revoked ("Job credential revoked"), so let the nodes settle and a second pass.
     cluster.wait_idle(30)
     time.sleep(1.5)
     cluster.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+    # Steps past the stop are the second start's; ckpt.every_steps=2 has saved within them by then.
+    wait_until(lambda: logged_step(run_dir) >= stopped["global_step"] + 3, 60, "the second start's steps", run_dir)
+    victim = json.loads((run_dir / "ranks" / "rank1.json").read_text())["pid"]
+    os.kill(victim, signal.SIGKILL)
     assert ended_as(cluster, job_id, run_dir) == "COMPLETED"
-    assert status(run_dir)["status"] == "finished"
+    said = status(run_dir)
+    assert said["status"] == "finished" and said["restarts"] == 1 and said["global_step"] == 24
     log = (run_dir / "train.log").read_text()
     assert "stopped at epoch" in log and f"resumed from {run_dir / 'checkpoints' / 'latest.pt'}" in log
     assert_equal(weights(run_dir), weights(two_nodes))
@@ -191,17 +208,3 @@ def test_scancel_of_the_batch_shell_ends_with_a_checkpoint_and_exit_zero_and_one
     assert said["status"] == "finished" and said["world_size"] == 1 and said["global_step"] == 24
     for key, value in weights(run_dir).items():
         torch.testing.assert_close(value, weights(two_nodes)[key], rtol=1e-5, atol=1e-6)
-
-
-def test_a_killed_worker_on_one_node_is_restarted_and_the_run_finishes(cluster, two_nodes, tmp_path):
-    run_dir = tmp_path / "killed"
-    job_id = submit(cluster, run_dir, *SLOW)
-    wait_until(
-        lambda: (run_dir / "checkpoints" / "latest.pt").exists() and logged_step(run_dir) >= 5, 60, "step 5", run_dir
-    )
-    victim = json.loads((run_dir / "ranks" / "rank1.json").read_text())["pid"]
-    os.kill(victim, signal.SIGKILL)
-    assert ended_as(cluster, job_id, run_dir) == "COMPLETED"
-    said = status(run_dir)
-    assert said["status"] == "finished" and said["restarts"] == 1 and said["global_step"] == 24
-    assert_equal(weights(run_dir), weights(two_nodes))

@@ -247,13 +247,8 @@ def test_an_error_in_a_loader_worker_is_its_own_line(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def prepared_copy(tmp_path_factory) -> Path:
-    from pointforge.tasks.pcdiff.config import SyntheticSection
-    from pointforge.tasks.pcdiff.task import ensure_prepared_dataset
-
-    # The same path and spec as tests/tasks/pcdiff/test_task.py: whichever module runs first builds it.
-    spec = SyntheticSection(skulls=4, size=64, seed=0, points=4096, split="0.5,0.25,0.25")
-    source = ensure_prepared_dataset(tmp_path_factory.getbasetemp() / "pcdiff-synthetic", spec)
+def prepared_copy(tmp_path_factory, synthetic_skulls) -> Path:
+    source = synthetic_skulls
     copy = tmp_path_factory.mktemp("broken") / "prepared"
     shutil.copytree(source, copy)
     return copy

@@ -233,20 +233,14 @@ def test_formulation_config_errors(override, fragment):
 # --------------------------------------------------------------------------- through the engine and back
 
 
-def test_framed_run_logs_placement_and_its_checkpoint_places_implants_alone(tmp_path, tmp_path_factory):
+def test_framed_run_logs_placement_and_its_checkpoint_places_implants_alone(tmp_path, synthetic_skulls):
     from pointforge.data.skulls.prepared import PreparedDataset
     from pointforge.implant.proposals import complete
     from pointforge.inference.pcdiff import load_pcdiff
     from pointforge.tasks import get_task
-    from pointforge.tasks.pcdiff.config import SyntheticSection
-    from pointforge.tasks.pcdiff.task import ensure_prepared_dataset
     from pointforge.train.engine import train
 
-    # The same path and spec as tests/tasks/pcdiff/test_task.py's dataset: whichever module runs first builds it.
-    root = ensure_prepared_dataset(
-        tmp_path_factory.getbasetemp() / "pcdiff-synthetic",
-        SyntheticSection(skulls=4, size=64, seed=0, points=4096, split="0.5,0.25,0.25"),
-    )
+    root = synthetic_skulls
     cfg = load_train_config(
         "pcdiff",
         CONFIGS / "tiny.yaml",
@@ -298,14 +292,10 @@ def test_framed_run_logs_placement_and_its_checkpoint_places_implants_alone(tmp_
     assert np.linalg.norm(implants.mean(axis=(0, 1)) - true_center) < np.linalg.norm(box_center - true_center)
 
 
-def test_mirror_flips_half_the_training_items_left_right_and_nothing_else(tmp_path_factory):
-    from pointforge.tasks.pcdiff.config import SyntheticSection
-    from pointforge.tasks.pcdiff.task import PCDiffDataset, PCDiffTask, ensure_prepared_dataset
+def test_mirror_flips_half_the_training_items_left_right_and_nothing_else(synthetic_skulls):
+    from pointforge.tasks.pcdiff.task import PCDiffDataset, PCDiffTask
 
-    root = ensure_prepared_dataset(
-        tmp_path_factory.getbasetemp() / "pcdiff-synthetic",
-        SyntheticSection(skulls=4, size=64, seed=0, points=4096, split="0.5,0.25,0.25"),
-    )
+    root = synthetic_skulls
     kw = dict(n_skull=512, n_implant=128, half_extent=3.0, frame=FrameSection(), seed=3)
     plain, mirrored = PCDiffDataset(root, "train", **kw), PCDiffDataset(root, "train", mirror=True, **kw)
     flips = []

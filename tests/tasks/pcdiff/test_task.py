@@ -31,13 +31,6 @@ from tests.helpers import CONFIGS, FIXTURES
 
 PCDIFF_CONFIGS = CONFIGS / "pcdiff"
 FIXTURE = FIXTURES / "upstream_pvcnn2_tiny.pt"
-SYNTH = SyntheticSection(skulls=4, size=64, seed=0, points=4096, split="0.5,0.25,0.25")
-
-
-@pytest.fixture(scope="session")
-def dataset_root(tmp_path_factory) -> Path:
-    # The same path and spec as test_pcdiff_quality.py: whichever module runs first builds it.
-    return ensure_prepared_dataset(tmp_path_factory.getbasetemp() / "pcdiff-synthetic", SYNTH)
 
 
 def tiny_cfg(run_dir: Path, data_root: Path, *overrides: str):
@@ -193,8 +186,8 @@ class _Recorder(torch.nn.Module):
         return self.weight * x
 
 
-def test_training_step_noises_only_the_implant_points(dataset_root):
-    cfg = tiny_cfg(Path("unused"), dataset_root).task
+def test_training_step_noises_only_the_implant_points(synthetic_skulls):
+    cfg = tiny_cfg(Path("unused"), synthetic_skulls).task
     task = PCDiffTask()
     task.configure(cfg)
     train_ds, val_ds = task.build_datasets(cfg)
@@ -216,8 +209,8 @@ def test_training_step_noises_only_the_implant_points(dataset_root):
     assert {c.skull_id for c in train_ds.cases}.isdisjoint({c.skull_id for c in val_ds.cases})
 
 
-def test_batch_sampler_hook_sets_the_dataset_epoch(dataset_root):
-    ds = PCDiffDataset(dataset_root, "train", n_skull=896, n_implant=128)
+def test_batch_sampler_hook_sets_the_dataset_epoch(synthetic_skulls):
+    ds = PCDiffDataset(synthetic_skulls, "train", n_skull=896, n_implant=128)
     task = PCDiffTask()
     first = ds[0]["points"]
     assert task.batch_sampler(ds, rank=0, world_size=1, micro_batch=4, accumulation=1, seed=0, epoch=3) is None
@@ -240,7 +233,7 @@ def test_implant_distances_in_normalised_units_and_mm():
 # --------------------------------------------------------------------------- training through the engine
 
 
-def test_train_tiny_through_the_engine_then_load_and_complete(tmp_path, dataset_root, monkeypatch):
+def test_train_tiny_through_the_engine_then_load_and_complete(tmp_path, synthetic_skulls, monkeypatch):
     epochs_seen = []
     hook = PCDiffTask.batch_sampler
 
@@ -251,7 +244,7 @@ def test_train_tiny_through_the_engine_then_load_and_complete(tmp_path, dataset_
     monkeypatch.setattr(PCDiffTask, "batch_sampler", spy)
     cfg = tiny_cfg(
         tmp_path / "run",
-        dataset_root,
+        synthetic_skulls,
         "train.epochs=2",
         "train.eval_every=1",
         "task.eval.steps=3",
@@ -273,7 +266,7 @@ def test_train_tiny_through_the_engine_then_load_and_complete(tmp_path, dataset_
     model, schedule, config = loaded.model, loaded.schedule, loaded.config
     assert loaded.weights == "ema" and not model.training and config.n_implant == 128
     assert load_pcdiff(run / "checkpoints" / "latest.pt", weights="model").weights == "model"
-    data = PreparedDataset(dataset_root)
+    data = PreparedDataset(synthetic_skulls)
     case = data.split("val")[0]
     skull_voxels = np.asarray(data.points(case.defective))
     sampler = make_sampler("ddim", 3, schedule=schedule)
@@ -313,11 +306,11 @@ def test_imported_checkpoint_loads_and_reproduces_upstream(tmp_path, upstream_ti
     torch.testing.assert_close(y, upstream_tiny["y"], atol=1e-4, rtol=1e-4)
 
 
-def test_imported_checkpoint_resumes_training(tmp_path, upstream_tiny, dataset_root):
+def test_imported_checkpoint_resumes_training(tmp_path, upstream_tiny, synthetic_skulls):
     source = _write_upstream(tmp_path / "upstream.pth", upstream_tiny)
     imported = tmp_path / "ours.pt"
     import_pcdiff_checkpoint(source, imported, config=PCDIFF_CONFIGS / "tiny.yaml")
-    cfg = tiny_cfg(tmp_path / "run", dataset_root, "train.epochs=9", "train.eval_every=0", "train.ema_decay=null")
+    cfg = tiny_cfg(tmp_path / "run", synthetic_skulls, "train.epochs=9", "train.eval_every=0", "train.ema_decay=null")
     result = train(get_task("pcdiff"), cfg, resume=imported)
     assert result.resumed_from == imported
     assert (result.status, result.epoch, result.global_step) == ("finished", 9, 2)  # epoch 8 only: 2 steps
