@@ -163,7 +163,9 @@ def complete(
     init = None
     if config is not None and config.frame is not None:
         chosen, norm, estimate, rng = _framed_condition(points, model, config, int(n_skull), spacing, generator)
-        init = _prior_start(config, sampler, estimate, norm, int(n), int(n_implant), rng) if config.prior else None
+        init = (
+            None if config.prior is None else _prior_start(config, sampler, estimate, norm, int(n), int(n_implant), rng)
+        )
     else:
         chosen = points[_subsample_indices(points, int(n_skull), subsample, generator)]
         norm = bbox_normalization(chosen, HALF_EXTENT)

@@ -190,7 +190,7 @@ def atlas_points(defective, models: Models, options: GenerateOptions, rng: np.ra
     if cfg.frame is None:
         raise DataError("the atlas prior needs a PCDiff model trained with task.frame (it carries the atlas)")
     agree = cfg.prior.agree if cfg.prior is not None else 0.5
-    skull = surface_points(defective.data, 50_000, seed=int(options.seed))
+    skull = surface_points(defective.data, int(options.surface_points), seed=int(options.seed))  # as generate's
     atlas = getattr(models.pcdiff.model, "atlas_mm")
     assert isinstance(atlas, torch.Tensor)  # a model trained with task.frame carries its atlas
     found = atlas_estimate(atlas, skull, np.asarray(defective.spacing), cfg.frame, agree)

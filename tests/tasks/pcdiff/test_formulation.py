@@ -290,6 +290,33 @@ def test_framed_run_logs_placement_and_its_checkpoint_places_implants_alone(tmp_
     true_center = np.asarray(data.points(case.implant)).mean(axis=0)
     box_center = (skull.min(axis=0) + skull.max(axis=0)) / 2
     assert np.linalg.norm(implants.mean(axis=(0, 1)) - true_center) < np.linalg.norm(box_center - true_center)
+    # The same checkpoint told to start from its atlas estimate (task.prior): it needs a sampler that starts there.
+    from pointforge.implant.proposals import proposal_sampler
+    from pointforge.tasks.pcdiff.frame import PriorSection
+
+    loaded.config.prior = PriorSection(start_step=30, agree=0.8)
+    with pytest.raises(ConfigError, match="sampler starts at"):
+        complete(
+            skull,
+            loaded.model,
+            make_sampler("dpm++2m", 4, schedule=loaded.schedule),
+            2,
+            config=loaded.config,
+            spacing=spacing,
+        )
+    started = proposal_sampler("dpm++2m", 4, loaded.schedule, loaded.config.prior)
+    assert int(started.timesteps[0]) == 30
+    from_prior = complete(
+        skull,
+        loaded.model,
+        started,
+        2,
+        config=loaded.config,
+        generator=torch.Generator().manual_seed(0),
+        spacing=spacing,
+    )
+    assert from_prior.shape == (2, 128, 3) and np.isfinite(from_prior).all()
+    assert np.linalg.norm(from_prior.mean(axis=(0, 1)) - true_center) < np.linalg.norm(box_center - true_center)
 
 
 def test_mirror_flips_half_the_training_items_left_right_and_nothing_else(synthetic_skulls):

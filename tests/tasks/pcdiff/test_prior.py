@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from pointforge.errors import ConfigError
+from pointforge.errors import ConfigError, DataError
 from pointforge.nn.diffusion.pipeline import denoise, sample_ensemble
 from pointforge.nn.diffusion.samplers.base import respaced_timesteps
 from pointforge.nn.diffusion.samplers.registry import make_sampler
@@ -61,7 +61,7 @@ def test_denoise_from_an_estimate_starts_at_the_estimate_noised_to_the_first_ste
     assert t.tolist() == [20, 20]
     torch.testing.assert_close(first, SCHEDULE.q_sample(init, 20, noise))
     torch.testing.assert_close(out[:, :, 5:], clean, rtol=1e-6, atol=1e-6)
-    with pytest.raises(Exception, match="init must be"):
+    with pytest.raises(DataError, match="init must be"):
         denoise(net, sampler, torch.zeros(2, 3, 5, dtype=torch.float64), 8, init=init[:1])
 
 
