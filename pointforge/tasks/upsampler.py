@@ -98,6 +98,8 @@ class ModelOverrides:
     gate: Optional[bool] = None
     # The plane start from the point and its plane_k - 1 nearest neighbours only (pointforge.nn.upsampler).
     plane_k: Optional[int] = None
+    # The gate's starting value in (0, 1); small: nearly closed (pointforge.nn.upsampler).
+    gate_init: Optional[float] = None
 
 
 @dataclass
