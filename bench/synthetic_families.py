@@ -47,31 +47,35 @@ def box_normalised(skull: np.ndarray, size: int = 48) -> np.ndarray:
     return ndimage.zoom(crop, [size / s for s in crop.shape], order=1) >= 0.5
 
 
+def measure_folder(root: Path, n_skulls: int, n_test: int) -> dict[str, Any]:
+    """The variation of a SkullBreak-layout folder of skulls ``000`` … ``n_skulls - 1`` (module docs)."""
+    volumes = [read_volume(root / "complete_skull" / f"{k:03d}.nrrd") for k in range(n_skulls)]
+    masks = [np.asarray(v.data) != 0 for v in volumes]
+    shapes = [box_normalised(m) for m in masks]
+    atlas = Atlas.from_volumes(volumes[: n_skulls - n_test])
+    per_class: dict[str, list[float]] = {cls: [] for cls in DEFECT_CLASSES}
+    for k in range(n_skulls - n_test, n_skulls):
+        for cls in DEFECT_CLASSES:
+            defective = read_volume(root / "defective_skull" / cls / f"{k:03d}.nrrd")
+            truth = np.asarray(read_volume(root / "implant" / cls / f"{k:03d}.nrrd").data) != 0
+            predicted = np.asarray(mean_skull_implant(defective, atlas).data) != 0
+            per_class[cls].append(dice(predicted, truth))
+    return {
+        "pairwise_dsc": float(np.mean([_dice(a, b) for a, b in itertools.combinations(masks, 2)])),
+        "box_normalised_pairwise_dsc": float(np.mean([_dice(a, b) for a, b in itertools.combinations(shapes, 2)])),
+        "baseline_dsc": float(np.mean([s for scores in per_class.values() for s in scores])),
+        "baseline_dsc_per_class": {cls: float(np.mean(scores)) for cls, scores in per_class.items()},
+    }
+
+
 def measure(family: str, n_skulls: int, n_test: int, size: int, seed: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
         started = time.perf_counter()
         synthesize(root, n_skulls, size, seed, family=family)
         seconds = (time.perf_counter() - started) / n_skulls
-        volumes = [read_volume(root / "complete_skull" / f"{k:03d}.nrrd") for k in range(n_skulls)]
-        masks = [np.asarray(v.data) != 0 for v in volumes]
-        shapes = [box_normalised(m) for m in masks]
-        atlas = Atlas.from_volumes(volumes[: n_skulls - n_test])
-        per_class: dict[str, list[float]] = {cls: [] for cls in DEFECT_CLASSES}
-        for k in range(n_skulls - n_test, n_skulls):
-            for cls in DEFECT_CLASSES:
-                defective = read_volume(root / "defective_skull" / cls / f"{k:03d}.nrrd")
-                truth = np.asarray(read_volume(root / "implant" / cls / f"{k:03d}.nrrd").data) != 0
-                predicted = np.asarray(mean_skull_implant(defective, atlas).data) != 0
-                per_class[cls].append(dice(predicted, truth))
-    return {
-        "family": family,
-        "pairwise_dsc": float(np.mean([_dice(a, b) for a, b in itertools.combinations(masks, 2)])),
-        "box_normalised_pairwise_dsc": float(np.mean([_dice(a, b) for a, b in itertools.combinations(shapes, 2)])),
-        "baseline_dsc": float(np.mean([s for scores in per_class.values() for s in scores])),
-        "baseline_dsc_per_class": {cls: float(np.mean(scores)) for cls, scores in per_class.items()},
-        "seconds_per_skull": seconds,
-    }
+        measured = measure_folder(root, n_skulls, n_test)
+    return {"family": family, **measured, "seconds_per_skull": seconds}
 
 
 def main() -> None:
