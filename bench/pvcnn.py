@@ -41,8 +41,8 @@ N_GENERATED = 3_072
 T_STEP = 500
 
 
-def synthetic_skull(seed: int = 0) -> torch.Tensor:
-    """``[1, 3, 30720]``: skull-like shell points, then noisy implant points (upstream's layout)."""
+def synthetic_skull(seed: int = 0, conditioning: int = N_CONDITIONING, generated: int = N_GENERATED) -> torch.Tensor:
+    """``[1, 3, conditioning + generated]``: skull-like shell points, then noisy implant points (upstream's layout)."""
     g = torch.Generator().manual_seed(seed)
     semi_axes = torch.tensor([1.0, 0.8, 0.87])
 
@@ -57,13 +57,13 @@ def synthetic_skull(seed: int = 0) -> torch.Tensor:
             have += v.shape[0]
         return torch.cat(chunks)[:n]
 
-    skull = shell(N_CONDITIONING, False)
-    implant = shell(N_GENERATED, True)
+    skull = shell(conditioning, False)
+    implant = shell(generated, True)
     lo, hi = skull.amin(0), skull.amax(0)
     centre, scale = (lo + hi) / 2, float((hi - lo).max()) / 2 / 3
     points = torch.cat([skull, implant]) - centre
     points /= scale
-    points[N_CONDITIONING:] += 0.5 * torch.randn(N_GENERATED, 3, generator=g)  # noised at t ~ T/2
+    points[conditioning:] += 0.5 * torch.randn(generated, 3, generator=g)  # noised at t ~ T/2
     return points.t().unsqueeze(0).contiguous()
 
 

@@ -1,0 +1,111 @@
+"""PVCNN2 paper forward at batch 1 and 5: this checkout against another, in alternating fresh processes.
+
+Each measurement is a fresh process importing ``pointforge`` from the checkout it measures
+(``PYTHONPATH``), running the paper preset's evaluation forward (no grad, as sampling runs
+it) on bench/pvcnn.py's synthetic skulls (30,720 points each, one per batch element):
+one warm-up forward, then ``--repeats`` timed ones. Rounds alternate the checkouts, the
+order flipping each round, so both see the same load; the figure is the median over rounds
+of each process's median, with the load average after each round. The outputs of the two
+checkouts are compared (largest absolute difference).
+
+    python bench/pvcnn_against.py --against DIR [--batches 1 5] [--rounds 3] [--repeats 2] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from _common import machine, print_table, write_json
+
+HERE = Path(__file__).resolve()
+ROOT = HERE.parent.parent
+T_STEP = 500
+
+
+def worker(batch: int, repeats: int, save: Path | None) -> dict[str, Any]:
+    from pvcnn import synthetic_skull
+
+    from pointforge.nn.pvcnn import PVCNN2
+
+    torch.manual_seed(0)
+    model = PVCNN2("paper").eval()
+    x = torch.cat([synthetic_skull(seed) for seed in range(batch)])
+    t = torch.full((batch,), T_STEP)
+    walls, cpus = [], []
+    with torch.no_grad():
+        out = model(x, t)
+        for _ in range(repeats):
+            wall, cpu = time.perf_counter(), time.process_time()
+            model(x, t)
+            walls.append(time.perf_counter() - wall)
+            cpus.append(time.process_time() - cpu)
+    if save is not None:
+        torch.save(out, save)
+    return {"wall_s": statistics.median(walls), "cpu_s": statistics.median(cpus), "walls": walls}
+
+
+def run_worker(tree: Path, batch: int, repeats: int, threads: int, save: Path | None) -> dict[str, Any]:
+    command = [sys.executable, str(HERE), "--worker", "--batches", str(batch), "--repeats", str(repeats)]
+    command += ["--threads", str(threads)] + (["--save", str(save)] if save else [])
+    env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{HERE.parent}"}
+    done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        raise SystemExit(f"bench/pvcnn_against.py: the measurement of {tree} failed:\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--against", type=Path, help="another checkout, measured in alternation with this one")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 5])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2, help="timed forwards per process, after one warm-up")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--save", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.worker:
+        print(json.dumps(worker(args.batches[0], args.repeats, args.save)))
+        return
+    trees = [ROOT] + ([args.against.resolve()] if args.against else [])
+    names = ["this checkout"] + ([str(args.against)] if args.against else [])
+    result: dict[str, Any] = {"batches": {}}
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="pvcnn_against_") as scratch:
+        for batch in args.batches:
+            runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+            loads = []
+            for r in range(args.rounds):
+                for i in range(len(trees)) if r % 2 == 0 else reversed(range(len(trees))):
+                    save = Path(scratch) / f"out{i}_{batch}.pt" if r == 0 else None
+                    runs[names[i]].append(run_worker(trees[i], batch, args.repeats, args.threads, save))
+                loads.append(os.getloadavg()[0])
+                print(f"batch {batch}: round {r + 1}/{args.rounds}, load average {loads[-1]:.1f}", flush=True)
+            outs = [torch.load(Path(scratch) / f"out{i}_{batch}.pt") for i in range(len(trees))]
+            diff = float((outs[0] - outs[-1]).abs().max())
+            wall = {name: statistics.median(run["wall_s"] for run in runs[name]) for name in names}
+            cpu = {name: statistics.median(run["cpu_s"] for run in runs[name]) for name in names}
+            for name in names:
+                rows.append([batch, name, wall[name], cpu[name], wall[names[-1]] / wall[name], diff])
+            result["batches"][str(batch)] = {"runs": runs, "loads": loads, "max_abs_difference": diff}
+    print(f"PVCNN2 paper forward (eval, no grad), 30,720 points per sample, {args.threads} threads; {machine()}")
+    print_table(["batch", "checkout", "median wall s", "median CPU s", "speed-up (wall)", "max |out diff|"], rows)
+    result.update({"machine": machine(), "threads": args.threads, "trees": [str(t) for t in trees]})
+    print(f"wrote {write_json('pvcnn_against', result)}")
+
+
+if __name__ == "__main__":
+    main()
