@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -48,7 +46,7 @@ def test_ball_query_matches_upstream(ops, method):
     assert (case["out"] == 0).all(-1).any()
 
 
-@pytest.mark.parametrize("backend", ["torch", "numpy", "blocked"])
+@pytest.mark.parametrize("backend", ["torch", "numpy"])
 @pytest.mark.parametrize("case", ["fps_random", "fps_lattice_ties", "fps_duplicates"])
 def test_furthest_point_sampling_matches_upstream(ops, case, backend):
     entry = ops[case]
@@ -170,36 +168,6 @@ def test_fps_backends_agree_beyond_512_points():
     assert all(len(set(row.tolist())) == 300 for row in a)  # distinct while points remain
 
 
-def _far_cluster(n: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(11)
-    return torch.cat([torch.randn(1, 3, n, generator=g), torch.randn(1, 3, 40, generator=g) * 0.01 + 60], 2)
-
-
-@pytest.mark.parametrize(
-    "coords, num_samples",
-    [
-        (lambda: _cloud(2500, 3), 900),  # two clouds, the grid refined several times
-        (lambda: _cloud(1500, 1, lattice=True), 1600),  # ties everywhere, then every point taken
-        (lambda: _cloud(1200, 2).repeat(1, 1, 2), 1500),  # each point twice
-        (lambda: _far_cluster(1500), 700),  # reach changes by orders of magnitude
-        (lambda: _cloud(900, 2).double(), 400),
-        (lambda: _cloud(700, 1), 1),
-    ],
-    ids=["random", "lattice", "duplicates", "far-cluster", "float64", "one-sample"],
-)
-def test_fps_blocked_equals_the_plain_loop(coords, num_samples):
-    points = coords()
-    plain = furthest_point_sample_indices(points, num_samples, backend="numpy")
-    assert torch.equal(furthest_point_sample_indices(points, num_samples, backend="blocked"), plain)
-
-
-def test_fps_blocked_falls_back_on_non_finite_coordinates():
-    points = _cloud(600, 1)
-    points[0, 0, 5] = math.inf
-    plain = furthest_point_sample_indices(points, 50, backend="numpy")
-    assert torch.equal(furthest_point_sample_indices(points, 50, backend="blocked"), plain)
-
-
 def test_fps_more_samples_than_points_repeats_index_zero():
     coords = torch.rand(1, 3, 5)
     out = furthest_point_sample_indices(coords, 8)
@@ -266,14 +234,12 @@ def test_same_results_on_cuda():
     centers = points[:, :, ::5].contiguous()
     cpu = [
         furthest_point_sample_indices(points, 100),
-        furthest_point_sample_indices(points, 700, backend="blocked"),
         ball_query(centers, points, 0.2, 16),
         *three_nearest_neighbors(points, centers),
     ]
     dev = points.cuda()
     cuda = [
         furthest_point_sample_indices(dev, 100),
-        furthest_point_sample_indices(dev, 700, backend="blocked"),
         ball_query(centers.cuda(), dev, 0.2, 16),
         *three_nearest_neighbors(dev, centers.cuda()),
     ]
