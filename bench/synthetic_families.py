@@ -78,16 +78,8 @@ def measure(family: str, n_skulls: int, n_test: int, size: int, seed: int) -> di
     return {"family": family, **measured, "seconds_per_skull": seconds}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--skulls", type=int, default=8)
-    parser.add_argument("--test", type=int, default=2, help="skulls whose defects are the baseline's cases")
-    parser.add_argument("--size", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    results = [measure(family, args.skulls, args.test, args.size, args.seed) for family in FAMILIES]
-    print(f"machine: {machine()}")
-    print(f"{args.skulls} skulls at {args.size}³, seed {args.seed}; baseline: {args.skulls - args.test} atlas skulls")
+def print_variation(results: list[dict[str, Any]]) -> None:
+    """The variation table, one row per family (the measures of :func:`measure`)."""
     print_table(
         ["family", "pairwise DSC", "box-normalised", "baseline DSC", *DEFECT_CLASSES, "s/skull"],
         [
@@ -102,6 +94,19 @@ def main() -> None:
             for r in results
         ],
     )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--skulls", type=int, default=8)
+    parser.add_argument("--test", type=int, default=2, help="skulls whose defects are the baseline's cases")
+    parser.add_argument("--size", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    results = [measure(family, args.skulls, args.test, args.size, args.seed) for family in FAMILIES]
+    print(f"machine: {machine()}")
+    print(f"{args.skulls} skulls at {args.size}³, seed {args.seed}; baseline: {args.skulls - args.test} atlas skulls")
+    print_variation(results)
     path = write_json("synthetic_families", {"machine": machine(), "args": vars(args), "results": results})
     print(f"wrote {path}")
 

@@ -57,10 +57,10 @@ from typing import Any
 import numpy as np
 from scipy import ndimage
 from scipy.spatial.transform import Rotation
-from synthetic_families import measure, measure_folder
+from synthetic_families import measure, measure_folder, print_variation
 
-from _common import RESULTS_DIR, machine, print_table, write_json
-from pointforge.data.lidar.scans import extract_member
+from _common import RESULTS_DIR, machine, write_json
+from pointforge.data.lidar.scans import extract_member, fetch_cache_dir
 from pointforge.data.synthetic.dataset import FAMILIES
 from pointforge.data.synthetic.defects import DEFECT_CLASSES, make_defect
 from pointforge.data.synthetic.grid import check_size, grid_geometry, grid_origin
@@ -85,19 +85,9 @@ BASE_FRONT, BASE_BACK, BASE_Y = -20.0, -48.0, (40.0, -100.0)
 _RAS_TO_GRID = np.array([-1.0, -1.0, 1.0])  # MNI's x right, y anterior; the grid's x left, y posterior
 
 
-def cache_dir(cache: str | os.PathLike | None) -> Path:
-    """``--cache``, else ``$POINTFORGE_CACHE/templates``, else ``$XDG_CACHE_HOME/pointforge/templates``, else ~/.cache."""
-    if cache is not None:
-        return Path(cache)
-    if os.environ.get("POINTFORGE_CACHE"):
-        return Path(os.environ["POINTFORGE_CACHE"]) / "templates"
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "pointforge" / "templates"
-
-
 def fetch_template(cache: str | os.PathLike | None = None) -> dict[str, Path]:
     """The template's T1, GM and WM files in the cache, taken out of nilearn's wheel the first time."""
-    folder = cache_dir(cache) / "mni152"
+    folder = fetch_cache_dir(cache, "templates") / "mni152"
     targets = {name: folder / Path(member).name for name, member in MEMBERS.items()}
     if all(t.is_file() for t in targets.values()):
         return targets
@@ -430,20 +420,7 @@ def main() -> None:
         f"{args.skulls} skulls at {args.size}³, seed {args.seed}; baseline: {args.skulls - args.test} atlas skulls, "
         f"{args.test * len(DEFECT_CLASSES)} cases; template built in {record['template_seconds']:.1f} s"
     )
-    print_table(
-        ["family", "pairwise DSC", "box-normalised", "baseline DSC", *DEFECT_CLASSES, "s/skull"],
-        [
-            [
-                r["family"],
-                r["pairwise_dsc"],
-                r["box_normalised_pairwise_dsc"],
-                r["baseline_dsc"],
-                *r["baseline_dsc_per_class"].values(),
-                r["seconds_per_skull"],
-            ]
-            for r in results
-        ],
-    )
+    print_variation(results)
     size = record["mean_size_mm"]
     print(f"{FAMILY}: mean skull {size['width']} × {size['length']} × {size['height']} mm (width, length, height)")
     print(f"pictures: {', '.join(record['pictures'])}")

