@@ -25,11 +25,12 @@ distributed training.
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping, cast
+from typing import Any, Callable, Iterable, Mapping, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from pointforge.errors import DataError
 from pointforge.nn.pvcnn_blocks import (
@@ -60,20 +61,6 @@ def _conv_stage(stage: ConvStage, in_channels: int, attention_first: bool, dropo
     return blocks
 
 
-def _run_blocks(blocks: Iterable[nn.Module], features: Tensor, coords: Tensor, maps: dict[int, VoxelMap]) -> Tensor:
-    """Run ``blocks`` on points at ``coords``; ``maps`` holds the voxel maps of these
-    coordinates by resolution, shared by the blocks and by the SA and FP levels on the
-    same points (the tiny preset builds 4 maps per pass instead of 7)."""
-    for block in blocks:
-        if isinstance(block, PVConv):
-            if block.resolution not in maps:
-                maps[block.resolution] = VoxelMap(coords, block.resolution)
-            features = block(features, coords, maps[block.resolution])
-        else:
-            features = block(features)
-    return features
-
-
 def timestep_embedding(t: Tensor, dim: int) -> Tensor:
     """Sinusoidal embedding ``[sin(t f), cos(t f)]``, f = 10000^(-i/(dim/2-1)), float32.
 
@@ -102,10 +89,12 @@ class PVCNN2(nn.Module):
     ``[B, num_classes, N]`` for all N points; a diffusion loss uses the last n.
     """
 
-    def __init__(self, config: PVCNN2Config | str | Mapping = "paper"):
+    def __init__(self, config: PVCNN2Config | str | Mapping = "paper", *, checkpoint_activations: bool = False):
         super().__init__()
         cfg = resolve_config(config)
         self.config = cfg
+        # Not part of the config: it changes what a training step keeps, not the function or the weights.
+        self.checkpoint_activations = checkpoint_activations
         e = cfg.embed_dim
         in_channels = 3 + cfg.extra_feature_channels
 
@@ -166,30 +155,66 @@ class PVCNN2(nn.Module):
             if level_index > 0:
                 features = torch.cat([features, temb.expand(-1, -1, coords.shape[2])], 1)
             blocks = list(level) if isinstance(level, nn.Sequential) else [level]
-            features = _run_blocks(blocks[:-1], features, coords, voxel_maps[-1])
-            features, coords = blocks[-1](features, coords)
+            features = self._run_blocks(blocks[:-1], features, coords, voxel_maps[-1])
+            abstraction = cast(SetAbstraction, blocks[-1])
+            centers, neighbors = abstraction.neighborhoods(coords)
+            features, coords = self._segment(abstraction.pool, features, coords, centers, neighbors), centers
             # Upstream max-pools the grouped embedding per centre; the embedding is the same
             # at every point, so the pooled value is that same vector, exactly.
         skip_features[0] = x[:, 3:]
 
         if self.global_att is not None:
-            features = self.global_att(features)
+            features = self._segment(self.global_att, features)
 
         temb_points = temb.expand(-1, -1, coords.shape[2])
         for fp_index, level in enumerate(self.fp_layers):
             points_coords = coords_list[-1 - fp_index]
             blocks = list(level) if isinstance(level, nn.Sequential) else [level]
-            interpolated, features = blocks[0](
-                points_coords, coords, torch.cat([features, temb_points], 1), skip_features[-1 - fp_index]
+            propagation = cast(FeaturePropagation, blocks[0])
+            indices, weights = propagation.nearest(points_coords, coords)
+            interpolated, features = self._segment(
+                propagation.propagate,
+                indices,
+                weights,
+                torch.cat([features, temb_points], 1),
+                skip_features[-1 - fp_index],
             )
             # Upstream interpolates the embedding separately with the same neighbours and
             # weights: those are the embedding channels of the joint interpolation.
             temb_points = interpolated[:, -cfg.embed_dim :]
-            features = _run_blocks(blocks[1:], features, points_coords, voxel_maps[-1 - fp_index])
+            features = self._run_blocks(blocks[1:], features, points_coords, voxel_maps[-1 - fp_index])
             coords = points_coords
 
+        return self._segment(self._classify, features)
+
+    def _classify(self, features: Tensor) -> Tensor:
         mlp, drop, out = self.classifier
         return pointwise(out, dropout(cast(nn.Dropout, drop), mlp(features)))
 
+    def _segment(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``; with ``checkpoint_activations`` while autograd records, the
+        activations inside ``fn`` are dropped after the forward pass and recomputed in the
+        backward pass, from the same random state (dropout draws the same masks)."""
+        if self.checkpoint_activations and torch.is_grad_enabled():
+            return checkpoint(fn, *args, use_reentrant=False)
+        return fn(*args)
+
+    def _run_blocks(
+        self, blocks: Iterable[nn.Module], features: Tensor, coords: Tensor, maps: dict[int, VoxelMap]
+    ) -> Tensor:
+        """Run ``blocks`` on points at ``coords``, each one checkpoint segment; ``maps`` holds
+        the voxel maps of these coordinates by resolution, shared by the blocks and by the SA
+        and FP levels on the same points (the tiny preset builds 4 maps per pass instead of 7),
+        and built outside the segments (they need no gradients, so nothing recomputes them)."""
+        for block in blocks:
+            if isinstance(block, PVConv):
+                if block.resolution not in maps:
+                    maps[block.resolution] = VoxelMap(coords, block.resolution)
+                features = self._segment(block, features, coords, maps[block.resolution])
+            else:
+                features = self._segment(block, features)
+        return features
+
     def extra_repr(self) -> str:
-        return f"{sum(p.numel() for p in self.parameters()):,} parameters"
+        checkpointed = ", activation checkpointing" if self.checkpoint_activations else ""
+        return f"{sum(p.numel() for p in self.parameters()):,} parameters{checkpointed}"

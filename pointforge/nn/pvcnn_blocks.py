@@ -251,13 +251,22 @@ class SetAbstraction(nn.Module):
         self.distinct_slots = True
 
     def forward(self, features: Tensor, coords: Tensor) -> tuple[Tensor, Tensor]:
+        centers, neighbors = self.neighborhoods(coords)
+        return self.pool(features, coords, centers, neighbors), centers
+
+    def neighborhoods(self, coords: Tensor) -> tuple[Tensor, Tensor]:
+        """``(centers [B, 3, M], neighbors [B, M, num_neighbors])``: FPS, then ball query;
+        no gradients flow here, so activation checkpointing leaves it out of the recomputation."""
         centers, _ = fps.furthest_point_sample(coords, self.num_centers)
-        neighbors = ball_query.ball_query(centers, coords, self.radius, self.num_neighbors)
+        return centers, ball_query.ball_query(centers, coords, self.radius, self.num_neighbors)
+
+    def pool(self, features: Tensor, coords: Tensor, centers: Tensor, neighbors: Tensor) -> Tensor:
+        """The MLP on each neighbourhood's [offset xyz, features], max-pooled per centre."""
         if self.distinct_slots:
-            return self._pool_distinct(features, coords, centers, neighbors), centers
+            return self._pool_distinct(features, coords, centers, neighbors)
         grouped_xyz = grouping.grouping(coords, neighbors) - centers.unsqueeze(-1)
         grouped = torch.cat([grouped_xyz, grouping.grouping(features, neighbors)], 1)
-        return _max_last(self.mlps[0](grouped)), centers
+        return _max_last(self.mlps[0](grouped))
 
     def _pool_distinct(self, features: Tensor, coords: Tensor, centers: Tensor, neighbors: Tensor) -> Tensor:
         b, c, n = features.shape
@@ -306,6 +315,17 @@ class FeaturePropagation(nn.Module):
     def forward(
         self, points_coords: Tensor, centers_coords: Tensor, centers_features: Tensor, points_features: Tensor
     ) -> tuple[Tensor, Tensor]:
-        indices, weights = three_nn.three_nearest_neighbors(points_coords, centers_coords)
+        indices, weights = self.nearest(points_coords, centers_coords)
+        return self.propagate(indices, weights, centers_features, points_features)
+
+    def nearest(self, points_coords: Tensor, centers_coords: Tensor) -> tuple[Tensor, Tensor]:
+        """The three nearest centres of every point and their interpolation weights."""
+        return three_nn.three_nearest_neighbors(points_coords, centers_coords)
+
+    def propagate(
+        self, indices: Tensor, weights: Tensor, centers_features: Tensor, points_features: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """``(interpolated, MLP output)`` from the 3-NN ``indices`` and ``weights`` (which
+        need no gradients, so activation checkpointing leaves them out of the recomputation)."""
         interpolated = three_nn.interpolate_from_neighbors(centers_features, indices, weights)
         return interpolated, self.mlp(torch.cat([interpolated, points_features], 1))
