@@ -18,6 +18,13 @@ Upstream behaviour that shapes the weights, kept on purpose:
 * The timestep embedding is concatenated to the input of every SA level after the
   first and of every FP level; the network returns an output for *all* N points.
 
+``checkpoint_activations=True`` runs each block (PVConv, the SA levels' pooling, the FP
+levels' propagation, the global attention, the classifier) as one non-reentrant
+``torch.utils.checkpoint`` segment while autograd records: a training step keeps the
+blocks' inputs only and recomputes the rest in the backward pass, from the same random
+state (dropout draws the same masks), so outputs and gradients do not change. FPS, ball
+query, 3-NN and the voxel maps need no gradients and run outside the segments, once.
+
 The network knows nothing about diffusion beyond taking ``t``, nor about devices or
 distributed training.
 """

@@ -21,6 +21,12 @@ keeps) is not guessed: :data:`BYTES_PER_ELEMENT` is fitted by
 ``bench/pvcnn_memory.py`` to the peak memory of real training steps (forward,
 backward, Adam step) on the CPU, and the table there (docs/benchmarks.md,
 "Training memory") shows how close the model comes.
+
+With activation checkpointing (:class:`~pointforge.nn.pvcnn.PVCNN2`'s
+``checkpoint_activations``) a step keeps only its blocks' inputs and recomputes
+the rest block by block in the backward pass; the same counts then cost other
+bytes per element, :data:`BYTES_PER_ELEMENT_CHECKPOINTED`, fitted the same way
+(``bench/pvcnn_memory.py --checkpoint``).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from pointforge.nn.pvcnn_config import PVCNN2Config, resolve_config
 
 __all__ = [
     "BYTES_PER_ELEMENT",
+    "BYTES_PER_ELEMENT_CHECKPOINTED",
     "SURFACE_HITS_PER_BALL",
     "ActivationCounts",
     "activation_counts",
@@ -47,6 +54,12 @@ SURFACE_HITS_PER_BALL = 16
 # steps on the CPU; docs/benchmarks.md, "Training memory").
 # The index slots fit to 0: they are freed before the step's peak.
 BYTES_PER_ELEMENT = {"point": 4.7, "voxel": 33.2, "pair": 3.2, "slot": 0.0}
+
+# The same with activation checkpointing on (bench/pvcnn_memory.py --checkpoint), fitted never
+# to fall below a measured slope: the pairs and slots fit to 0 (the SA pooling's pairs live
+# only while its segment recomputes), and the model errs high by up to 2.5x on the paper preset
+# (docs/benchmarks.md, "Activation checkpointing").
+BYTES_PER_ELEMENT_CHECKPOINTED = {"point": 2.3, "voxel": 24.0, "pair": 0.0, "slot": 0.0}
 
 # Adam keeps two moments and the step needs the gradients: three copies of the weights
 # beyond the weights themselves.
@@ -124,8 +137,11 @@ def training_step_bytes(
     *,
     parameters: int,
     hits_per_ball: float | Sequence[float] = SURFACE_HITS_PER_BALL,
+    checkpointed: bool = False,
 ) -> int:
     """Bytes a float32 training step on ``micro_batch`` samples needs beyond the weights:
-    the activations kept for backward plus gradients and Adam's two moments."""
-    per_sample = activation_counts(config, n_points, hits_per_ball=hits_per_ball).bytes()
+    the activations kept for backward (``checkpointed``: with activation checkpointing)
+    plus gradients and Adam's two moments."""
+    per_element = BYTES_PER_ELEMENT_CHECKPOINTED if checkpointed else BYTES_PER_ELEMENT
+    per_sample = activation_counts(config, n_points, hits_per_ball=hits_per_ball).bytes(per_element)
     return int(micro_batch * per_sample + _ADAM_COPIES * 4 * parameters)

@@ -30,7 +30,8 @@ The API (stable; other modules build on it):
 
 ``check_memory(task, task_cfg, micro_batch, device, *, global_batch, available=None)``
     The task's estimate of a step's memory fits the device, else the largest
-    micro-batch that does.
+    micro-batch that does, and each of the task's memory savers
+    (``Task.memory_savers``, e.g. activation checkpointing) under which a larger one does.
 
 ``check_datasets(*datasets)``
     Each dataset's own ``check_files()``: the files it will read exist.
@@ -184,23 +185,31 @@ def check_memory(
     )
     if need <= free:
         return Finding("memory", OK, f"a training step needs about {format_bytes(need)} of {format_bytes(free)}")
-    fits = next(
-        (m for m in range(micro_batch - 1, 0, -1) if (task.memory_estimate(task_cfg, m) or 0) <= free),
-        0,
-    )
+    fits = _largest_fitting(task, task_cfg, micro_batch - 1, free)
+    savers = []
+    for setting, saver_cfg in task.memory_savers(task_cfg).items():
+        saved = _largest_fitting(task, saver_cfg, micro_batch, free)
+        if saved > fits:
+            savers.append(f"set {setting} (then data.micro_batch={saved} fits)")
     if fits:
-        fix = (
-            f"set data.micro_batch={fits} (gradient accumulation keeps data.global_batch={global_batch}) "
-            "or use more devices"
-        )
-        return Finding("memory", FAILURE, said, fix, ConfigError)
+        smaller = f"set data.micro_batch={fits} (gradient accumulation keeps data.global_batch={global_batch})"
+        return Finding("memory", FAILURE, said, _one_of([smaller, *savers, "use more devices"]), ConfigError)
     return Finding(
         "memory",
         FAILURE,
         f"{said} even for one sample",
-        "lower the task's point count or grid resolution",
+        _one_of([*savers, "lower the task's point count or grid resolution"]),
         ConfigError,
     )
+
+
+def _one_of(options: list[str]) -> str:
+    return options[0] if len(options) == 1 else ", ".join(options[:-1]) + " or " + options[-1]
+
+
+def _largest_fitting(task: Task, task_cfg: Any, at_most: int, free: int) -> int:
+    """The largest micro-batch up to ``at_most`` whose estimate fits in ``free`` bytes (0: none)."""
+    return next((m for m in range(at_most, 0, -1) if (task.memory_estimate(task_cfg, m) or 0) <= free), 0)
 
 
 def check_datasets(*datasets: Any) -> Finding:

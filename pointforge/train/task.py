@@ -200,6 +200,12 @@ class Task:
         """
         return None
 
+    def memory_savers(self, cfg: Any) -> Mapping[str, Any]:
+        """Settings that lower :meth:`memory_estimate` without changing what is trained:
+        ``{"key=value" override: the task config with it}``. When a micro-batch does not
+        fit, the refusal names each one under which a larger micro-batch fits."""
+        return {}
+
 
 def split_step_output(out: Any) -> tuple[torch.Tensor, Mapping[str, Any]]:
     """Normalise what ``training_step`` returned to ``(loss, metrics)``."""

@@ -212,8 +212,10 @@ def test_a_micro_batch_that_does_not_fit_is_refused_naming_the_largest_that_does
     cfg = load_train_config("pcdiff", "tiny").task
     three = get_task("pcdiff").memory_estimate(cfg, 3)
     monkeypatch.setattr(preflight, "available_memory_bytes", lambda device: three)
-    with pytest.raises(ConfigError, match=r"job pc: .*set data.micro_batch=3 \(gradient accumulation keeps"):
+    with pytest.raises(ConfigError, match=r"job pc: .*set data.micro_batch=3 \(gradient accumulation keeps") as caught:
         build_plan(spec, cwd=tmp_path, inventory=fake(0)).check()
+    # Activation checkpointing fits more of the tiny network's samples in the same memory.
+    assert "set task.checkpoint_activations=true (then data.micro_batch=" in str(caught.value)
 
 
 def test_real_gpus_refuse_a_pinned_device(tmp_path):

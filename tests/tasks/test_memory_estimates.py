@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from pointforge.errors import ConfigError
+from pointforge.nn.pvcnn import PVCNN2
 from pointforge.tasks.configs import load_train_config
 from pointforge.tasks.pcdiff.task import PCDiffTask
 from pointforge.tasks.upsampler import UpsamplerTask
@@ -58,10 +59,51 @@ def test_a_pcdiff_batch_that_does_not_fit_is_refused_naming_the_largest_that_doe
         finding.raise_if_failed()
     message = str(caught.value)
     assert "\n" not in message and "a training step on 8 sample(s) per device needs about" in message
+    saved = max(
+        m
+        for m in range(1, 9)
+        if task.memory_estimate(dataclasses.replace(cfg, checkpoint_activations=True), m) <= budget
+    )
+    assert saved > 5
     assert message.endswith(
-        "set data.micro_batch=5 (gradient accumulation keeps data.global_batch=56) or use more devices"
+        "set data.micro_batch=5 (gradient accumulation keeps data.global_batch=56), "
+        f"set task.checkpoint_activations=true (then data.micro_batch={saved} fits) or use more devices"
     )
     assert preflight.check_memory(task, cfg, 5, torch.device("cpu"), global_batch=56).ok
+
+
+def test_checkpoint_activations_is_a_checked_task_key_that_reaches_the_network():
+    cfg = load_train_config("pcdiff", "tiny", ["task.checkpoint_activations=true"]).task
+    assert cfg.checkpoint_activations and not _pcdiff_cfg("tiny").checkpoint_activations
+    networks = [m for m in PCDiffTask().build_model(cfg).modules() if isinstance(m, PVCNN2)]
+    assert len(networks) == 1 and networks[0].checkpoint_activations
+    with pytest.raises(ConfigError, match=r"^config key 'task.checkpoint_activations' got 'maybe', expected bool$"):
+        load_train_config("pcdiff", "tiny", ["task.checkpoint_activations=maybe"])
+    with pytest.raises(ConfigError, match="did you mean 'task.checkpoint_activations'"):
+        load_train_config("pcdiff", "tiny", ["task.checkpoint_activation=true"])
+
+
+def test_checkpointing_lowers_the_estimate_and_is_named_only_where_it_fits_more(monkeypatch):
+    task, cfg = PCDiffTask(), _pcdiff_cfg("paper")
+    on = dataclasses.replace(cfg, checkpoint_activations=True)
+    assert task.memory_estimate(on, 8) < task.memory_estimate(cfg, 8)
+    assert task.memory_estimate(on, 1) > 0
+    # Checkpointing on already: nothing more to suggest.
+    monkeypatch.setattr(preflight, "available_memory_bytes", lambda device: task.memory_estimate(on, 3))
+    finding = preflight.check_memory(task, on, 8, torch.device("cpu"), global_batch=8)
+    assert "checkpoint_activations" not in finding.problem and "data.micro_batch=3" in finding.problem
+    # Not even one sample fits without it, the whole micro-batch with it.
+    monkeypatch.setattr(preflight, "available_memory_bytes", lambda device: task.memory_estimate(on, 2))
+    finding = preflight.check_memory(task, cfg, 2, torch.device("cpu"), global_batch=8)
+    assert task.memory_estimate(cfg, 1) > task.memory_estimate(on, 2)
+    assert finding.problem.endswith(
+        "even for one sample; set task.checkpoint_activations=true (then data.micro_batch=2 fits) "
+        "or lower the task's point count or grid resolution"
+    )
+    # Where it would not fit a larger micro-batch, it is not named.
+    monkeypatch.setattr(preflight, "available_memory_bytes", lambda device: task.memory_estimate(on, 1) - 1)
+    finding = preflight.check_memory(task, cfg, 2, torch.device("cpu"), global_batch=8)
+    assert "checkpoint_activations" not in finding.problem
 
 
 def test_the_upsampler_estimate_follows_its_point_budget():

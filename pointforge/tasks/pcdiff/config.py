@@ -1,6 +1,7 @@
 """The ``task`` section of a PCDiff training config: its dataclasses and what they build.
 
-:class:`PCDiffConfig` (data, model preset, point counts, formulation options)
+:class:`PCDiffConfig` (data, model preset and its activation checkpointing, point
+counts, formulation options)
 with its sections :class:`SyntheticSection`, :class:`DiffusionSection` and
 :class:`EvalSection`; :func:`build_schedule` and :func:`build_eval_sampler`
 turn the last two into a noise schedule and a sampler.
@@ -127,6 +128,9 @@ class PCDiffConfig:
     train_split: Literal["train", "val", "test"] = "train"
     val_split: Literal["train", "val", "test"] | None = "val"
     model: Literal["paper", "small", "tiny"] = "paper"  # PVCNN2 preset
+    # Recompute PVCNN2's block activations in the backward pass instead of keeping them:
+    # a larger batch fits, each step costs more (docs/benchmarks.md, "Activation checkpointing").
+    checkpoint_activations: bool = False
     n_skull: int | None = None  # null: the preset's (PRESET_POINTS)
     n_implant: int | None = None
     rotate_degrees: float = 0.0  # training augmentation: random rotation within ± this about each axis

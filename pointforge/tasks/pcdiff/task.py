@@ -96,10 +96,13 @@ def build_model(cfg: PCDiffConfig, atlas: torch.Tensor | None = None) -> nn.Modu
     """The network ``cfg`` describes: the PVCNN2 preset, with the condition mark and the
     frame's atlas when configured (the upstream configuration is the bare PVCNN2)."""
     preset = get_preset(cfg.model)
+    checkpointed = cfg.checkpoint_activations
     if cfg.condition_mark:
-        net: nn.Module = MarkConditioning(PVCNN2(replace(preset, extra_feature_channels=1)), cfg.points[1])
+        net: nn.Module = MarkConditioning(
+            PVCNN2(replace(preset, extra_feature_channels=1), checkpoint_activations=checkpointed), cfg.points[1]
+        )
     else:
-        net = PVCNN2(preset)
+        net = PVCNN2(preset, checkpoint_activations=checkpointed)
     return net if cfg.frame is None else FramedDenoiser(net, atlas)
 
 
@@ -382,11 +385,20 @@ class PCDiffTask(Task):
     def memory_estimate(self, cfg: PCDiffConfig, micro_batch: int) -> int:
         """A float32 training step of the PVCNN2 preset on ``n_skull + n_implant`` points
         (:func:`~pointforge.nn.pvcnn_memory.training_step_bytes`: activations fitted to
-        measured peaks, plus gradients and Adam's moments); AMP only lowers it."""
+        measured peaks, plus gradients and Adam's moments; lower with ``task.checkpoint_activations``,
+        fitted the same way); AMP only lowers it."""
         preset = replace(get_preset(cfg.model), extra_feature_channels=1 if cfg.condition_mark else 0)
         with torch.device("meta"):
             parameters = sum(p.numel() for p in PVCNN2(preset).parameters())
-        return training_step_bytes(preset, sum(cfg.points), micro_batch, parameters=parameters)
+        return training_step_bytes(
+            preset, sum(cfg.points), micro_batch, parameters=parameters, checkpointed=cfg.checkpoint_activations
+        )
+
+    def memory_savers(self, cfg: PCDiffConfig) -> dict[str, PCDiffConfig]:
+        """Activation checkpointing, where it is off: the same training in less memory."""
+        if cfg.checkpoint_activations:
+            return {}
+        return {"task.checkpoint_activations=true": replace(cfg, checkpoint_activations=True)}
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, loader, ctx: EvalContext) -> dict[str, float]:
