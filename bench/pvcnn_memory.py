@@ -17,9 +17,9 @@ per element are fitted here (non-negative least squares over all sizes) and prin
 every batch. ``--checkpoint`` does all of this with PVCNN2's activation checkpointing on
 and fits ``BYTES_PER_ELEMENT_CHECKPOINTED`` (the estimate with ``task.checkpoint_activations``),
 under the constraint that the model meets every measured slope: least squares left the
-tiny preset's per-sample bytes half below the measurement (what a checkpointed step keeps
-is not spread over the kinds as in a plain step; the classifier's recomputation at full
-resolution weighs most in the small networks). Inputs are skull-like double shells with a noisy implant cap (as in
+tiny preset's per-sample bytes half below the measurement (a checkpointed step's peak is
+its blocks' inputs plus one block's recomputation, which the kinds summed over the whole
+network describe less well). Inputs are skull-like double shells with a noisy implant cap (as in
 ``bench/pvcnn.py``), scaled to half-extent 3.
 
 Upsampler: the peak per sparse point at a few point budgets, against the task's estimate.

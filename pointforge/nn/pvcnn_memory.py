@@ -56,9 +56,9 @@ SURFACE_HITS_PER_BALL = 16
 BYTES_PER_ELEMENT = {"point": 4.7, "voxel": 33.2, "pair": 3.2, "slot": 0.0}
 
 # The same with activation checkpointing on (bench/pvcnn_memory.py --checkpoint), fitted never
-# to fall below a measured slope: the pairs and slots fit to 0 (the SA pooling's pairs live
-# only while its segment recomputes), and the model errs high by up to 2.5x on the paper preset
-# (docs/benchmarks.md, "Activation checkpointing").
+# to fall below a measured per-sample slope (least squares left tiny's half below); pairs and
+# slots fit to 0. It errs high by up to 2.6x per sample on the paper preset (docs/benchmarks.md,
+# "Activation checkpointing").
 BYTES_PER_ELEMENT_CHECKPOINTED = {"point": 2.3, "voxel": 24.0, "pair": 0.0, "slot": 0.0}
 
 # Adam keeps two moments and the step needs the gradients: three copies of the weights
