@@ -20,8 +20,10 @@ from pointforge.tasks.pcdiff.frame import (
     FramedDenoiser,
     FrameSection,
     LocalFrame,
+    bent,
     estimate_implant,
     frame_condition,
+    main_pieces,
     nearest_indices,
 )
 from pointforge.tasks.pcdiff.placement import condition_use, placement_metrics
@@ -192,6 +194,47 @@ def test_atlas_estimate_finds_the_missing_cap_of_a_shell():
     assert np.linalg.norm(box - skull[cap].mean(axis=0)) > 30.0  # what no estimate would give
 
 
+def test_atlas_estimate_drops_a_small_stray_piece():
+    # A second, small hole far from the cap: every atlas skull misses bone there too,
+    # but it is a stray piece next to the cap's, and only pieces=0 keeps it.
+    atlas = [_shell(np.zeros(3), r, 6000, s) for r, s in ((78.0, 1), (80.0, 2), (83.0, 3))]
+    skull = _shell(np.zeros(3), 80.0, 8000, 4)
+    cap = skull @ np.array([0.6, 0.0, 0.8]) > 80.0 * np.cos(np.deg2rad(30))
+    stray = skull @ np.array([0.0, -1.0, 0.0]) > 80.0 * np.cos(np.deg2rad(12))
+    kept = estimate_implant(skull[~cap & ~stray], atlas, pieces=0.5)
+    every = estimate_implant(skull[~cap & ~stray], atlas, pieces=0.0)
+    near_stray = lambda pts: int((pts @ np.array([0.0, -1.0, 0.0]) > 60.0).sum())  # noqa: E731
+    assert near_stray(every.points) > 0
+    assert near_stray(kept.points) == 0
+    assert np.linalg.norm(kept.center - skull[cap].mean(axis=0)) < 6.0
+
+
+def test_bent_atlas_follows_the_rim_across_a_defect():
+    # The atlas is 4 mm smaller than the skull everywhere: registered without scale it
+    # sits inside; bent, its bone across the missing cap moves out toward the skull's.
+    from scipy.spatial import cKDTree
+
+    atlas = _shell(np.zeros(3), 80.0, 3000, 1)
+    skull = _shell(np.zeros(3), 84.0, 4000, 2)
+    up = np.array([0.0, 0.0, 1.0])
+    present = skull[skull @ up < 84.0 * np.cos(np.deg2rad(20))]
+    moved = bent(atlas, present, cKDTree(present), sigma_mm=15.0, reach_mm=10.0)
+    radius = np.linalg.norm(moved, axis=1)
+    cap = atlas @ up > 80.0 * np.cos(np.deg2rad(12))  # the cap's middle: 12+ mm from the rim
+    assert abs(np.median(radius[~cap]) - 84.0) < 1.0
+    assert np.median(radius[cap]) > 82.0  # from 80, with no skull point within 10 mm
+
+
+def test_main_pieces_keeps_the_pieces_near_the_largest_in_size():
+    rng = np.random.default_rng(0)
+    a = rng.normal(0.0, 3.0, (300, 3))
+    b = rng.normal(0.0, 3.0, (200, 3)) + [60.0, 0.0, 0.0]  # a second plate, 2/3 of the first
+    c = rng.normal(0.0, 1.0, (30, 3)) + [0.0, 100.0, 0.0]  # a stray, 1/10
+    mask = main_pieces(np.concatenate([a, b, c]), 10.0, 0.5)
+    assert mask[:500].all() and not mask[500:].any()
+    assert main_pieces(np.concatenate([a, b, c]), 10.0, 0.0).all()
+
+
 def test_frame_condition_crops_around_the_centre_and_maps_back():
     skull = _shell(np.zeros(3), 30.0, 5000, 0)
     section = FrameSection(scale=0.5, crop=1.0, jitter=0.0)
@@ -221,6 +264,8 @@ def test_framed_model_carries_its_atlas_through_a_state_dict():
     "override,fragment",
     [
         ("task.frame.crop=0", "task.frame.crop"),
+        ("task.frame.pieces=1.5", "task.frame.pieces"),
+        ("task.frame.bend_mm=-1", "task.frame.bend_mm"),
         ("task.diffusion.prediction=eps task.diffusion.zero_terminal_snr=true", "x0 or v"),
         ("task.frame.scale=1 task.rotate_degrees=10", "rotate_degrees"),
     ],
