@@ -40,7 +40,7 @@ test: $(STAMP)
 	$(VENV)/bin/ruff format --check $(LINTED)
 	$(VENV)/bin/mypy pointforge
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q -m "not slow" -n 2 --dist loadgroup tests
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow tests

@@ -8,12 +8,29 @@ import torch
 
 from tests.helpers import register_test_tasks, torch_threads, train_tiny_implant_models
 
-# Tests are sized for 2 cores; more threads only add contention.
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# Tests are sized for 2 cores; more threads only add contention. Under pytest-xdist
+# (`make test`: two workers) each worker is one of the two.
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+torch.set_num_threads(1 if XDIST_WORKER else min(2, os.cpu_count() or 1))
 
 # The fault-injecting task (tests/faulty_toy.py) for runs in this process;
 # child processes find it through tests.helpers.subprocess_env.
 register_test_tasks()
+
+
+SHARED_SESSION_FIXTURES = {"tiny_implant_models"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist's ``--dist loadgroup``: a test module runs on one worker (its module fixtures, a
+    Slurm cluster or a reference run, are made once), and so does every test that uses a session fixture
+    of :data:`SHARED_SESSION_FIXTURES` (the tiny implant models are trained once, not once per worker)."""
+    if not XDIST_WORKER:
+        return
+    for item in items:
+        shared = SHARED_SESSION_FIXTURES & set(item.fixturenames)
+        group = "shared-session-fixtures" if shared else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="module")
