@@ -26,6 +26,24 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} logical cores, {platform.system()} {platform.release()}, Python {platform.python_version()}"
 
 
+def record_header(benchmark: str, *, device: str, bf16: bool, threads: int, load: dict[str, Any]) -> dict[str, Any]:
+    """The fields every PVCNN2 bench's JSON record starts with: what ran, when, where and on what."""
+    from datetime import datetime, timezone
+
+    import torch
+
+    return {
+        "benchmark": benchmark,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "torch": torch.__version__,
+        "device": device,
+        "bf16": bf16,
+        "threads": threads,
+        "load_average": load,
+    }
+
+
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     cells = [[str(h) for h in headers]] + [[_cell(v) for v in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]

@@ -25,14 +25,13 @@ import argparse
 import os
 import statistics
 import time
-from datetime import datetime, timezone
 from typing import Any, Callable
 
 import torch
 from pvcnn import synthetic_skull
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from _common import machine, print_table, write_json
+from _common import machine, print_table, record_header, write_json
 from pointforge.nn.pvcnn import PVCNN2
 from pointforge.tasks.pcdiff.config import PRESET_POINTS
 
@@ -168,18 +167,9 @@ def main() -> None:
     print_rows(records)
     load_after = os.getloadavg()
     print(f"median of {args.repeats} steps each; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after")
-    record = {
-        "benchmark": "pvcnn_checkpoint",
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine(),
-        "torch": torch.__version__,
-        "device": str(device),
-        "bf16": args.bf16,
-        "threads": args.threads,
-        "repeats": args.repeats,
-        "load_average": {"before": load_before, "after": load_after},
-        "cases": records,
-    }
+    load = {"before": load_before, "after": load_after}
+    record = record_header("pvcnn_checkpoint", device=str(device), bf16=args.bf16, threads=args.threads, load=load)
+    record.update(repeats=args.repeats, cases=records)
     print(f"wrote {write_json(args.name, record)}")
 
 

@@ -36,7 +36,6 @@ import contextlib
 import functools
 import os
 import time
-from datetime import datetime, timezone
 from typing import Any, Callable, Iterator
 
 import torch
@@ -45,7 +44,7 @@ from pvcnn import synthetic_skull
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode, _pop_mode_temporarily
 
-from _common import machine, print_table, write_json
+from _common import machine, print_table, record_header, write_json
 from pointforge.nn import pvcnn_blocks
 from pointforge.nn.ops import ball_query, fps, three_nn
 from pointforge.nn.pvcnn import PVCNN2
@@ -408,18 +407,9 @@ def main() -> None:
     print("* backward work is estimated as twice the forward's; % roof = achieved / min(peak, intensity x bandwidth)")
     load_after = os.getloadavg()
     print(f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after, on {os.cpu_count()} cores")
-    record = {
-        "benchmark": "pvcnn_roofline",
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine(),
-        "torch": torch.__version__,
-        "device": args.device,
-        "bf16": args.bf16,
-        "threads": args.threads,
-        "load_average": {"before": load_before, "after": load_after},
-        "peaks": peaks,
-        "cases": records,
-    }
+    load = {"before": load_before, "after": load_after}
+    record = record_header("pvcnn_roofline", device=args.device, bf16=args.bf16, threads=args.threads, load=load)
+    record.update(peaks=peaks, cases=records)
     print(f"wrote {write_json(args.name, record)}")
 
 
