@@ -4,19 +4,24 @@ With ``task.prior`` sampling starts from the atlas estimate of the implant,
 diffused to ``start_step``; plain training only ever diffuses the *true*
 implant, so the network learns to denoise the truth and never learns what is
 wrong with the estimate (it covers the middle of the defect and misses its
-rim). With ``correct > 0`` that fraction of the training examples starts where
-sampling starts: the case's own estimate, made from the atlas *without the
-case's skull* (leave-one-out, so it errs as it will on a new skull), diffused to
-``start_step``, with the true implant as the clean cloud the prediction is
+rim). With ``correct > 0`` that fraction of the training examples lies on
+the path sampling takes from the estimate: the case's own estimate, made from
+the atlas *without the case's skull* (leave-one-out, so it errs as it will on
+a new skull), with the true implant as the clean cloud the prediction is
 measured against. Each estimate point is paired with one true point by an
 optimal assignment (squared distances), so every part of the implant is some
 point's target and the pairs move as little as possible.
 
 The loss stays the one :func:`~pointforge.nn.diffusion.loss.diffusion_loss`
-computes: diffusing the estimate ``e`` with noise ``eps`` gives the same
-noisy cloud as diffusing the truth ``x`` with the *effective* noise
-``eps + sqrt(abar) / sqrt(1 - abar) * (e - x)``, and the target for that noise
-is the one whose predicted clean cloud is the truth.
+computes. Diffusing the estimate ``e`` to ``start_step`` with noise ``eps``
+gives the same noisy cloud as diffusing the truth ``x`` with the *effective*
+noise ``eps' = eps + sqrt(abar_s) / sqrt(1 - abar_s) * (e - x)``, whose target
+is the one that predicts the truth. A deterministic sampler that predicts the
+truth keeps that noise all the way down (DDIM's ``x_t = sqrt(abar_t) x0 +
+sqrt(1 - abar_t) eps'``), so the examples are drawn at every step of
+``[0, start_step]`` with ``eps'``: trained at the start step alone (measured:
+docs/pcdiff.md) the network corrects its first prediction, and the next steps,
+which it learned on the plain noise only, undo it.
 """
 
 from __future__ import annotations
@@ -92,15 +97,12 @@ def start_item(
     return {"start": torch.from_numpy(norm.apply(start)), "from_start": torch.tensor(bool(rng.uniform() < correct))}
 
 
-def from_start(
-    schedule: NoiseSchedule, clean: torch.Tensor, batch, t: torch.Tensor, start_step: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Steps and noise for :func:`~pointforge.nn.diffusion.loss.diffusion_loss` on ``clean`` ``[B, C, P]``:
-    the batch's ``from_start`` examples at ``start_step``, with the noise that puts them where their
-    ``start`` lands; the others keep ``t`` and plain noise."""
+def from_start(schedule: NoiseSchedule, clean: torch.Tensor, batch, t: torch.Tensor, start_step: int) -> torch.Tensor:
+    """Noise for :func:`~pointforge.nn.diffusion.loss.diffusion_loss` on ``clean`` ``[B, C, P]`` at steps
+    ``t``: for the batch's ``from_start`` examples the effective noise of their ``start`` diffused to
+    ``start_step`` (so at ``t`` they lie on a sampler's path from there), plain noise for the others."""
     start = batch["start"].transpose(1, 2).to(clean)
     flagged = batch["from_start"].to(clean.device)
-    t = torch.where(flagged, torch.full_like(t, start_step), t)
     noise = torch.randn_like(clean)
-    shifted = effective_noise(schedule, clean, start, noise, t)
-    return t, torch.where(flagged.reshape(-1, 1, 1), shifted, noise)
+    shifted = effective_noise(schedule, clean, start, noise, torch.full_like(t, start_step))
+    return torch.where(flagged.reshape(-1, 1, 1), shifted, noise)

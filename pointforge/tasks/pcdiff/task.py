@@ -403,9 +403,9 @@ class PCDiffTask(Task):
         t = noise = None
         if self.cfg.prior is not None:  # sampling starts at the prior's step: train on the steps it uses
             t = torch.randint(0, self.cfg.prior.start_step + 1, (x0.shape[0],)).to(x0.device)
-        if "start" in batch:  # task.prior.correct: some examples start from their estimate, as sampling does
+        if "start" in batch:  # task.prior.correct: some examples lie on the path from their estimate, as sampling
             assert self.cfg.prior is not None and t is not None
-            t, noise = from_start(self.schedule, x0[:, :, -self.cfg.points[1] :], batch, t, self.cfg.prior.start_step)
+            noise = from_start(self.schedule, x0[:, :, -self.cfg.points[1] :], batch, t, self.cfg.prior.start_step)
         loss = diffusion_loss(
             model,
             self.schedule,
