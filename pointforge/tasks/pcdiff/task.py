@@ -54,6 +54,7 @@ from pointforge.nn.pvcnn import PVCNN2
 from pointforge.nn.pvcnn_config import get_preset
 from pointforge.nn.pvcnn_memory import training_step_bytes
 from pointforge.tasks.pcdiff.config import PCDiffConfig, SyntheticSection, build_eval_sampler, build_schedule
+from pointforge.tasks.pcdiff.correction import atlas_skull_ids, from_start, leave_one_out_estimate, start_item
 from pointforge.tasks.pcdiff.frame import (
     FramedDenoiser,
     FrameSection,
@@ -175,10 +176,14 @@ class PCDiffDataset(CompletionDataset):
         atlas: torch.Tensor | None = None,
         prior: PriorSection | None = None,
         mirror: bool = False,
+        start_from: tuple[torch.Tensor, list[str], PriorSection] | None = None,
         **kwargs: Any,
     ):
         super().__init__(root, split, **kwargs)
         self.mirror = bool(mirror)
+        # Training with task.prior.correct: the atlas, its skull ids and the prior, for each
+        # case's leave-one-out estimate ("start", :mod:`.correction`).
+        self.start_from = start_from
         if max_cases is not None:
             self.cases = self.cases[:max_cases]
         self._spacing: dict[str, torch.Tensor] = {}
@@ -208,9 +213,10 @@ class PCDiffDataset(CompletionDataset):
         item = super().__getitem__(index) if self.frame is None else self._framed(index)
         item["spacing"] = self.spacing(index)
         if self.mirror and np.random.default_rng([self.seed, self.epoch, index, 1]).uniform() < 0.5:
-            points = item["points"].clone()
-            points[:, 0] = -points[:, 0]
-            item["points"] = points
+            for key in ("points", "start") if "start" in item else ("points",):
+                points = item[key].clone()
+                points[:, 0] = -points[:, 0]
+                item[key] = points
         return item
 
     def _framed(self, index: int) -> dict:
@@ -257,7 +263,21 @@ class PCDiffDataset(CompletionDataset):
         }
         if estimate is not None and self.prior is not None:
             item["prior"] = torch.from_numpy(norm.apply(prior_points(estimate.points, self.n_implant, rng)))
+        if self.start_from is not None:
+            item.update(self._start(index, skull, implant, norm, rng))
         return item
+
+    def _start(self, index: int, skull: np.ndarray, implant: np.ndarray, norm: Normalization, rng) -> dict:
+        """The case's leave-one-out estimate, paired point by point with ``implant``, and whether to start from it."""
+        assert self.start_from is not None and self.frame is not None
+        atlas, skull_ids, prior = self.start_from
+        case = self.cases[index]
+        if case.case_id not in self._estimates:
+            spacing = self.spacing(index).numpy()
+            self._estimates[case.case_id] = leave_one_out_estimate(
+                atlas, skull_ids, case.skull_id, skull, spacing, self.frame, prior.agree
+            )
+        return start_item(self._estimates[case.case_id], implant, norm, rng, prior.correct)
 
 
 # --------------------------------------------------------------------------- metrics
@@ -339,12 +359,18 @@ class PCDiffTask(Task):
         common: dict[str, Any] = dict(
             n_skull=cfg.n_skull, n_implant=cfg.n_implant, half_extent=HALF_EXTENT, frame=cfg.frame
         )
+        start_from = None
+        if cfg.prior is not None and cfg.prior.correct > 0:
+            atlas = self._atlas(cfg)
+            assert atlas is not None  # a prior needs a frame (checked with the config)
+            start_from = (atlas, atlas_skull_ids(prepared, cfg.train_split), cfg.prior)
         train = PCDiffDataset(
             prepared,
             cfg.train_split,
             rotate_degrees=cfg.rotate_degrees,
             seed=cfg.data_seed,
             mirror=cfg.mirror,
+            start_from=start_from,
             **common,
         )
         val = None
@@ -374,11 +400,20 @@ class PCDiffTask(Task):
 
     def training_step(self, model: nn.Module, batch: Any, ctx: StepContext):
         x0 = batch["points"].transpose(1, 2)  # [B, 3, n_skull + n_implant]
-        t = None
+        t = noise = None
         if self.cfg.prior is not None:  # sampling starts at the prior's step: train on the steps it uses
             t = torch.randint(0, self.cfg.prior.start_step + 1, (x0.shape[0],)).to(x0.device)
+        if "start" in batch:  # task.prior.correct: some examples lie on the path from their estimate, as sampling
+            assert self.cfg.prior is not None and t is not None
+            noise = from_start(self.schedule, x0[:, :, -self.cfg.points[1] :], batch, t, self.cfg.prior.start_step)
         loss = diffusion_loss(
-            model, self.schedule, x0, self.cfg.points[1], t=t, weighting=self.cfg.diffusion.loss_weighting
+            model,
+            self.schedule,
+            x0,
+            self.cfg.points[1],
+            t=t,
+            noise=noise,
+            weighting=self.cfg.diffusion.loss_weighting,
         )
         return loss
 
