@@ -32,7 +32,8 @@ from pointforge.nn.ops.common import FAR
 
 __all__ = ["LEAF_SIZE", "bucketed_fps"]
 
-# Points per kd leaf (at most; at least half): measured best at the paper's sizes.
+# Points per kd leaf (at most; at least half). At the paper's sizes 64-256 measured within
+# noise of each other, 32 about 1.5x slower at the first level (more leaves to compare).
 LEAF_SIZE = 128
 
 
