@@ -102,8 +102,10 @@ def test_any_leaf_size_gives_the_plain_indices(leaf_size):
 
 
 def test_auto_takes_the_compiled_loop_on_cpu_and_falls_back_without_numba(monkeypatch):
+    monkeypatch.setattr(fps, "COMPILED_MIN_POINTS", 50)
     coords = torch.rand(1, 3, 50)
     assert fps._pick_backend(coords, "auto") == "numba"
+    assert fps._pick_backend(coords[:, :, :49], "auto") == "numpy"  # small clouds: no compilation to pay
     assert fps._pick_backend(coords.half(), "auto") == "numpy"
     broken = coords.clone()
     broken[0, 0, 3] = float("nan")

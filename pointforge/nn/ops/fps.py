@@ -78,6 +78,11 @@ def _fps_numpy(pts: Tensor, num_samples: int) -> Tensor:
 _NUMPY_DTYPES = (torch.float16, torch.float32, torch.float64)
 _COMPILED_DTYPES = (torch.float32, torch.float64)
 BACKENDS = ("auto", "torch", "numpy", "numba")
+# "auto" takes the compiled loop from this many points up: measured 7-13x faster from
+# 10,240 points (bench/fps_compiled.py). Below, NumPy's loop costs milliseconds and a
+# process that only ever samples small clouds (the demo's tiny network, 1,792 points)
+# never pays Numba's import and first compilation (seconds; about a minute uncached).
+COMPILED_MIN_POINTS = 8192
 
 
 @functools.cache
@@ -119,7 +124,7 @@ def _pick_backend(pts: Tensor, backend: str) -> str:
         )
     if backend != "auto":
         return backend
-    if compiled_ok and _compiled() is not None:
+    if compiled_ok and pts.shape[2] >= COMPILED_MIN_POINTS and _compiled() is not None:
         return "numba"
     return "numpy" if on_cpu and pts.dtype in _NUMPY_DTYPES else "torch"
 
@@ -134,8 +139,9 @@ def furthest_point_sample_indices(coords: Tensor, num_samples: int, backend: str
 
     ``backend``: ``"torch"`` (any device), ``"numpy"`` (CPU tensors; same result, faster
     steps), ``"numba"`` (CPU float32/64 tensors of finite coordinates; the compiled loop
-    that skips points, same result) or ``"auto"`` (Numba where it applies and is
-    installed, else NumPy for CPU tensors it can hold, else torch).
+    that skips points, same result) or ``"auto"`` (Numba for clouds of at least
+    ``COMPILED_MIN_POINTS`` points where it applies and is installed, else NumPy for
+    CPU tensors it can hold, else torch).
     """
     expect_coords("furthest_point_sample", "coords", coords)
     if backend not in BACKENDS:
