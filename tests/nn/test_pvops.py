@@ -46,7 +46,7 @@ def test_ball_query_matches_upstream(ops, method):
     assert (case["out"] == 0).all(-1).any()
 
 
-@pytest.mark.parametrize("backend", ["torch", "numpy"])
+@pytest.mark.parametrize("backend", ["torch", "numpy", "numba"])
 @pytest.mark.parametrize("case", ["fps_random", "fps_lattice_ties", "fps_duplicates"])
 def test_furthest_point_sampling_matches_upstream(ops, case, backend):
     entry = ops[case]

@@ -11,7 +11,8 @@ kernels behave the same here, on CPU or on CUDA, with the same code: :mod:`.fps`
 Layouts follow upstream: coordinates ``[B, 3, N]`` with channel 0 = x, features
 ``[B, C, N]``. Indices are returned as int64.
 
-The faster paths (a cell grid for ball query and 3-NN, a NumPy loop for FPS on CPU) only
+The faster paths (a cell grid for ball query and 3-NN; on CPU a NumPy loop for FPS, and
+:mod:`.fps_compiled`, a compiled one that skips the points a sample cannot reach) only
 change *which* pairs are evaluated or by whom, never the arithmetic. Weighted sums of
 features (interpolation, voxel means) equal the kernels' up to float rounding of the
 summation order, as the kernels' own atomics do.
