@@ -3,8 +3,9 @@
 Three exact loops, identical indices (checked at every level before anything is timed):
 
 * ``plain, numpy``: ``backend="numpy"``, the CPU default before the compiled loop;
-* ``plain, compiled``: the same loop compiled with Numba (defined here, one fused pass
-  per step: lower every distance, track the first maximum), batch elements on threads;
+* ``plain, compiled``: the same loop compiled: the bucketed kernel below with all points
+  in one leaf, so every step scans every point (one fused pass: lower every distance,
+  track the first maximum), batch elements on threads;
 * ``bucketed, compiled``: ``backend="numba"`` (``pointforge/nn/ops/fps_compiled.py``),
   which skips the kd leaves a sample cannot reach; ``"auto"`` picks it on CPU.
 
@@ -25,17 +26,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import numba
-import numpy as np
 import torch
 from torch import Tensor
 
 from _common import print_table, record_header, write_json
-from pointforge.nn.ops.common import FAR
 from pointforge.nn.ops.fps import _fps_scan_order, furthest_point_sample_indices
+from pointforge.nn.ops.fps_compiled import bucketed_fps
 
 LEVELS = ((30720, 10240), (10240, 2560), (2560, 640), (640, 160))
 FIRST_CALL = (
@@ -46,40 +45,12 @@ FIRST_CALL = (
 )
 
 
-@numba.njit(cache=True, nogil=True)
-def _plain_one(p: np.ndarray, out: np.ndarray) -> None:
-    x, y, z = p[0], p[1], p[2]
-    best = np.full(x.shape[0], FAR, dtype=p.dtype)
-    last = 0
-    for j in range(1, out.shape[0]):
-        qx, qy, qz = x[last], y[last], z[last]
-        top = -1.0
-        last = 0
-        for i in range(x.shape[0]):
-            dx = x[i] - qx
-            dy = y[i] - qy
-            dz = z[i] - qz
-            d = dx * dx + dy * dy
-            d = d + dz * dz
-            v = best[i]
-            if d < v:
-                v = d
-                best[i] = d
-            if v > top:
-                top = v
-                last = i
-        out[j] = last
-
-
 def plain_compiled(coords: Tensor, num_samples: int, threads: int) -> Tensor:
-    """The plain loop compiled: indices ``[B, num_samples]``, the NumPy loop's."""
+    """The plain loop compiled: the package's kernel with every point in one leaf, which no sample can skip."""
     n = coords.shape[2]
     order = _fps_scan_order(n, coords.device)
     pts = (coords if order is None else coords.index_select(2, order)).contiguous().numpy()
-    picked = np.zeros((pts.shape[0], num_samples), dtype=np.int64)
-    with ThreadPoolExecutor(max(1, min(threads, pts.shape[0]))) as pool:
-        list(pool.map(lambda e: _plain_one(pts[e], picked[e]), range(pts.shape[0])))
-    out = torch.from_numpy(picked)
+    out = torch.from_numpy(bucketed_fps(pts, num_samples, threads=threads, leaf_size=n))
     return out if order is None else order[out]
 
 
