@@ -31,19 +31,10 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from pointforge.data.skulls.normalization import Normalization
-from pointforge.data.skulls.prepared import PreparedDataset
 from pointforge.nn.diffusion.schedule import NoiseSchedule
 from pointforge.tasks.pcdiff.frame import FrameSection, ImplantEstimate, atlas_estimate, prior_points
 
-__all__ = ["atlas_skull_ids", "leave_one_out_estimate", "paired_to", "effective_noise", "start_item", "from_start"]
-
-
-def atlas_skull_ids(data: PreparedDataset, split: str) -> list[str]:
-    """The skull ids of the split's complete skulls in the order :func:`~.frame.build_atlas` stacks them."""
-    seen: dict[str, None] = {}
-    for case in data.split(split, require=("complete",)):
-        seen.setdefault(case.skull_id, None)
-    return list(seen)
+__all__ = ["leave_one_out_estimate", "paired_to", "effective_noise", "start_item", "from_start"]
 
 
 def leave_one_out_estimate(
@@ -81,10 +72,7 @@ def effective_noise(
 
     ``clean``, ``start``, ``noise``: ``[B, C, P]``; ``t``: ``[B]``.
     """
-    ratio = schedule.coefficient("sqrt_alphas_cumprod", t, noise) / schedule.coefficient(
-        "sqrt_one_minus_alphas_cumprod", t, noise
-    )
-    return noise + ratio * (start - clean)
+    return noise + schedule.snr(t, noise).sqrt() * (start - clean)
 
 
 def start_item(

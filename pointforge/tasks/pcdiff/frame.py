@@ -269,14 +269,21 @@ def frame_condition(
     return np.asarray(skull[chosen], dtype=np.float64), frame
 
 
+def atlas_cases(data: PreparedDataset, split: str) -> dict:
+    """The split's first case with a complete skull per skull id, in the order :func:`build_atlas` stacks them."""
+    first: dict = {}
+    for case in data.split(split, require=("complete",)):
+        first.setdefault(case.skull_id, case)
+    return first
+
+
 def build_atlas(data: PreparedDataset, split: str, points: int) -> torch.Tensor:
     """``[K, points, 3]`` float32 surface points (mm) of the split's complete skulls, each skull once."""
     seen: dict[str, np.ndarray] = {}
-    for case in data.split(split, require=("complete",)):
-        if case.skull_id not in seen:
-            spacing = np.asarray(data.meta(case.complete)["spacing"], dtype=np.float64)
-            full = np.asarray(data.points(case.complete), dtype=np.float64) * spacing
-            seen[case.skull_id] = subsample_fixed(np.resize(full, (max(points, len(full)), 3)), points)
+    for skull_id, case in atlas_cases(data, split).items():
+        spacing = np.asarray(data.meta(case.complete)["spacing"], dtype=np.float64)
+        full = np.asarray(data.points(case.complete), dtype=np.float64) * spacing
+        seen[skull_id] = subsample_fixed(np.resize(full, (max(points, len(full)), 3)), points)
     if not seen:
         raise DataError(f"{data.root}: the {split!r} split has no complete skull; task.frame needs them as its atlas")
     return torch.from_numpy(np.stack(list(seen.values())).astype(np.float32))
@@ -311,13 +318,13 @@ class PriorSection:
     the network refines an estimate instead of drawing a shape from nothing;
     training then draws its steps from ``[0, start_step]`` only, the part of the
     chain sampling uses. ``correct``: the fraction of training examples that
-    start where sampling starts, from the case's own (leave-one-out) estimate
-    (:mod:`pointforge.tasks.pcdiff.correction`).
+    lie on the path sampling takes from the case's own (leave-one-out) estimate
+    (:mod:`pointforge.tasks.pcdiff.correction`; measured no better, so off by default).
     """
 
     start_step: int = 200  # the noisiest step sampling starts from (of diffusion.timesteps)
     agree: float = 0.5  # missing atlas points kept: at least this fraction of the best-agreed vote count
-    correct: float = 0.0  # fraction of training examples diffused from the case's estimate (correction.py)
+    correct: float = 0.0  # fraction of training examples on the path from the case's estimate (correction.py)
 
     def check(self, prefix: str, timesteps: int) -> None:
         if not 1 <= self.start_step < timesteps:

@@ -54,12 +54,13 @@ from pointforge.nn.pvcnn import PVCNN2
 from pointforge.nn.pvcnn_config import get_preset
 from pointforge.nn.pvcnn_memory import training_step_bytes
 from pointforge.tasks.pcdiff.config import PCDiffConfig, SyntheticSection, build_eval_sampler, build_schedule
-from pointforge.tasks.pcdiff.correction import atlas_skull_ids, from_start, leave_one_out_estimate, start_item
+from pointforge.tasks.pcdiff.correction import from_start, leave_one_out_estimate, start_item
 from pointforge.tasks.pcdiff.frame import (
     FramedDenoiser,
     FrameSection,
     ImplantEstimate,
     PriorSection,
+    atlas_cases,
     atlas_estimate,
     build_atlas,
     frame_condition,
@@ -363,7 +364,7 @@ class PCDiffTask(Task):
         if cfg.prior is not None and cfg.prior.correct > 0:
             atlas = self._atlas(cfg)
             assert atlas is not None  # a prior needs a frame (checked with the config)
-            start_from = (atlas, atlas_skull_ids(prepared, cfg.train_split), cfg.prior)
+            start_from = (atlas, list(atlas_cases(prepared, cfg.train_split)), cfg.prior)
         train = PCDiffDataset(
             prepared,
             cfg.train_split,

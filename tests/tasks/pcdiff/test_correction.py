@@ -11,13 +11,12 @@ from pointforge.nn.diffusion.loss import training_target
 from pointforge.nn.diffusion.schedule import NoiseSchedule
 from pointforge.tasks.configs import load_train_config
 from pointforge.tasks.pcdiff.correction import (
-    atlas_skull_ids,
     effective_noise,
     from_start,
     leave_one_out_estimate,
     paired_to,
 )
-from pointforge.tasks.pcdiff.frame import FrameSection, atlas_estimate, build_atlas
+from pointforge.tasks.pcdiff.frame import FrameSection, atlas_cases, atlas_estimate, build_atlas
 from tests.helpers import CONFIGS as REPO_CONFIGS
 
 CONFIGS = REPO_CONFIGS / "pcdiff"
@@ -103,7 +102,7 @@ def test_training_items_carry_their_paired_estimate_mirrored_with_them(synthetic
 
     data = PreparedDataset(synthetic_skulls)
     section = FrameSection(atlas_points=500)
-    ids = atlas_skull_ids(data, "train")
+    ids = list(atlas_cases(data, "train"))
     atlas = build_atlas(data, "train", section.atlas_points)
     assert len(ids) == atlas.shape[0] == 2  # build_atlas's order and count
     start_from = (atlas, ids, PriorSection(start_step=40, agree=0.5, correct=0.5))
