@@ -111,8 +111,9 @@ class VoxelAugmentation:
     ``noise_voxels`` voxels (standard deviation) on the implant points only.
     With probability ``shrink_p`` (default 0, off; not upstream's) the implant
     points are pulled towards their centroid by a factor drawn from
-    [``shrink_min``, 1]: the too-compact implants a generator makes, so the
-    voxelizer learns to reach the defect's rim from them (docs/pcdiff.md).
+    [``shrink_min``, 1]: the too-compact implants a generator makes, for the
+    voxelizer to learn to reach the defect's rim from them. Measured no better
+    than without it at the demo's 30 minutes (docs/pcdiff.md), so off.
     """
 
     rotate_degrees: float = 10.0
