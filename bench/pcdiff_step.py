@@ -15,9 +15,15 @@ checkout of another commit, e.g. ``git worktree add /tmp/base main``) alternates
 checkouts' processes ``--rounds`` times (the order flipping each round) and reports each
 one's median, their ratio, and the largest difference of their losses over the first
 steps (the same computation gives the same loss curve up to float rounding).
+``--compile`` alternates this checkout's eager step with the same step through
+``torch.compile`` (Inductor; bench/_compile.py: the index searches left eager, static
+shapes, as the plain ``torch.compile(model)`` of ``perf.compile=true`` fails on PVCNN2),
+compares their losses the same way, and reports the warm-up apart: the first
+``WARMUP`` steps, where compilation happens, in CPU and wall seconds, and how many
+graphs and graph breaks Dynamo made.
 ``--profile`` prints torch.profiler's table of one checkout's step instead.
 
-    python bench/pcdiff_step.py [--rounds 5] [--repeats 12] [--against DIR] [--data PREPARED_ROOT]
+    python bench/pcdiff_step.py [--rounds 5] [--repeats 12] [--against DIR | --compile] [--data PREPARED_ROOT]
     python bench/pcdiff_step.py --profile [--against DIR]   # the table of DIR's step (default: this checkout)
 
 Without ``--data`` a synthetic demo dataset (10 skulls at 64^3, as ``make demo``
@@ -89,12 +95,14 @@ def _demo_parts(tree: Path, data_root: Path) -> tuple[Any, Any, Any, Any, Any, d
     return task, loader, model, optimizer, ema, full
 
 
-def worker(tree: Path, data_root: Path, repeats: int, profile: bool) -> dict[str, Any]:
+def worker(tree: Path, data_root: Path, repeats: int, profile: bool, compiled: bool = False) -> dict[str, Any]:
     """Measure this process's checkout (``pointforge`` as imported); one JSON-able record."""
     import torch
+    from _compile import compile_pvcnn
 
     torch.set_num_threads(1)  # perf.threads in the demo recipe
     task, loader, model, optimizer, ema, full = _demo_parts(tree, data_root)
+    step_model = compile_pvcnn(model) if compiled else model
     batches = iter(loader)
 
     def next_batch() -> Any:
@@ -107,7 +115,7 @@ def worker(tree: Path, data_root: Path, repeats: int, profile: bool) -> dict[str
 
     def step(index: int, batch: Any) -> float:
         torch.manual_seed(1000 + index)  # the same t and noise in every process
-        loss = task.training_step(model, batch, None)
+        loss = task.training_step(step_model, batch, None)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -127,6 +135,7 @@ def worker(tree: Path, data_root: Path, repeats: int, profile: bool) -> dict[str
 
     losses: list[float] = []
     times: dict[str, list[float]] = {"data_cpu": [], "data_wall": [], "step_cpu": [], "step_wall": []}
+    warmup: dict[str, list[float]] = {"step_cpu": [], "step_wall": []}
     for index in range(WARMUP + repeats):
         wall, cpu = time.perf_counter(), time.process_time()
         batch = next_batch()
@@ -137,17 +146,35 @@ def worker(tree: Path, data_root: Path, repeats: int, profile: bool) -> dict[str
         if index >= WARMUP:
             for key, value in zip(times, (data_cpu, data_wall, step_cpu, step_wall)):
                 times[key].append(value)
+        else:
+            warmup["step_cpu"].append(step_cpu)
+            warmup["step_wall"].append(step_wall)
     return {
         "medians": {key: statistics.median(values) for key, values in times.items()},
         "losses": losses,
         "parameters": sum(p.numel() for p in model.parameters()),
+        "warmup": warmup,
+        "timed": times,
+        **(_dynamo_counts() if compiled else {}),
     }
 
 
-def run_worker(tree: Path, data_root: Path, repeats: int, profile: bool = False) -> dict[str, Any]:
+def _dynamo_counts() -> dict[str, Any]:
+    """How many graphs Dynamo compiled and why it broke them (its own counters, this process)."""
+    from torch._dynamo.utils import counters
+
+    return {
+        "graphs": int(counters["stats"]["unique_graphs"]),
+        "graph_breaks": {reason[:160]: int(n) for reason, n in counters["graph_break"].items()},
+    }
+
+
+def run_worker(
+    tree: Path, data_root: Path, repeats: int, profile: bool = False, compiled: bool = False
+) -> dict[str, Any]:
     """One measurement in a fresh process importing ``pointforge`` from ``tree``."""
     command = [sys.executable, str(HERE), "--worker", "--tree", str(tree), "--data", str(data_root)]
-    command += ["--repeats", str(repeats)] + (["--profile"] if profile else [])
+    command += ["--repeats", str(repeats)] + (["--profile"] if profile else []) + (["--compile"] if compiled else [])
     env = {**os.environ, "PYTHONPATH": str(tree)}
     done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -156,37 +183,46 @@ def run_worker(tree: Path, data_root: Path, repeats: int, profile: bool = False)
     return json.loads(lines[-1])
 
 
-def compare(trees: list[Path], data_root: Path, rounds: int, repeats: int) -> dict[str, Any]:
-    runs: dict[str, list[dict[str, Any]]] = {str(t): [] for t in trees}
+Variant = tuple[str, Path, bool]  # name, checkout, through torch.compile
+
+
+def compare(variants: list[Variant], data_root: Path, rounds: int, repeats: int) -> dict[str, Any]:
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in variants}
     loads = []
     for r in range(rounds):
-        for tree in trees if r % 2 == 0 else trees[::-1]:
-            runs[str(tree)].append(run_worker(tree, data_root, repeats))
+        for name, tree, compiled in variants if r % 2 == 0 else variants[::-1]:
+            runs[name].append(run_worker(tree, data_root, repeats, compiled=compiled))
         loads.append(os.getloadavg()[0])
         print(f"round {r + 1}/{rounds} done, load average {loads[-1]:.1f}", flush=True)
     summary: dict[str, Any] = {}
-    for tree, records in runs.items():
-        summary[tree] = {
+    for name, records in runs.items():
+        summary[name] = {
             key: statistics.median(rec["medians"][key] for rec in records) for key in records[0]["medians"]
         }
-        summary[tree]["per_round_step_cpu"] = [rec["medians"]["step_cpu"] for rec in records]
+        summary[name]["per_round_step_cpu"] = [rec["medians"]["step_cpu"] for rec in records]
+        for key in ("step_cpu", "step_wall"):
+            summary[name][f"warmup_{key}"] = statistics.median(sum(rec["warmup"][key]) for rec in records)
     return {"runs": runs, "summary": summary, "loads": loads}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=5, help="processes per checkout, alternating (default 5)")
+    parser.add_argument("--rounds", type=int, default=5, help="processes per variant, alternating (default 5)")
     parser.add_argument(
         "--repeats", type=int, default=12, help=f"timed steps per process, after {WARMUP} warm-up steps"
     )
-    parser.add_argument("--against", type=Path, help="another checkout to measure in alternation with this one")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--against", type=Path, help="another checkout to measure in alternation with this one")
+    which.add_argument(
+        "--compile", action="store_true", help="this checkout's step eager against torch.compile(model), alternating"
+    )
     parser.add_argument("--data", type=Path, help="a prepared dataset (default: synthesise the demo's)")
     parser.add_argument("--profile", action="store_true", help="print the profiler table of one checkout's step")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--tree", type=Path, default=ROOT, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.tree, args.data, args.repeats, args.profile)))
+        print(json.dumps(worker(args.tree, args.data, args.repeats, args.profile, args.compile)))
         return
 
     with tempfile.TemporaryDirectory(prefix="pcdiff_step_") as scratch:
@@ -194,11 +230,18 @@ def main() -> None:
         if args.profile:
             tree = (args.against or ROOT).resolve()
             print(f"torch.profiler, {args.repeats} demo steps of {tree} (self CPU time), 1 thread")
-            print(run_worker(tree, data_root, args.repeats, profile=True)["profile"])
+            print(run_worker(tree, data_root, args.repeats, profile=True, compiled=args.compile)["profile"])
             return
-        trees = [ROOT] + ([args.against.resolve()] if args.against else [])
-        result = compare(trees, data_root, args.rounds, args.repeats)
+        variants: list[Variant] = [("this checkout", ROOT, False)]
+        if args.against:
+            variants.append((str(args.against.resolve()), args.against.resolve(), False))
+        if args.compile:
+            variants = [("eager", ROOT, False), ("torch.compile", ROOT, True)]
+        result = compare(variants, data_root, args.rounds, args.repeats)
+    report(args, variants, result)
 
+
+def report(args: argparse.Namespace, variants: list[Variant], result: dict[str, Any]) -> None:
     print(
         "PCDiff demo training step (PVCNN2 tiny + mark + frame, batch 4, 1536 + 256 points, "
         f"engine optimizer + EMA), 1 torch thread; median of {args.rounds} processes x {args.repeats} steps"
@@ -206,45 +249,54 @@ def main() -> None:
     print(machine())
     print(f"load average per round: {', '.join(f'{x:.1f}' for x in result['loads'])} on {os.cpu_count()} cores")
     summary = result["summary"]
-    base = summary[str(trees[-1])]
+    base = summary[variants[-1][0]] if args.against else summary[variants[0][0]]
     rows = []
-    for tree in trees:
-        s = summary[str(tree)]
+    for name, _, _ in variants:
+        s = summary[name]
         rows.append(
             [
-                "this checkout" if tree == ROOT else str(tree),
+                name,
                 s["step_cpu"],
                 1 / s["step_cpu"],
                 s["step_wall"],
                 1 / s["step_wall"],
                 s["data_cpu"] * 1e3,
                 (base["step_cpu"] + base["data_cpu"]) / (s["step_cpu"] + s["data_cpu"]),
+                s["warmup_step_cpu"],
+                s["warmup_step_wall"],
             ]
         )
     print_table(
         [
-            "checkout",
+            "variant",
             "CPU s/step",
             "steps/s (CPU)",
             "wall s/step",
             "steps/s (wall)",
             "data CPU ms/batch",
             "speed-up (CPU, step + data)",
+            f"first {WARMUP} steps CPU s",
+            f"first {WARMUP} steps wall s",
         ],
         rows,
     )
-    if args.against:
-        first = [result["runs"][str(t)][0]["losses"] for t in trees]
+    if len(variants) > 1:
+        first = [result["runs"][name][0]["losses"] for name, _, _ in variants]
         diff = max(abs(a - b) for a, b in zip(*first))
         print(f"largest loss difference over the first {len(first[0])} steps: {diff:.3g}")
         result["max_loss_difference"] = diff
+    if args.compile:
+        record = result["runs"]["torch.compile"][0]
+        print(f"torch.compile: {record['graphs']} graphs; graph breaks by reason (one process):")
+        for reason, count in sorted(record["graph_breaks"].items(), key=lambda item: -item[1]):
+            print(f"  {count:4d}  {reason}")
     record = {
         "benchmark": "pcdiff_step",
         "machine": machine(),
         "threads": 1,
         "rounds": args.rounds,
         "repeats": args.repeats,
-        "trees": [str(t) for t in trees],
+        "variants": [[name, str(tree), compiled] for name, tree, compiled in variants],
         **result,
     }
     print(f"\nwrote {write_json('pcdiff_step', record)}")

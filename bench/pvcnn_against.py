@@ -8,7 +8,13 @@ order flipping each round, so both see the same load; the figure is the median o
 of each process's median, with the load average after each round. The outputs of the two
 checkouts are compared (largest absolute difference).
 
+``--compile`` measures this checkout's eager forward against the same forward through
+``torch.compile`` (Inductor; bench/_compile.py: the index searches left eager, static
+shapes) instead of two checkouts; the first forward of each process, where compilation
+happens, is reported apart.
+
     python bench/pvcnn_against.py --against DIR [--batches 1 5] [--rounds 3] [--repeats 2] [--threads 2]
+    python bench/pvcnn_against.py --compile [--batches 1 5] [--rounds 3] [--repeats 2] [--threads 2]
 """
 
 from __future__ import annotations
@@ -33,31 +39,38 @@ ROOT = HERE.parent.parent
 T_STEP = 500
 
 
-def worker(batch: int, repeats: int, save: Path | None) -> dict[str, Any]:
+def worker(batch: int, repeats: int, save: Path | None, compiled: bool = False) -> dict[str, Any]:
+    from _compile import compile_pvcnn
     from pvcnn import synthetic_skull
 
     from pointforge.nn.pvcnn import PVCNN2
 
     torch.manual_seed(0)
     model = PVCNN2("paper").eval()
+    run = compile_pvcnn(model) if compiled else model
     x = torch.cat([synthetic_skull(seed) for seed in range(batch)])
     t = torch.full((batch,), T_STEP)
     walls, cpus = [], []
     with torch.no_grad():
-        out = model(x, t)
+        wall, cpu = time.perf_counter(), time.process_time()
+        out = run(x, t)
+        first = {"first_wall_s": time.perf_counter() - wall, "first_cpu_s": time.process_time() - cpu}
         for _ in range(repeats):
             wall, cpu = time.perf_counter(), time.process_time()
-            model(x, t)
+            run(x, t)
             walls.append(time.perf_counter() - wall)
             cpus.append(time.process_time() - cpu)
     if save is not None:
         torch.save(out, save)
-    return {"wall_s": statistics.median(walls), "cpu_s": statistics.median(cpus), "walls": walls}
+    return {"wall_s": statistics.median(walls), "cpu_s": statistics.median(cpus), "walls": walls, **first}
 
 
-def run_worker(tree: Path, batch: int, repeats: int, threads: int, save: Path | None) -> dict[str, Any]:
+def run_worker(
+    tree: Path, batch: int, repeats: int, threads: int, save: Path | None, compiled: bool = False
+) -> dict[str, Any]:
     command = [sys.executable, str(HERE), "--worker", "--batches", str(batch), "--repeats", str(repeats)]
     command += ["--threads", str(threads)] + (["--save", str(save)] if save else [])
+    command += ["--compile"] if compiled else []
     env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{HERE.parent}"}
     done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -68,7 +81,9 @@ def run_worker(tree: Path, batch: int, repeats: int, threads: int, save: Path | 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--against", type=Path, help="another checkout, measured in alternation with this one")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--against", type=Path, help="another checkout, measured in alternation with this one")
+    which.add_argument("--compile", action="store_true", help="this checkout eager against torch.compile(model)")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 5])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2, help="timed forwards per process, after one warm-up")
@@ -78,10 +93,13 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.worker:
-        print(json.dumps(worker(args.batches[0], args.repeats, args.save)))
+        print(json.dumps(worker(args.batches[0], args.repeats, args.save, args.compile)))
         return
     trees = [ROOT] + ([args.against.resolve()] if args.against else [])
     names = ["this checkout"] + ([str(args.against)] if args.against else [])
+    compiled = [False] * len(trees)
+    if args.compile:
+        trees, names, compiled = [ROOT, ROOT], ["torch.compile", "eager"], [True, False]
     result: dict[str, Any] = {"batches": {}}
     rows = []
     with tempfile.TemporaryDirectory(prefix="pvcnn_against_") as scratch:
@@ -91,18 +109,20 @@ def main() -> None:
             for r in range(args.rounds):
                 for i in range(len(trees)) if r % 2 == 0 else reversed(range(len(trees))):
                     save = Path(scratch) / f"out{i}_{batch}.pt" if r == 0 else None
-                    runs[names[i]].append(run_worker(trees[i], batch, args.repeats, args.threads, save))
+                    runs[names[i]].append(run_worker(trees[i], batch, args.repeats, args.threads, save, compiled[i]))
                 loads.append(os.getloadavg()[0])
                 print(f"batch {batch}: round {r + 1}/{args.rounds}, load average {loads[-1]:.1f}", flush=True)
             outs = [torch.load(Path(scratch) / f"out{i}_{batch}.pt") for i in range(len(trees))]
             diff = float((outs[0] - outs[-1]).abs().max())
             wall = {name: statistics.median(run["wall_s"] for run in runs[name]) for name in names}
             cpu = {name: statistics.median(run["cpu_s"] for run in runs[name]) for name in names}
+            first = {name: statistics.median(run["first_wall_s"] for run in runs[name]) for name in names}
             for name in names:
-                rows.append([batch, name, wall[name], cpu[name], wall[names[-1]] / wall[name], diff])
+                rows.append([batch, name, wall[name], cpu[name], wall[names[-1]] / wall[name], first[name], diff])
             result["batches"][str(batch)] = {"runs": runs, "loads": loads, "max_abs_difference": diff}
     print(f"PVCNN2 paper forward (eval, no grad), 30,720 points per sample, {args.threads} threads; {machine()}")
-    print_table(["batch", "checkout", "median wall s", "median CPU s", "speed-up (wall)", "max |out diff|"], rows)
+    headers = ["batch", "variant", "median wall s", "median CPU s", "speed-up (wall)", "first forward wall s"]
+    print_table(headers + ["max |out diff|"], rows)
     result.update({"machine": machine(), "threads": args.threads, "trees": [str(t) for t in trees]})
     print(f"wrote {write_json('pvcnn_against', result)}")
 

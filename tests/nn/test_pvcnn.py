@@ -250,6 +250,15 @@ def test_direct_onednn_conv3d_equals_pytorch_conv3d():
     assert pvcnn_blocks._use_mkldnn(x) == (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled)
 
 
+def test_conv3d_traces_under_torch_compile():
+    # Dynamo cannot trace the direct oneDNN call (its fake kernel rejects fake tensors), so
+    # a compiled PVCNN2 takes the ordinary convolution; fullgraph: no graph break either.
+    conv = torch.nn.Conv3d(4, 8, 3, padding=1)
+    x = torch.randn(2, 4, 5, 5, 5)
+    compiled = torch.compile(lambda grid: pvcnn_blocks._conv3d(conv, grid), backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x), conv(x), rtol=1e-5, atol=1e-5)
+
+
 def test_timestep_embedding_matches_upstream_formula():
     t = torch.tensor([0, 1, 999])
     emb = pvcnn.timestep_embedding(t, 64)
