@@ -113,3 +113,28 @@ def test_auto_takes_the_compiled_search_on_cpu_and_falls_back_without_numba(monk
     assert three_nn._pick_method(points, centers, "auto") == "dense"
     with pytest.raises(DataError, match="pip install numba"):
         three_nearest_neighbors(points, centers, method="numba")
+
+
+def test_a_centre_tied_with_the_third_exactly_at_the_ring_bound_is_found():
+    # Cells of side 1 from x = 0: a point at x = 1.5 sees centres x = 0, 1, 2 in its first
+    # two rings, and the ring bound (the face at x = 3) is exactly 1.5 away, where the
+    # unvisited centre x = 3 ties the third distance (2.25) with a lower index: only a
+    # conservative stop finds it.
+    centers = torch.tensor([[[3.0, 0.0, 1.0, 2.0], [0.0] * 4, [0.0] * 4]])
+    points = torch.tensor([[[1.5], [0.0], [0.0]]])
+    d, idx = three_nn_grid(points.numpy(), centers.numpy(), side=1.0)
+    assert idx[0, 0].tolist() == [2, 3, 0]
+    expected = three_nn._three_nn_dense(points, centers)
+    assert torch.equal(torch.from_numpy(idx[0]), expected[1])
+    assert torch.equal(torch.from_numpy(d[0]), expected[0])
+
+
+@pytest.mark.parametrize("side", [0.05, 0.3, 1.0, 7.0])
+def test_any_cell_side_gives_the_dense_result(side):
+    # Cells far smaller than the spacing (many rings), near it, and one cell for everything.
+    points = torch.cat([_lattice(9) / 3, torch.rand(1, 3, 500, generator=torch.Generator().manual_seed(9)) * 3], 2)
+    centers = points[:, :, ::5].contiguous()
+    d, idx = three_nn_grid(points.numpy(), centers.numpy(), side=side)
+    expected = three_nn._three_nn_dense(points, centers)
+    assert torch.equal(torch.from_numpy(idx[0]), expected[1])
+    assert torch.equal(torch.from_numpy(d[0]), expected[0])

@@ -178,8 +178,12 @@ def _search(
         out_i[i, 0], out_i[i, 1], out_i[i, 2] = i0, i1, i2
 
 
-def three_nn_grid(points: np.ndarray, centers: np.ndarray, threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """``(d [B, N, 3], idx [B, N, 3])`` (module docs); slices of the points on up to ``threads`` threads."""
+def three_nn_grid(
+    points: np.ndarray, centers: np.ndarray, threads: int = 1, side: float | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(d [B, N, 3], idx [B, N, 3])`` (module docs); slices of the points on up to ``threads``
+    threads. ``side``: the cells' side (None: near the typical third-nearest distance, as
+    long as the grid stays within a few cells per centre); any positive side gives the same result."""
     points = np.ascontiguousarray(points)
     centers = np.ascontiguousarray(centers, dtype=points.dtype)
     b, _, n = points.shape
@@ -190,7 +194,7 @@ def three_nn_grid(points: np.ndarray, centers: np.ndarray, threads: int = 1) -> 
     slack = 16.0 * float(info.tiny)
     out_d = np.empty((b, n, 3), dtype=points.dtype)
     out_i = np.empty((b, n, 3), dtype=np.int64)
-    sides = [_cell_side(points[e], centers[e]) for e in range(b)]
+    sides = [_cell_side(points[e], centers[e]) if side is None else float(side) for e in range(b)]
     grids = [_build_grid(centers[e], sides[e]) for e in range(b)]
     parts = max(1, min(threads, n))
     tasks = [(e, (k * n) // parts, ((k + 1) * n) // parts) for e in range(b) for k in range(parts)]
