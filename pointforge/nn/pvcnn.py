@@ -28,10 +28,10 @@ query, 3-NN and the voxel maps need no gradients and run outside the segments, o
 ``eval_chunk_points``: in evaluation (eval mode, no grad) a batch is run in chunks of
 as many samples as fit this many points (at least one) and the outputs concatenated.
 PVCNN2 couples no samples (GroupNorm, FPS, ball query and 3-NN are per sample), so the
-output is the whole batch's, while a chunk's activations stay in the CPU's caches (the
-paper forward at batch 5 took more than 5x batch 1's time whole). None (the default)
-runs whole batches, which is what a GPU wants; see docs/benchmarks.md for the measured
-budget.
+output is the whole batch's up to float rounding, and a chunk's activations may stay in
+the CPU's caches (the paper forward at batch 5 took more than 5x batch 1's time whole).
+None (the default) runs whole batches, which is what a GPU wants; on 2 shared CPU cores
+chunks measured slower (docs/benchmarks.md), so nothing sets a budget yet.
 
 The network knows nothing about diffusion beyond taking ``t``, nor about devices or
 distributed training.
@@ -171,7 +171,7 @@ class PVCNN2(nn.Module):
         if t.dim() != 1 or t.shape[0] != x.shape[0]:
             raise DataError(f"PVCNN2 expects t of shape [{x.shape[0]}] (one step per sample), got {tuple(t.shape)}")
         # The embedding of the whole batch: a matrix product's rounding depends on its row count.
-        temb = self.embedf(timestep_embedding(t, self.config.embed_dim).to(x.dtype))[:, :, None]  # [B, E, 1]
+        temb = self.embedf(timestep_embedding(t, cfg.embed_dim).to(x.dtype))[:, :, None]  # [B, E, 1]
         per_chunk = self._samples_per_chunk(x)
         if per_chunk < x.shape[0]:
             chunks = range(0, x.shape[0], per_chunk)
