@@ -30,8 +30,9 @@ as many samples as fit this many points (at least one) and the outputs concatena
 PVCNN2 couples no samples (GroupNorm, FPS, ball query and 3-NN are per sample), so the
 output is the whole batch's up to float rounding, and a chunk's activations may stay in
 the CPU's caches (the paper forward at batch 5 took more than 5x batch 1's time whole).
-None (the default) runs whole batches, which is what a GPU wants; on 2 shared CPU cores
-chunks measured slower (docs/benchmarks.md), so nothing sets a budget yet.
+None (the default) runs whole batches, which is what a GPU wants; on 2 CPU cores chunks
+measured faster at batch 8 on a nearly quiet machine and slower at batch 5 under load
+(docs/benchmarks.md): not settled, so nothing sets a budget yet.
 
 The network knows nothing about diffusion beyond taking ``t``, nor about devices or
 distributed training.
