@@ -30,9 +30,9 @@ as many samples as fit this many points (at least one) and the outputs concatena
 PVCNN2 couples no samples (GroupNorm, FPS, ball query and 3-NN are per sample), so the
 output is the whole batch's up to float rounding, and a chunk's activations may stay in
 the CPU's caches (the paper forward at batch 5 took more than 5x batch 1's time whole).
-None (the default) runs whole batches, which is what a GPU wants; on 2 CPU cores chunks
-measured faster at batch 8 on a nearly quiet machine and slower at batch 5 under load
-(docs/benchmarks.md): not settled, so nothing sets a budget yet.
+None (the default) runs whole batches, which is what a GPU wants; on 2 CPU cores two paper
+samples per pass measured 1.3x faster at batch 5 and 8 (slower on a crowded machine;
+docs/benchmarks.md), and the PCDiff loader sets that budget for CPU.
 
 The network knows nothing about diffusion beyond taking ``t``, nor about devices or
 distributed training.
