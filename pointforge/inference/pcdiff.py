@@ -17,13 +17,19 @@ import torch
 from pointforge.config.training import TrainConfig
 from pointforge.inference.loading import LoadedModel, Weights, load_trained
 from pointforge.nn.diffusion.schedule import NoiseSchedule
+from pointforge.nn.pvcnn import PVCNN2
 from pointforge.tasks.pcdiff.config import build_schedule
 from pointforge.tasks.pcdiff.task import PCDiffTask
 from pointforge.train.tracking import get_logger
 
-__all__ = ["LoadedPCDiff", "load_pcdiff"]
+__all__ = ["CPU_EVAL_CHUNK_POINTS", "LoadedPCDiff", "load_pcdiff"]
 
 log = get_logger("pcdiff")
+
+# PVCNN2's evaluation budget on CPU (``PVCNN2.eval_chunk_points``): two paper samples per
+# pass measured 1.31x faster at batch 5 and 8 than whole batches on 2 cores at load 2-3
+# (bench/pvcnn_chunks.py, docs/benchmarks.md). On other devices passes stay whole.
+CPU_EVAL_CHUNK_POINTS = 61440
 
 
 @dataclass
@@ -52,9 +58,14 @@ def load_pcdiff(
     ``best.pt``/``latest.pt``, or ``pointforge ckpt import-pcdiff`` output)
     through the engine's checkpoint loader; ``weights`` follows the one EMA
     rule of :mod:`pointforge.inference.loading` (the result's ``.weights``
-    says which were taken, and it is logged).
+    says which were taken, and it is logged). On CPU the network evaluates in
+    chunks of ``CPU_EVAL_CHUNK_POINTS`` points (the same output up to float rounding).
     """
     loaded = load_trained(LoadedPCDiff, checkpoint_path, PCDiffTask.name, device, weights)
+    if loaded.device.type == "cpu":
+        for module in loaded.model.modules():
+            if isinstance(module, PVCNN2):
+                module.eval_chunk_points = CPU_EVAL_CHUNK_POINTS
     cfg = loaded.config
     log.info(
         f"loaded PCDiff ({cfg.model} preset, {cfg.n_skull}+{cfg.n_implant} points, T={cfg.diffusion.timesteps}) "

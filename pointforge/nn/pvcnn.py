@@ -25,6 +25,15 @@ blocks' inputs only and recomputes the rest in the backward pass, from the same 
 state (dropout draws the same masks), so outputs and gradients do not change. FPS, ball
 query, 3-NN and the voxel maps need no gradients and run outside the segments, once.
 
+``eval_chunk_points``: in evaluation (eval mode, no grad) a batch is run in chunks of
+as many samples as fit this many points (at least one) and the outputs concatenated.
+PVCNN2 couples no samples (GroupNorm, FPS, ball query and 3-NN are per sample), so the
+output is the whole batch's up to float rounding, and a chunk's activations may stay in
+the CPU's caches (the paper forward at batch 5 took more than 5x batch 1's time whole).
+None (the default) runs whole batches, which is what a GPU wants; on 2 CPU cores two paper
+samples per pass measured 1.3x faster at batch 5 and 8 (slower on a crowded machine;
+docs/benchmarks.md), and the PCDiff loader sets that budget for CPU.
+
 The network knows nothing about diffusion beyond taking ``t``, nor about devices or
 distributed training.
 """
@@ -39,7 +48,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from pointforge.errors import DataError
+from pointforge.errors import ConfigError, DataError
 from pointforge.nn.pvcnn_blocks import (
     Attention,
     FeaturePropagation,
@@ -96,12 +105,24 @@ class PVCNN2(nn.Module):
     ``[B, num_classes, N]`` for all N points; a diffusion loss uses the last n.
     """
 
-    def __init__(self, config: PVCNN2Config | str | Mapping = "paper", *, checkpoint_activations: bool = False):
+    def __init__(
+        self,
+        config: PVCNN2Config | str | Mapping = "paper",
+        *,
+        checkpoint_activations: bool = False,
+        eval_chunk_points: int | None = None,
+    ):
         super().__init__()
         cfg = resolve_config(config)
         self.config = cfg
-        # Not part of the config: it changes what a training step keeps, not the function or the weights.
+        # Not part of the config: these change what a pass keeps or how it is split, not the
+        # function or the weights.
         self.checkpoint_activations = checkpoint_activations
+        if eval_chunk_points is not None and (isinstance(eval_chunk_points, bool) or int(eval_chunk_points) < 1):
+            raise ConfigError(
+                f"PVCNN2: eval_chunk_points must be a positive number of points or None, got {eval_chunk_points!r}"
+            )
+        self.eval_chunk_points = eval_chunk_points
         e = cfg.embed_dim
         in_channels = 3 + cfg.extra_feature_channels
 
@@ -150,8 +171,24 @@ class PVCNN2(nn.Module):
             )
         if t.dim() != 1 or t.shape[0] != x.shape[0]:
             raise DataError(f"PVCNN2 expects t of shape [{x.shape[0]}] (one step per sample), got {tuple(t.shape)}")
-
+        # The embedding of the whole batch: a matrix product's rounding depends on its row count.
         temb = self.embedf(timestep_embedding(t, cfg.embed_dim).to(x.dtype))[:, :, None]  # [B, E, 1]
+        per_chunk = self._samples_per_chunk(x)
+        if per_chunk < x.shape[0]:
+            chunks = range(0, x.shape[0], per_chunk)
+            return torch.cat([self._forward(x[i : i + per_chunk], temb[i : i + per_chunk]) for i in chunks])
+        return self._forward(x, temb)
+
+    def _samples_per_chunk(self, x: Tensor) -> int:
+        """Samples per pass: the whole batch, or in evaluation as many as ``eval_chunk_points`` allows."""
+        budget = self.eval_chunk_points
+        if budget is None or self.training or torch.is_grad_enabled():
+            return x.shape[0]
+        return max(1, budget // x.shape[2])
+
+    def _forward(self, x: Tensor, temb: Tensor) -> Tensor:
+        """One pass over ``x`` with its samples' timestep embeddings ``temb [B, E, 1]``."""
+        cfg = self.config
         coords, features = x[:, :3].contiguous(), x
         coords_list, skip_features = [], []
         voxel_maps: list[dict[int, VoxelMap]] = []  # per entry of coords_list
@@ -224,4 +261,5 @@ class PVCNN2(nn.Module):
 
     def extra_repr(self) -> str:
         checkpointed = ", activation checkpointing" if self.checkpoint_activations else ""
-        return f"{sum(p.numel() for p in self.parameters()):,} parameters{checkpointed}"
+        chunks = f", evaluation in chunks of {self.eval_chunk_points:,} points" if self.eval_chunk_points else ""
+        return f"{sum(p.numel() for p in self.parameters()):,} parameters{checkpointed}{chunks}"

@@ -56,7 +56,7 @@ def test_furthest_point_sampling_matches_upstream(ops, case, backend):
     assert torch.equal(out, entry["out"].long())
 
 
-@pytest.mark.parametrize("method", ["dense", "grid"])
+@pytest.mark.parametrize("method", ["dense", "grid", "numba"])
 @pytest.mark.parametrize("case", ["three_nn_random", "three_nn_ties", "three_nn_many_ties", "three_nn_m2"])
 def test_three_nn_matches_upstream(ops, case, method):
     entry = ops[case]

@@ -16,9 +16,10 @@ from typer.testing import CliRunner
 from pointforge.data.skulls.prepared import PreparedDataset
 from pointforge.errors import CheckpointError, ConfigError, DataError, UserError
 from pointforge.implant.proposals import complete
-from pointforge.inference.pcdiff import load_pcdiff
+from pointforge.inference.pcdiff import CPU_EVAL_CHUNK_POINTS, load_pcdiff
 from pointforge.nn.diffusion.loss import diffusion_loss
 from pointforge.nn.diffusion.samplers.registry import make_sampler
+from pointforge.nn.pvcnn import PVCNN2
 from pointforge.ops.pcdiff_import import import_pcdiff_checkpoint
 from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config
@@ -265,6 +266,8 @@ def test_train_tiny_through_the_engine_then_load_and_complete(tmp_path, syntheti
     loaded = load_pcdiff(run / "checkpoints" / "latest.pt")
     model, schedule, config = loaded.model, loaded.schedule, loaded.config
     assert loaded.weights == "ema" and not model.training and config.n_implant == 128
+    chunked = [m.eval_chunk_points for m in model.modules() if isinstance(m, PVCNN2)]
+    assert chunked == [CPU_EVAL_CHUNK_POINTS]  # loaded on CPU: evaluation in chunks
     assert load_pcdiff(run / "checkpoints" / "latest.pt", weights="model").weights == "model"
     data = PreparedDataset(synthetic_skulls)
     case = data.split("val")[0]
