@@ -18,6 +18,7 @@ from pointforge.errors import ConfigError, DataError, DeviceError
 from pointforge.train import checkpoint as ckpt_io
 from pointforge.train.data import derive_seed, seed_everything
 from pointforge.train.dist import probe_env, resolve_device
+from pointforge.train.preflight import check_compile
 from pointforge.train.schedule import BatchPlan, plan_batches, scale_lr
 from pointforge.train.task import Task
 
@@ -161,6 +162,7 @@ def make_plan(
     val_ds: Any,
     rank: int,
 ) -> RunPlan:
+    check_compile(task, cfg.perf.compile).raise_if_failed()
     batch = plan_batches(cfg.data.global_batch, world_size, cfg.data.micro_batch)
     steps, custom = steps_per_epoch(task, cfg, train_ds, batch, rank)
     if steps < 1:

@@ -33,6 +33,9 @@ The API (stable; other modules build on it):
     micro-batch that does, and each of the task's memory savers
     (``Task.memory_savers``, e.g. activation checkpointing) under which a larger one does.
 
+``check_compile(task, compile)``
+    ``perf.compile=true`` for a task that says it cannot be compiled (``Task.compile_refusal``).
+
 ``check_datasets(*datasets)``
     Each dataset's own ``check_files()``: the files it will read exist.
 
@@ -66,6 +69,7 @@ __all__ = [
     "check_existing_checkpoints",
     "check_disk",
     "check_memory",
+    "check_compile",
     "check_datasets",
     "check_resume_point",
 ]
@@ -210,6 +214,14 @@ def _one_of(options: list[str]) -> str:
 def _largest_fitting(task: Task, task_cfg: Any, at_most: int, free: int) -> int:
     """The largest micro-batch up to ``at_most`` whose estimate fits in ``free`` bytes (0: none)."""
     return next((m for m in range(at_most, 0, -1) if (task.memory_estimate(task_cfg, m) or 0) <= free), 0)
+
+
+def check_compile(task: Task, compile: bool) -> Finding:
+    """``perf.compile=true`` is refused, before the first step, for a task that cannot be compiled."""
+    if not compile or task.compile_refusal is None:
+        return Finding("compile", OK, "torch.compile " + ("on" if compile else "off"))
+    detail = f"perf.compile=true cannot train the {task.name} task: {task.compile_refusal}"
+    return Finding("compile", FAILURE, detail, "set perf.compile=false", ConfigError)
 
 
 def check_datasets(*datasets: Any) -> Finding:

@@ -39,7 +39,9 @@ instance (``train(MyTask(), cfg)``). The contract, method by method:
 ``build_model(cfg)``
     Returns the bare ``nn.Module`` on the CPU. The engine seeds the RNG
     identically on every rank first, moves the model to the device and wraps
-    it (DDP, ``torch.compile``) itself. Never wrap it yourself.
+    it (DDP, ``torch.compile``) itself. Never wrap it yourself. A task whose
+    model cannot be compiled says why in ``compile_refusal``; the plan then
+    refuses ``perf.compile=true`` before the first step.
 
 ``build_datasets(cfg)``
     Returns ``(train_dataset, val_dataset_or_None)``: map-style datasets
@@ -157,6 +159,8 @@ class Task:
     eval_on: Literal["all", "rank0"] = "all"
     best_metric: str | None = None
     best_mode: Literal["min", "max"] = "min"
+    # Why ``perf.compile=true`` cannot train this task (preflight refuses it with this reason); None: it can.
+    compile_refusal: ClassVar[str | None] = None
 
     def configure(self, cfg: Any) -> None:
         """Called first with the task's config section; may adjust ``eval_on``/``best_metric``."""

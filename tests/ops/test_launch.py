@@ -31,6 +31,7 @@ from pointforge.ops.runs import read_launch, run_state
 from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config
 from pointforge.train import preflight
+from pointforge.train.plan import make_plan
 from tests.helpers import CONFIGS, QUIET, REPO, TOY_TINY, descendants, run_cli
 
 TINY = TOY_TINY
@@ -216,6 +217,24 @@ def test_a_micro_batch_that_does_not_fit_is_refused_naming_the_largest_that_does
         build_plan(spec, cwd=tmp_path, inventory=fake(0)).check()
     # Activation checkpointing fits more of the tiny network's samples in the same memory.
     assert "set task.checkpoint_activations=true (then data.micro_batch=" in str(caught.value)
+
+
+def test_torch_compile_is_refused_for_pcdiff_before_anything_starts(tmp_path):
+    compiled = ["perf.compile=true"]
+    spec = PlanSpec(jobs=[job("pc", cpu=1, task="pcdiff", config="tiny", overrides=compiled)], runs_dir=str(tmp_path))
+    with pytest.raises(
+        ConfigError, match=r"job pc: perf.compile=true cannot train the pcdiff task: .*; set perf.compile=false"
+    ):
+        build_plan(spec, cwd=tmp_path, inventory=fake(0)).check()
+    toy = PlanSpec(jobs=[job("toy", cpu=1, overrides=compiled)], runs_dir=str(tmp_path / "runs"))
+    build_plan(toy, cwd=tmp_path, inventory=fake(0)).check()  # a task that compiles is not refused
+    # The engine's plan (train, train --dry-run) refuses it the same way, before the first step.
+    cfg = load_train_config("pcdiff", "tiny", compiled)
+    with pytest.raises(ConfigError, match="cannot train the pcdiff task"):
+        make_plan(
+            get_task("pcdiff"), cfg, world_size=1, backend="gloo", devices=["cpu"], train_ds=[], val_ds=None, rank=0
+        )
+    assert preflight.check_compile(get_task("pcdiff"), False).ok
 
 
 def test_real_gpus_refuse_a_pinned_device(tmp_path):

@@ -39,7 +39,13 @@ from pointforge.tasks.configs import load_train_config, resolve_config_path
 from pointforge.train import checkpoint as ckpt_io
 from pointforge.train.launch import torchrun_command, worker_args, worker_pythonpath
 from pointforge.train.lock import RunDirInUse
-from pointforge.train.preflight import Finding, check_existing_checkpoints, check_memory, check_run_dir_lock
+from pointforge.train.preflight import (
+    Finding,
+    check_compile,
+    check_existing_checkpoints,
+    check_memory,
+    check_run_dir_lock,
+)
 from pointforge.train.schedule import plan_batches
 
 
@@ -369,9 +375,12 @@ def _check_config(
     except UserError as err:
         ctx.problems.append(_as(err, where))
         return overrides, config_path
-    memory = _check_memory(job, cfg, batch.micro_batch, device)
-    if not memory.ok:
-        ctx.problems.append(memory.error(f"{where}: {memory.problem}"))
+    for finding in (
+        check_compile(get_task(job.task), cfg.perf.compile),
+        _check_memory(job, cfg, batch.micro_batch, device),
+    ):
+        if not finding.ok:
+            ctx.problems.append(finding.error(f"{where}: {finding.problem}"))
     return overrides, config_path
 
 

@@ -333,6 +333,7 @@ class PCDiffTask(Task):
     eval_on = "rank0"
     best_metric = "val_chamfer"
     best_mode = "min"
+    compile_refusal = "PVCNN2's index searches break its graph and Inductor fails recompiling it (docs/benchmarks.md)"
 
     def configure(self, cfg: PCDiffConfig) -> None:
         self.cfg = cfg
