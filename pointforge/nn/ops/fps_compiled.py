@@ -23,12 +23,11 @@ thread pool would be a second one beside torch's). Compiled code is cached on di
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import numba
 import numpy as np
 
 from pointforge.nn.ops.common import FAR
+from pointforge.nn.ops.compiled_support import rounding_margins, run_threaded
 
 __all__ = ["LEAF_SIZE", "bucketed_fps"]
 
@@ -120,22 +119,11 @@ def _bucketed_one(p: np.ndarray, out: np.ndarray, leaf_size: int, shrink: float,
 def bucketed_fps(pts: np.ndarray, num_samples: int, threads: int = 1, leaf_size: int = LEAF_SIZE) -> np.ndarray:
     """Scan positions ``[B, num_samples]`` (module docs); batch elements on up to ``threads`` threads."""
     pts = np.ascontiguousarray(pts)
-    info = np.finfo(pts.dtype)
-    # The dtype's distance is at least the exact one times (1 - 5 units of rounding), less
-    # a few subnormals; float64's box distance errs by a few of its own units. 8 eps
-    # (16 units) and 16 * tiny cover both with room.
-    shrink = 1.0 - 8.0 * float(info.eps)
-    slack = 16.0 * float(info.tiny)
+    shrink, slack = rounding_margins(pts.dtype)
     picked = np.zeros((pts.shape[0], num_samples), dtype=np.int64)
 
     def run(e: int) -> None:
         _bucketed_one(pts[e], picked[e], leaf_size, shrink, slack)
 
-    workers = max(1, min(threads, pts.shape[0]))
-    if workers == 1:
-        for e in range(pts.shape[0]):
-            run(e)
-    else:
-        with ThreadPoolExecutor(workers) as pool:
-            list(pool.map(run, range(pts.shape[0])))
+    run_threaded(run, range(pts.shape[0]), threads)
     return picked

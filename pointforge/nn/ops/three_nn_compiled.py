@@ -22,10 +22,10 @@ code is cached on disk (``cache=True``).
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import numba
 import numpy as np
+
+from pointforge.nn.ops.compiled_support import rounding_margins, run_threaded
 
 __all__ = ["three_nn_grid"]
 
@@ -187,11 +187,7 @@ def three_nn_grid(
     points = np.ascontiguousarray(points)
     centers = np.ascontiguousarray(centers, dtype=points.dtype)
     b, _, n = points.shape
-    info = np.finfo(points.dtype)
-    # As in the compiled FPS: the dtype's distance is at least the exact one times
-    # (1 - 5 units of rounding), less a few subnormals; 8 eps and 16 * tiny cover it.
-    shrink = 1.0 - 8.0 * float(info.eps)
-    slack = 16.0 * float(info.tiny)
+    shrink, slack = rounding_margins(points.dtype)  # the compiled FPS's margins
     out_d = np.empty((b, n, 3), dtype=points.dtype)
     out_i = np.empty((b, n, 3), dtype=np.int64)
     sides = [_cell_side(points[e], centers[e]) if side is None else float(side) for e in range(b)]
@@ -203,10 +199,5 @@ def three_nn_grid(
         e, first, last = task
         _search(points[e], centers[e], grids[e], sides[e], first, last, out_d[e], out_i[e], shrink, slack)
 
-    if parts == 1 or len(tasks) == 1:
-        for task in tasks:
-            run(task)
-    else:
-        with ThreadPoolExecutor(parts) as pool:
-            list(pool.map(run, tasks))
+    run_threaded(run, tasks, parts)
     return out_d, out_i
