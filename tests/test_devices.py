@@ -1,6 +1,8 @@
 """The ground floor's device facts: cores really available, memory, and the one device resolver."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -60,3 +62,27 @@ def test_the_one_device_resolver():
             resolve_device("cuda:3")
     with pytest.raises(ConfigError, match="is not a device"):
         resolve_device("tpu")
+
+
+_HEAP_PROBE = """
+import ctypes, sys
+from pointforge import devices
+if sys.argv[1] == "reuse":
+    assert devices.reuse_freed_memory()
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+block = libc.malloc(64 << 20)
+heap = next(line for line in open("/proc/self/maps") if line.rstrip().endswith("[heap]"))
+start, end = (int(part, 16) for part in heap.split()[0].split("-"))
+print(start <= block < end)
+"""
+
+
+@pytest.mark.skipif(devices._libc() is None, reason="needs glibc on Linux")
+@pytest.mark.parametrize("mode", ["default", "reuse"])
+def test_reuse_freed_memory_serves_large_blocks_from_the_heap(mode):
+    # In a fresh process: the setting holds for the rest of the process that makes it.
+
+    found = subprocess.run([sys.executable, "-c", _HEAP_PROBE, mode], capture_output=True, text=True, check=True)
+    # glibc maps a 64 MiB block of its own by default; after the call it comes from the heap.
+    assert found.stdout.strip() == ("True" if mode == "reuse" else "False"), found.stderr

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from pointforge.config.training import TrainConfig
+from pointforge.devices import reuse_freed_memory
 from pointforge.inference.loading import LoadedModel, Weights, load_trained
 from pointforge.nn.diffusion.schedule import NoiseSchedule
 from pointforge.nn.pvcnn import PVCNN2
@@ -59,10 +60,14 @@ def load_pcdiff(
     through the engine's checkpoint loader; ``weights`` follows the one EMA
     rule of :mod:`pointforge.inference.loading` (the result's ``.weights``
     says which were taken, and it is logged). On CPU the network evaluates in
-    chunks of ``CPU_EVAL_CHUNK_POINTS`` points (the same output up to float rounding).
+    chunks of ``CPU_EVAL_CHUNK_POINTS`` points (the same output up to float rounding),
+    and the process keeps freed memory in its heap for the next pass
+    (:func:`~pointforge.devices.reuse_freed_memory`: no page faults for the same
+    temporaries pass after pass, for the rest of the process).
     """
     loaded = load_trained(LoadedPCDiff, checkpoint_path, PCDiffTask.name, device, weights)
     if loaded.device.type == "cpu":
+        reuse_freed_memory()
         for module in loaded.model.modules():
             if isinstance(module, PVCNN2):
                 module.eval_chunk_points = CPU_EVAL_CHUNK_POINTS

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from pointforge.data.skulls.prepared import PreparedDataset
 from pointforge.errors import CheckpointError, ConfigError, DataError, UserError
 from pointforge.implant.proposals import complete
+from pointforge.inference import pcdiff as pcdiff_inference
 from pointforge.inference.pcdiff import CPU_EVAL_CHUNK_POINTS, load_pcdiff
 from pointforge.nn.diffusion.loss import diffusion_loss
 from pointforge.nn.diffusion.samplers.registry import make_sampler
@@ -263,7 +264,10 @@ def test_train_tiny_through_the_engine_then_load_and_complete(tmp_path, syntheti
         assert len(samples["case_id"]) == 2
     assert epochs_seen[-2:] == [0, 1]  # the hook ran before each epoch: the datasets' epochs advance
 
+    heap_calls: list[int] = []
+    monkeypatch.setattr(pcdiff_inference, "reuse_freed_memory", lambda: heap_calls.append(1) or True)
     loaded = load_pcdiff(run / "checkpoints" / "latest.pt")
+    assert heap_calls == [1]  # on CPU the heap keeps freed blocks for the next pass
     model, schedule, config = loaded.model, loaded.schedule, loaded.config
     assert loaded.weights == "ema" and not model.training and config.n_implant == 128
     chunked = [m.eval_chunk_points for m in model.modules() if isinstance(m, PVCNN2)]
