@@ -82,7 +82,6 @@ print(start <= block < end)
 @pytest.mark.parametrize("mode", ["default", "reuse"])
 def test_reuse_freed_memory_serves_large_blocks_from_the_heap(mode):
     # In a fresh process: the setting holds for the rest of the process that makes it.
-
     found = subprocess.run([sys.executable, "-c", _HEAP_PROBE, mode], capture_output=True, text=True, check=True)
     # glibc maps a 64 MiB block of its own by default; after the call it comes from the heap.
     assert found.stdout.strip() == ("True" if mode == "reuse" else "False"), found.stderr

@@ -43,7 +43,7 @@ import torch
 from pointforge.data.prepare import resample_isotropic
 from pointforge.data.surface import bounding_box, surface_points
 from pointforge.data.volumes import Volume
-from pointforge.devices import available_memory_bytes, resolve_device
+from pointforge.devices import available_memory_bytes, release_freed_memory, resolve_device
 from pointforge.errors import CheckpointError, ConfigError, DataError, UserError
 from pointforge.formats import format_bytes
 from pointforge.implant.postprocess import implant_from_proposals
@@ -251,6 +251,9 @@ def check_generate_memory(
     """
     on_cpu = models.device.type == "cpu"
     if budget is None:
+        # What earlier cases freed goes back to the system first: a CPU-loaded PCDiff keeps
+        # freed blocks in the heap between passes (devices.reuse_freed_memory).
+        release_freed_memory()
         host = available_memory_bytes("cpu")
         budget = {"device": host if on_cpu else available_memory_bytes(models.device), "host": host}
 

@@ -345,6 +345,22 @@ def test_too_many_proposals_for_memory_are_refused_up_front_with_the_largest_tha
     assert not out.exists()
 
 
+def test_the_memory_check_hands_freed_memory_back_before_measuring(trained, models, monkeypatch):
+    # A CPU-loaded PCDiff keeps freed blocks in the heap; the check must count them as free.
+    from pointforge.implant import pipeline
+
+    order: list[str] = []
+    monkeypatch.setattr(pipeline, "release_freed_memory", lambda: order.append("release") or True)
+    monkeypatch.setattr(pipeline, "available_memory_bytes", lambda device: order.append("measure") or 2**50)
+    _, source = a_test_case(trained[0])
+    shape = read_volume(source).shape
+    pipeline.check_generate_memory(models, GenerateOptions(ensemble=1), shape)
+    assert order[:2] == ["release", "measure"]
+    order.clear()
+    pipeline.check_generate_memory(models, GenerateOptions(ensemble=1), shape, budget={"device": 0, "host": 2**50})
+    assert order == []  # a given budget is not measured
+
+
 def test_generate_defaults_to_ddim_with_seven_steps(models):
     """The default is the fewest model calls measured within 0.01 DSC of DDPM-1000 (docs/pcdiff.md)."""
     from pointforge.implant.proposals import proposal_sampler
