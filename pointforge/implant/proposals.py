@@ -28,8 +28,8 @@ from pointforge.nn.diffusion.samplers.registry import make_sampler
 from pointforge.nn.diffusion.schedule import NoiseSchedule
 from pointforge.nn.ops.fps import furthest_point_sample_indices
 from pointforge.tasks.pcdiff.config import PCDiffConfig
+from pointforge.tasks.pcdiff.dataset import HALF_EXTENT
 from pointforge.tasks.pcdiff.frame import PriorSection, atlas_estimate, frame_condition, prior_points
-from pointforge.tasks.pcdiff.task import HALF_EXTENT
 
 __all__ = ["GENERATE_STEPS", "proposal_sampler", "complete", "inside_volume"]
 
@@ -163,6 +163,8 @@ def complete(
     init = None
     if config is not None and config.frame is not None:
         chosen, norm, estimate, rng = _framed_condition(points, model, config, int(n_skull), spacing, generator)
+        if config.n_hint:  # the estimate's points as the marked hint, after the skull's (PCDiffDataset's layout)
+            chosen = np.concatenate([chosen, prior_points(estimate, config.n_hint, rng)])
         init = (
             None if config.prior is None else _prior_start(config, sampler, estimate, norm, int(n), int(n_implant), rng)
         )
@@ -170,7 +172,7 @@ def complete(
         chosen = points[_subsample_indices(points, int(n_skull), subsample, generator)]
         norm = bbox_normalization(chosen, HALF_EXTENT)
     device = next(model.parameters()).device
-    cond = torch.from_numpy(norm.apply(chosen)).to(device).T.contiguous()  # [3, n_skull]
+    cond = torch.from_numpy(norm.apply(chosen)).to(device).T.contiguous()  # [3, n_skull (+ the hint's)]
     was_training = model.training
     model.eval()
     try:
@@ -181,7 +183,7 @@ def complete(
             )
     finally:
         model.train(was_training)
-    implants = out[:, :, int(n_skull) :].transpose(1, 2)  # [n, n_implant, 3] normalised
+    implants = out[:, :, cond.shape[1] :].transpose(1, 2)  # [n, n_implant, 3] normalised
     mapped = norm.inverse(implants.float())
     return torch.from_numpy(mapped) if as_torch else mapped
 
