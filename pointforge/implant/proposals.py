@@ -89,6 +89,8 @@ def _framed_condition(points, model, config, n_skull, spacing, generator):
     seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
     rng = np.random.default_rng(seed)
     chosen, norm = frame_condition(points, estimate.center, n_skull, config.frame, rng, half_extent=HALF_EXTENT)
+    if config.n_hint:  # the estimate's points as the marked hint, after the skull's (PCDiffDataset's layout)
+        chosen = np.concatenate([chosen, prior_points(estimate.points, config.n_hint, rng)])
     return chosen, norm, estimate.points, rng
 
 
@@ -163,8 +165,6 @@ def complete(
     init = None
     if config is not None and config.frame is not None:
         chosen, norm, estimate, rng = _framed_condition(points, model, config, int(n_skull), spacing, generator)
-        if config.n_hint:  # the estimate's points as the marked hint, after the skull's (PCDiffDataset's layout)
-            chosen = np.concatenate([chosen, prior_points(estimate, config.n_hint, rng)])
         init = (
             None if config.prior is None else _prior_start(config, sampler, estimate, norm, int(n), int(n_implant), rng)
         )
