@@ -67,7 +67,7 @@ from pointforge.implant.pipeline import GenerateOptions, Models, load_models
 from pointforge.implant.writer import generate_case
 from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config
-from pointforge.tasks.pcdiff.task import HALF_EXTENT
+from pointforge.tasks.pcdiff.dataset import HALF_EXTENT
 from pointforge.train import checkpoint as ck
 
 REPO = Path(__file__).resolve().parent.parent

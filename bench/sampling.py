@@ -51,7 +51,8 @@ from pointforge.inference.pcdiff import load_pcdiff  # noqa: E402
 from pointforge.nn.diffusion.samplers.registry import make_sampler  # noqa: E402
 from pointforge.tasks import get_task  # noqa: E402
 from pointforge.tasks.configs import load_train_config  # noqa: E402
-from pointforge.tasks.pcdiff.task import HALF_EXTENT, ensure_prepared_dataset, implant_distances  # noqa: E402
+from pointforge.tasks.pcdiff.dataset import HALF_EXTENT, ensure_prepared_dataset  # noqa: E402
+from pointforge.tasks.pcdiff.task import implant_distances  # noqa: E402
 from pointforge.train.engine import train  # noqa: E402
 
 SAMPLERS = [("ddpm", None), ("ddim", 100), ("ddim", 50), ("ddim", 25), ("dpm++2m", 20), ("dpm++2m", 10)]

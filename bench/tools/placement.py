@@ -37,8 +37,8 @@ from pointforge.data.skulls.prepared import PreparedDataset
 from pointforge.implant.demo.scoring import placement_rows
 from pointforge.implant.folder import generate_folder
 from pointforge.implant.pipeline import GenerateOptions, load_models
+from pointforge.tasks.pcdiff.dataset import HALF_EXTENT, PCDiffDataset
 from pointforge.tasks.pcdiff.placement import condition_use
-from pointforge.tasks.pcdiff.task import HALF_EXTENT, PCDiffDataset
 
 PLACEMENT_KEYS = ("centroid_error", "spread_ratio", "pred_to_true", "true_to_pred")
 

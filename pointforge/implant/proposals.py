@@ -28,8 +28,8 @@ from pointforge.nn.diffusion.samplers.registry import make_sampler
 from pointforge.nn.diffusion.schedule import NoiseSchedule
 from pointforge.nn.ops.fps import furthest_point_sample_indices
 from pointforge.tasks.pcdiff.config import PCDiffConfig
+from pointforge.tasks.pcdiff.dataset import HALF_EXTENT
 from pointforge.tasks.pcdiff.frame import PriorSection, atlas_estimate, frame_condition, prior_points
-from pointforge.tasks.pcdiff.task import HALF_EXTENT
 
 __all__ = ["GENERATE_STEPS", "proposal_sampler", "complete", "inside_volume"]
 
@@ -89,6 +89,8 @@ def _framed_condition(points, model, config, n_skull, spacing, generator):
     seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
     rng = np.random.default_rng(seed)
     chosen, norm = frame_condition(points, estimate.center, n_skull, config.frame, rng, half_extent=HALF_EXTENT)
+    if config.n_hint:  # the estimate's points as the marked hint, after the skull's (PCDiffDataset's layout)
+        chosen = np.concatenate([chosen, prior_points(estimate.points, config.n_hint, rng)])
     return chosen, norm, estimate.points, rng
 
 
@@ -170,7 +172,7 @@ def complete(
         chosen = points[_subsample_indices(points, int(n_skull), subsample, generator)]
         norm = bbox_normalization(chosen, HALF_EXTENT)
     device = next(model.parameters()).device
-    cond = torch.from_numpy(norm.apply(chosen)).to(device).T.contiguous()  # [3, n_skull]
+    cond = torch.from_numpy(norm.apply(chosen)).to(device).T.contiguous()  # [3, n_skull (+ the hint's)]
     was_training = model.training
     model.eval()
     try:
@@ -181,7 +183,7 @@ def complete(
             )
     finally:
         model.train(was_training)
-    implants = out[:, :, int(n_skull) :].transpose(1, 2)  # [n, n_implant, 3] normalised
+    implants = out[:, :, cond.shape[1] :].transpose(1, 2)  # [n, n_implant, 3] normalised
     mapped = norm.inverse(implants.float())
     return torch.from_numpy(mapped) if as_torch else mapped
 

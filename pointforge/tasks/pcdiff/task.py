@@ -4,11 +4,12 @@ The task (``pointforge train pcdiff --config pointforge/configs/pcdiff/{tiny,sma
 
 * model: a :class:`~pointforge.nn.pvcnn.PVCNN2` preset (``task.model``);
 * data: a prepared dataset (``task.data_root``, written by ``pointforge data
-  prepare``), served by :class:`~pointforge.data.skulls.datasets.CompletionDataset`:
-  ``n_skull`` defective-skull points then ``n_implant`` implant points,
-  normalised by the defective skull's bounding box. With ``task.synthetic`` set
-  and no dataset at ``data_root`` yet, a synthetic SkullBreak-style dataset is
-  synthesised and prepared there once (see :func:`ensure_prepared_dataset`);
+  prepare``), served by :class:`~pointforge.tasks.pcdiff.dataset.PCDiffDataset`:
+  ``n_skull`` defective-skull points (and, with ``task.prior.condition``, the
+  hint's estimate points) then ``n_implant`` implant points, normalised. With
+  ``task.synthetic`` set and no dataset at ``data_root`` yet, a synthetic
+  SkullBreak-style dataset is synthesised and prepared there once
+  (:func:`~pointforge.tasks.pcdiff.dataset.ensure_prepared_dataset`);
 * loss: ε-prediction MSE on the implant points only; the skull points stay
   clean and condition the network (:func:`~pointforge.nn.diffusion.loss.diffusion_loss`);
 * evaluation (rank 0 only: it samples): each validation case's implant is
@@ -27,8 +28,6 @@ implant proposals from it in the implant product
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -40,11 +39,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from pointforge.atomic import atomic_writer
-from pointforge.data.cache import ensure_synthetic_prepared
-from pointforge.data.skulls.datasets import CompletionDataset
-from pointforge.data.skulls.normalization import Normalization, bbox_normalization
 from pointforge.data.skulls.prepared import PreparedDataset
-from pointforge.errors import DataError
 from pointforge.nn.diffusion.conditioning import MarkConditioning
 from pointforge.nn.diffusion.loss import diffusion_loss
 from pointforge.nn.diffusion.pipeline import denoise
@@ -53,45 +48,17 @@ from pointforge.nn.losses import chamfer_distance
 from pointforge.nn.pvcnn import PVCNN2
 from pointforge.nn.pvcnn_config import get_preset
 from pointforge.nn.pvcnn_memory import training_step_bytes
-from pointforge.tasks.pcdiff.config import PCDiffConfig, SyntheticSection, build_eval_sampler, build_schedule
-from pointforge.tasks.pcdiff.correction import from_start, leave_one_out_estimate, start_item
-from pointforge.tasks.pcdiff.frame import (
-    FramedDenoiser,
-    FrameSection,
-    ImplantEstimate,
-    PriorSection,
-    atlas_cases,
-    atlas_estimate,
-    build_atlas,
-    frame_condition,
-    prior_points,
-)
+from pointforge.tasks.pcdiff.config import PCDiffConfig, build_eval_sampler, build_schedule
+from pointforge.tasks.pcdiff.correction import from_start
+from pointforge.tasks.pcdiff.dataset import HALF_EXTENT, PCDiffDataset, ensure_prepared_dataset
+from pointforge.tasks.pcdiff.frame import FramedDenoiser, atlas_cases, build_atlas
 from pointforge.tasks.pcdiff.placement import condition_use, placement_metrics
 from pointforge.train.task import EvalContext, StepContext, Task
 from pointforge.train.tracking import get_logger
 
-__all__ = [
-    "HALF_EXTENT",
-    "PCDiffTask",
-    "PCDiffDataset",
-    "build_model",
-    "ensure_prepared_dataset",
-    "implant_distances",
-]
+__all__ = ["PCDiffTask", "build_model", "implant_distances"]
 
 log = get_logger("pcdiff")
-
-
-def _say(message: str) -> None:
-    """Log ``message``; where nothing has set up logging (e.g. the planning pass that
-    ``--nproc`` runs before starting workers), print it to stderr instead of losing it."""
-    if log.hasHandlers():
-        log.info(message)
-    else:
-        print(message, file=sys.stderr, flush=True)
-
-
-HALF_EXTENT = 3.0  # normalised clouds lie within about ±3 (as upstream PCDiff, github.com/pfriedri/pcdiff-implant)
 
 
 def build_model(cfg: PCDiffConfig, atlas: torch.Tensor | None = None) -> nn.Module:
@@ -100,185 +67,15 @@ def build_model(cfg: PCDiffConfig, atlas: torch.Tensor | None = None) -> nn.Modu
     preset = get_preset(cfg.model)
     checkpointed = cfg.checkpoint_activations
     if cfg.condition_mark:
+        marks = 2 if cfg.n_hint else 1
         net: nn.Module = MarkConditioning(
-            PVCNN2(replace(preset, extra_feature_channels=1), checkpoint_activations=checkpointed), cfg.points[1]
+            PVCNN2(replace(preset, extra_feature_channels=marks), checkpoint_activations=checkpointed),
+            cfg.points[1],
+            cfg.n_hint,
         )
     else:
         net = PVCNN2(preset, checkpoint_activations=checkpointed)
     return net if cfg.frame is None else FramedDenoiser(net, atlas)
-
-
-# --------------------------------------------------------------------------- data
-
-
-_PREPARED_FILES = ("cases.csv", "dataset.json")
-
-
-def _is_prepared(root: Path) -> bool:
-    return all((root / name).is_file() for name in _PREPARED_FILES)
-
-
-def ensure_prepared_dataset(
-    root: str | os.PathLike,
-    synthetic: SyntheticSection | None = None,
-    *,
-    lock_timeout_s: float | None = None,
-) -> Path:
-    """The prepared dataset at ``root``; with ``synthetic`` and nothing there yet, one is built first.
-
-    The building (synthesise, prepare, rename into place under a file lock so
-    the ranks of one job can all call this) is :func:`pointforge.data.cache.ensure_synthetic_prepared`.
-    """
-    root = Path(root)
-    if synthetic is None:
-        if _is_prepared(root):
-            return root
-        raise DataError(
-            f"{root}: no prepared dataset here (cases.csv, dataset.json); run `pointforge data prepare RAW_ROOT --out {root}` "
-            "or set task.synthetic to build a synthetic one"
-        )
-    if root.exists() and not _is_prepared(root):
-        if root.is_dir() and not any(root.iterdir()):
-            root.rmdir()  # an empty folder to build into: the builder renames a finished folder into place
-        else:
-            raise DataError(
-                f"{root}: exists but is not a prepared dataset; point task.data_root at an empty or new folder to synthesise into"
-            )
-    return ensure_synthetic_prepared(
-        root,
-        synthetic.skulls,
-        synthetic.size,
-        synthetic.seed,
-        synthetic.points,
-        log=_say,
-        split=synthetic.split,
-        family=synthetic.family,
-        timeout_s=3600.0 if lock_timeout_s is None else lock_timeout_s,
-    )
-
-
-class PCDiffDataset(CompletionDataset):
-    """:class:`CompletionDataset` items plus ``spacing`` [3] (mm per voxel of the case's points).
-
-    ``max_cases`` keeps the first cases in ``cases.csv`` order. ``mirror``
-    (training augmentation) mirrors half the items left-right: array axis 0
-    negated in the normalised coordinates, so about the skull's mid-plane, or
-    about the frame's centre with ``frame``; drawn by its own seed, so the
-    subsampling is the same with and without it.
-    """
-
-    def __init__(
-        self,
-        root,
-        split: str,
-        *,
-        max_cases: int | None = None,
-        frame: FrameSection | None = None,
-        atlas: torch.Tensor | None = None,
-        prior: PriorSection | None = None,
-        mirror: bool = False,
-        start_from: tuple[torch.Tensor, list[str], PriorSection] | None = None,
-        **kwargs: Any,
-    ):
-        super().__init__(root, split, **kwargs)
-        self.mirror = bool(mirror)
-        # Training with task.prior.correct: the atlas, its skull ids and the prior, for each
-        # case's leave-one-out estimate ("start", :mod:`.correction`).
-        self.start_from = start_from
-        if max_cases is not None:
-            self.cases = self.cases[:max_cases]
-        self._spacing: dict[str, torch.Tensor] = {}
-        # With a frame: no atlas = the true implant centre, jittered (training);
-        # an atlas = its estimate, as inference makes it (validation).
-        # With an atlas and a prior: the atlas's implant points too ("prior"), to start sampling from.
-        self.frame, self.atlas, self.prior = frame, atlas, prior
-        self._estimates: dict[str, ImplantEstimate] = {}
-        # Per case, what does not change between epochs (the skull's bounding box, the
-        # implant's mean): ~40% of an item's time on the demo's data, recomputed before.
-        self._boxes: dict[str, Normalization] = {}
-        self._implant_means: dict[str, np.ndarray] = {}
-
-    def spacing(self, index: int) -> torch.Tensor:
-        case = self.cases[index]
-        if case.defective not in self._spacing:
-            try:
-                spacing = self.data.meta(case.defective)["spacing"]
-            except (OSError, ValueError, KeyError) as err:
-                raise DataError(
-                    f"{self.data.path(case.defective)}: its .json metadata has no readable spacing ({err}); re-run pointforge data prepare"
-                ) from None
-            self._spacing[case.defective] = torch.tensor([float(s) for s in spacing], dtype=torch.float32)
-        return self._spacing[case.defective]
-
-    def __getitem__(self, index: int) -> dict:
-        item = super().__getitem__(index) if self.frame is None else self._framed(index)
-        item["spacing"] = self.spacing(index)
-        if self.mirror and np.random.default_rng([self.seed, self.epoch, index, 1]).uniform() < 0.5:
-            for key in ("points", "start") if "start" in item else ("points",):
-                points = item[key].clone()
-                points[:, 0] = -points[:, 0]
-                item[key] = points
-        return item
-
-    def _framed(self, index: int) -> dict:
-        frame = self.frame
-        assert frame is not None  # only called with a frame
-        case = self.cases[index]
-        rng = self._rng(index)
-        skull = np.asarray(self.data.points(case.defective), dtype=np.float64)
-        implant_all = self.data.points(case.implant)
-        implant = np.asarray(
-            implant_all[
-                np.sort(rng.choice(len(implant_all), self.n_implant, replace=len(implant_all) < self.n_implant))
-            ]
-        )
-        estimate = None
-        if self.atlas is None:
-            if case.implant not in self._implant_means:
-                self._implant_means[case.implant] = np.asarray(implant_all, dtype=np.float64).mean(axis=0)
-            center = self._implant_means[case.implant]
-        else:
-            if case.case_id not in self._estimates:
-                agree = self.prior.agree if self.prior is not None else 0.5
-                spacing = self.spacing(index).numpy()
-                self._estimates[case.case_id] = atlas_estimate(self.atlas, skull, spacing, frame, agree)
-            estimate = self._estimates[case.case_id]
-            center = estimate.center
-        if case.defective not in self._boxes:
-            self._boxes[case.defective] = bbox_normalization(skull, self.half_extent)
-        cond, norm = frame_condition(
-            skull,
-            center,
-            self.n_skull,
-            frame,
-            rng,
-            half_extent=self.half_extent,
-            jitter=self.atlas is None,
-            box=self._boxes[case.defective],
-        )
-        item = {
-            "points": torch.from_numpy(norm.apply(np.concatenate([cond, implant]))),
-            "center": torch.from_numpy(norm.center.astype(np.float32)),
-            "scale": torch.tensor(norm.scale, dtype=torch.float32),
-            "case_id": case.case_id,
-        }
-        if estimate is not None and self.prior is not None:
-            item["prior"] = torch.from_numpy(norm.apply(prior_points(estimate.points, self.n_implant, rng)))
-        if self.start_from is not None:
-            item.update(self._start(index, skull, implant, norm, rng))
-        return item
-
-    def _start(self, index: int, skull: np.ndarray, implant: np.ndarray, norm: Normalization, rng) -> dict:
-        """The case's leave-one-out estimate, paired point by point with ``implant``, and whether to start from it."""
-        assert self.start_from is not None and self.frame is not None
-        atlas, skull_ids, prior = self.start_from
-        case = self.cases[index]
-        if case.case_id not in self._estimates:
-            spacing = self.spacing(index).numpy()
-            self._estimates[case.case_id] = leave_one_out_estimate(
-                atlas, skull_ids, case.skull_id, skull, spacing, self.frame, prior.agree
-            )
-        return start_item(self._estimates[case.case_id], implant, norm, rng, prior.correct)
 
 
 # --------------------------------------------------------------------------- metrics
@@ -359,20 +156,20 @@ class PCDiffTask(Task):
         root = ensure_prepared_dataset(cfg.data_root, cfg.synthetic)
         prepared = PreparedDataset(root)
         common: dict[str, Any] = dict(
-            n_skull=cfg.n_skull, n_implant=cfg.n_implant, half_extent=HALF_EXTENT, frame=cfg.frame
+            n_skull=cfg.n_skull, n_implant=cfg.n_implant, half_extent=HALF_EXTENT, frame=cfg.frame, prior=cfg.prior
         )
-        start_from = None
-        if cfg.prior is not None and cfg.prior.correct > 0:
+        own_estimates = None
+        if cfg.prior is not None and (cfg.prior.correct > 0 or cfg.prior.condition > 0):
             atlas = self._atlas(cfg)
             assert atlas is not None  # a prior needs a frame (checked with the config)
-            start_from = (atlas, list(atlas_cases(prepared, cfg.train_split)), cfg.prior)
+            own_estimates = (atlas, list(atlas_cases(prepared, cfg.train_split)))
         train = PCDiffDataset(
             prepared,
             cfg.train_split,
             rotate_degrees=cfg.rotate_degrees,
             seed=cfg.data_seed,
             mirror=cfg.mirror,
-            start_from=start_from,
+            own_estimates=own_estimates,
             **common,
         )
         val = None
@@ -383,7 +180,6 @@ class PCDiffTask(Task):
                 max_cases=cfg.eval.max_cases,
                 seed=cfg.data_seed + 1,
                 atlas=self._atlas(cfg),
-                prior=cfg.prior,
                 **common,
             )
         elif cfg.val_split is not None:
@@ -424,11 +220,16 @@ class PCDiffTask(Task):
         (:func:`~pointforge.nn.pvcnn_memory.training_step_bytes`: activations fitted to
         measured peaks, plus gradients and Adam's moments; lower with ``task.checkpoint_activations``,
         fitted the same way); AMP only lowers it."""
-        preset = replace(get_preset(cfg.model), extra_feature_channels=1 if cfg.condition_mark else 0)
+        marks = (2 if cfg.n_hint else 1) if cfg.condition_mark else 0
+        preset = replace(get_preset(cfg.model), extra_feature_channels=marks)
         with torch.device("meta"):
             parameters = sum(p.numel() for p in PVCNN2(preset).parameters())
         return training_step_bytes(
-            preset, sum(cfg.points), micro_batch, parameters=parameters, checkpointed=cfg.checkpoint_activations
+            preset,
+            sum(cfg.points) + cfg.n_hint,
+            micro_batch,
+            parameters=parameters,
+            checkpointed=cfg.checkpoint_activations,
         )
 
     def memory_savers(self, cfg: PCDiffConfig) -> dict[str, PCDiffConfig]:
@@ -440,7 +241,7 @@ class PCDiffTask(Task):
     @torch.no_grad()
     def evaluate(self, model: nn.Module, loader, ctx: EvalContext) -> dict[str, float]:
         cfg = self.cfg
-        n_skull, n_implant = cfg.points
+        n_implant = cfg.points[1]
         generator = torch.Generator().manual_seed(cfg.eval.seed)  # CPU: the same noise on any device
         sums: dict[str, float] = {}
         count = 0
@@ -449,11 +250,12 @@ class PCDiffTask(Task):
         started = time.perf_counter()
         for batch in loader:
             points = batch["points"].to(ctx.device)
-            cond = points[:, :n_skull].transpose(1, 2)
+            n_cond = points.shape[1] - n_implant  # the skull's points and the hint's
+            cond = points[:, :n_cond].transpose(1, 2)
             init = batch["prior"].to(ctx.device).transpose(1, 2) if "prior" in batch else None
             out = denoise(model, self.sampler, cond, n_implant, generator=generator, init=init)
-            pred = out[:, :, n_skull:].transpose(1, 2).float()
-            true = points[:, n_skull:].float()
+            pred = out[:, :, n_cond:].transpose(1, 2).float()
+            true = points[:, n_cond:].float()
             scale = batch["scale"].to(ctx.device)
             spacing = batch["spacing"].to(ctx.device)
             found = implant_distances(pred, true, scale=scale, spacing=spacing)

@@ -97,16 +97,18 @@ def test_correct_out_of_range_is_one_config_error():
 
 def test_training_items_carry_their_paired_estimate_mirrored_with_them(synthetic_skulls):
     from pointforge.data.skulls.prepared import PreparedDataset
+    from pointforge.tasks.pcdiff.dataset import PCDiffDataset
     from pointforge.tasks.pcdiff.frame import PriorSection
-    from pointforge.tasks.pcdiff.task import PCDiffDataset
 
     data = PreparedDataset(synthetic_skulls)
     section = FrameSection(atlas_points=500)
     ids = list(atlas_cases(data, "train"))
     atlas = build_atlas(data, "train", section.atlas_points)
     assert len(ids) == atlas.shape[0] == 2  # build_atlas's order and count
-    start_from = (atlas, ids, PriorSection(start_step=40, agree=0.5, correct=0.5))
-    kw = dict(n_skull=256, n_implant=64, half_extent=3.0, frame=section, seed=3, start_from=start_from)
+    prior = PriorSection(start_step=40, agree=0.5, correct=0.5)
+    kw = dict(
+        n_skull=256, n_implant=64, half_extent=3.0, frame=section, seed=3, own_estimates=(atlas, ids), prior=prior
+    )
     plain, mirrored = PCDiffDataset(data, "train", **kw), PCDiffDataset(data, "train", mirror=True, **kw)
     flags, flips = [], []
     for i in range(len(plain)):

@@ -365,7 +365,8 @@ def test_framed_run_logs_placement_and_its_checkpoint_places_implants_alone(tmp_
 
 
 def test_mirror_flips_half_the_training_items_left_right_and_nothing_else(synthetic_skulls):
-    from pointforge.tasks.pcdiff.task import PCDiffDataset, PCDiffTask
+    from pointforge.tasks.pcdiff.dataset import PCDiffDataset
+    from pointforge.tasks.pcdiff.task import PCDiffTask
 
     root = synthetic_skulls
     kw = dict(n_skull=512, n_implant=128, half_extent=3.0, frame=FrameSection(), seed=3)

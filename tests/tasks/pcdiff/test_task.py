@@ -26,7 +26,8 @@ from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config
 from pointforge.tasks.pcdiff import task as pc
 from pointforge.tasks.pcdiff.config import SyntheticSection
-from pointforge.tasks.pcdiff.task import PCDiffDataset, PCDiffTask, ensure_prepared_dataset
+from pointforge.tasks.pcdiff.dataset import PCDiffDataset, ensure_prepared_dataset
+from pointforge.tasks.pcdiff.task import PCDiffTask
 from pointforge.train import checkpoint as ck
 from pointforge.train.engine import train
 from tests.helpers import CONFIGS, FIXTURES
