@@ -27,14 +27,40 @@ __all__ = [
 ]
 
 _SE_REDUCTION = 8
+# One sample's multiply-adds from which pointwise runs a product per sample (see there).
+_PER_SAMPLE_MACS = 1 << 21
 
 
 def pointwise(conv: Any, x: Tensor) -> Tensor:  # a Conv1d or Conv2d with a bias
-    """A 1x1 Conv1d/Conv2d as one batched matrix product (faster than the conv on CPU)."""
+    """A 1x1 Conv1d/Conv2d as matrix products (faster than the conv on CPU).
+
+    By default one batched product, ``baddbmm`` of the weight expanded over the batch: one
+    op, which the dispatch-bound small networks need. On CPU, when autograd does not record
+    and one sample's product is large (``_PER_SAMPLE_MACS``), one ``addmm`` per sample
+    written into one output instead: PyTorch's CPU ``baddbmm`` of these shapes runs far
+    below its ``addmm`` (measured on the paper preset's shapes, 2 threads: 64->64 channels on
+    30,720 points at batch 5, 40-43 against 77-80 GFLOP/s; docs/benchmarks.md has the
+    table). ``out=`` has no autograd, so under gradients the batched product stays.
+    """
     b, c = x.shape[:2]
     w = conv.weight.view(conv.out_channels, c)
-    y = torch.baddbmm(conv.bias.view(1, -1, 1), w.expand(b, -1, -1), x.reshape(b, c, -1))
+    flat = x.reshape(b, c, -1)
+    if _per_sample(conv, flat):
+        y = flat.new_empty(b, conv.out_channels, flat.shape[2])
+        for i in range(b):
+            torch.addmm(conv.bias.view(-1, 1), w, flat[i], out=y[i])
+    else:
+        y = torch.baddbmm(conv.bias.view(1, -1, 1), w.expand(b, -1, -1), flat)
     return y.view(b, conv.out_channels, *x.shape[2:])
+
+
+def _per_sample(conv: Any, flat: Tensor) -> bool:
+    """Whether :func:`pointwise` runs one ``addmm`` per sample on ``flat [B, C, N]``."""
+    if flat.device.type != "cpu" or torch.compiler.is_compiling():
+        return False
+    if torch.is_grad_enabled() and (flat.requires_grad or conv.weight.requires_grad or conv.bias.requires_grad):
+        return False
+    return flat.shape[1] * conv.out_channels * flat.shape[2] >= _PER_SAMPLE_MACS
 
 
 def dropout(module: nn.Dropout, x: Tensor) -> Tensor:
@@ -329,4 +355,6 @@ class FeaturePropagation(nn.Module):
         """``(interpolated, MLP output)`` from the 3-NN ``indices`` and ``weights`` (which
         need no gradients, so activation checkpointing leaves them out of the recomputation)."""
         interpolated = three_nn.interpolate_from_neighbors(centers_features, indices, weights)
+        if points_features.shape[1] == 0:  # the finest level without extra input channels
+            return interpolated, self.mlp(interpolated)
         return interpolated, self.mlp(torch.cat([interpolated, points_features], 1))
