@@ -27,42 +27,14 @@ __all__ = [
 ]
 
 _SE_REDUCTION = 8
-# One sample's multiply-adds from which pointwise runs a product per sample (see there).
-_PER_SAMPLE_MACS = 1 << 21
 
 
 def pointwise(conv: Any, x: Tensor) -> Tensor:  # a Conv1d or Conv2d with a bias
-    """A 1x1 Conv1d/Conv2d as matrix products (faster than the conv on CPU).
-
-    The rule: on CPU, when autograd does not record and one sample's product has at least
-    ``_PER_SAMPLE_MACS`` multiply-adds (every 1x1 of the paper preset), one ``addmm`` per
-    sample written with ``out=`` into one output; otherwise (gradients, CUDA, compiling,
-    the tiny preset's shapes) one ``baddbmm`` of the weight expanded over the batch.
-    PyTorch's CPU ``baddbmm`` runs these large shapes below ``addmm`` (2 threads, quiet:
-    128->128 channels on 10,240 points at batch 5, 52 against 25 ms; 64->64 on 30,720 at
-    batch 1, 9.4 against 6.0 ms), while on the small, dispatch-bound shapes the per-sample
-    loop is 2-4x slower than the one op. ``out=`` has no autograd, so training keeps the
-    batched product. docs/benchmarks.md has the table and the end-to-end medians.
-    """
+    """A 1x1 Conv1d/Conv2d as one batched matrix product (faster than the conv on CPU)."""
     b, c = x.shape[:2]
     w = conv.weight.view(conv.out_channels, c)
-    flat = x.reshape(b, c, -1)
-    if _per_sample(conv, flat):
-        y = flat.new_empty(b, conv.out_channels, flat.shape[2])
-        for i in range(b):
-            torch.addmm(conv.bias.view(-1, 1), w, flat[i], out=y[i])
-    else:
-        y = torch.baddbmm(conv.bias.view(1, -1, 1), w.expand(b, -1, -1), flat)
+    y = torch.baddbmm(conv.bias.view(1, -1, 1), w.expand(b, -1, -1), x.reshape(b, c, -1))
     return y.view(b, conv.out_channels, *x.shape[2:])
-
-
-def _per_sample(conv: Any, flat: Tensor) -> bool:
-    """Whether :func:`pointwise` runs one ``addmm`` per sample on ``flat [B, C, N]``."""
-    if flat.device.type != "cpu" or torch.compiler.is_compiling():
-        return False
-    if torch.is_grad_enabled() and (flat.requires_grad or conv.weight.requires_grad or conv.bias.requires_grad):
-        return False
-    return flat.shape[1] * conv.out_channels * flat.shape[2] >= _PER_SAMPLE_MACS
 
 
 def dropout(module: nn.Dropout, x: Tensor) -> Tensor:

@@ -114,10 +114,7 @@ def test_bad_inputs_raise_data_error(tiny_model):
 # --------------------------------------------------------------------------- against upstream's output
 
 
-@pytest.mark.parametrize("per_sample", [False, True], ids=["default", "every-1x1-per-sample"])
-def test_tiny_reproduces_upstream_output(tiny, tiny_model, per_sample, monkeypatch):
-    if per_sample:  # the paper preset's large 1x1 convs: one addmm per sample (pointwise)
-        monkeypatch.setattr(pvcnn_blocks, "_PER_SAMPLE_MACS", 0)
+def test_tiny_reproduces_upstream_output(tiny, tiny_model):
     with torch.no_grad():
         y = tiny_model(tiny["x"], tiny["t"])
     assert y.shape == tiny["y"].shape == (2, 3, 1024)  # every point, conditioning included
@@ -126,10 +123,7 @@ def test_tiny_reproduces_upstream_output(tiny, tiny_model, per_sample, monkeypat
     assert (y - tiny["y_fork_cpu_backend"]).abs().max() > 0.1
 
 
-@pytest.mark.parametrize("per_sample", [False, True], ids=["default", "every-1x1-per-sample"])
-def test_tiny_reproduces_upstream_float64_output(tiny, per_sample, monkeypatch):
-    if per_sample:
-        monkeypatch.setattr(pvcnn_blocks, "_PER_SAMPLE_MACS", 0)
+def test_tiny_reproduces_upstream_float64_output(tiny):
     model = PVCNN2("tiny").double()
     model.load_state_dict(tiny["state_dict"])
     with torch.no_grad():

@@ -3,9 +3,8 @@
 import torch
 from torch import nn
 
-from pointforge.nn import pvcnn_blocks
 from pointforge.nn.ops.bags import sum_bags, weighted_bags
-from pointforge.nn.pvcnn_blocks import FeaturePropagation, _segment_group_norm, _segment_weights, dropout, pointwise
+from pointforge.nn.pvcnn_blocks import FeaturePropagation, _segment_group_norm, _segment_weights, dropout
 from tests.nn.oracles import embedding_bag_sum, weighted_group_norm_per_element
 
 
@@ -72,26 +71,6 @@ def test_dropout_draws_the_mask_of_nn_dropout():
         assert 0 < float((outputs[1][0] == 0).float().mean()) < 1
     module.eval()
     assert dropout(module, x) is x
-
-
-def test_pointwise_equals_the_convolution_on_both_paths():
-    """The per-sample products (large shapes, no autograd) and the batched product (under
-    autograd) give the 1x1 convolution's values; the batched one its gradients too."""
-    g = torch.Generator().manual_seed(2)
-    for conv, shape in [(nn.Conv1d(64, 40, 1), (3, 64, 1000)), (nn.Conv2d(35, 64, 1), (2, 35, 40, 24))]:
-        x = torch.randn(*shape, generator=g)
-        flat = x.reshape(shape[0], shape[1], -1)
-        with torch.no_grad():
-            assert pvcnn_blocks._per_sample(conv, flat)  # >= _PER_SAMPLE_MACS per sample
-            torch.testing.assert_close(pointwise(conv, x), conv(x), rtol=1e-5, atol=1e-5)
-        assert not pvcnn_blocks._per_sample(conv, flat)  # the weights require gradients
-        assert not pvcnn_blocks._per_sample(conv, flat[:, :, :10])  # small: one batched op
-        xg = x.clone().requires_grad_()
-        probe = torch.randn(shape[0], conv.out_channels, *shape[2:], generator=g)
-        ours = torch.autograd.grad((pointwise(conv, xg) * probe).sum(), [xg, conv.weight, conv.bias])
-        reference = torch.autograd.grad((conv(xg) * probe).sum(), [xg, conv.weight, conv.bias])
-        for a, b in zip(ours, reference):
-            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
 def test_feature_propagation_without_skip_channels_is_the_mlp_of_the_interpolation():
