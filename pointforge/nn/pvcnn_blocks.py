@@ -329,4 +329,6 @@ class FeaturePropagation(nn.Module):
         """``(interpolated, MLP output)`` from the 3-NN ``indices`` and ``weights`` (which
         need no gradients, so activation checkpointing leaves them out of the recomputation)."""
         interpolated = three_nn.interpolate_from_neighbors(centers_features, indices, weights)
+        if points_features.shape[1] == 0:  # the finest level without extra input channels
+            return interpolated, self.mlp(interpolated)
         return interpolated, self.mlp(torch.cat([interpolated, points_features], 1))

@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from pointforge.nn.ops.bags import sum_bags, weighted_bags
-from pointforge.nn.pvcnn_blocks import _segment_group_norm, _segment_weights, dropout
+from pointforge.nn.pvcnn_blocks import FeaturePropagation, _segment_group_norm, _segment_weights, dropout
 from tests.nn.oracles import embedding_bag_sum, weighted_group_norm_per_element
 
 
@@ -71,3 +71,34 @@ def test_dropout_draws_the_mask_of_nn_dropout():
         assert 0 < float((outputs[1][0] == 0).float().mean()) < 1
     module.eval()
     assert dropout(module, x) is x
+
+
+def test_feature_propagation_without_skip_channels_is_the_mlp_of_the_interpolation():
+    """The finest level's 0-channel skip adds nothing to the MLP's input: values and
+    gradients equal those of the MLP on the interpolated features (float64)."""
+    g = torch.Generator().manual_seed(3)
+    fp = FeaturePropagation(16, [16, 8]).double()
+    centers = torch.randn(2, 16, 20, generator=g, dtype=torch.float64, requires_grad=True)
+    indices = torch.randint(0, 20, (2, 3, 50), generator=g)
+    weights = torch.rand(2, 3, 50, generator=g, dtype=torch.float64)
+    weights = weights / weights.sum(1, keepdim=True)
+    skip = torch.zeros(2, 0, 50, dtype=torch.float64)
+    interpolated, out = fp.propagate(indices, weights, centers, skip)
+    expected_interpolated = (
+        centers.gather(2, indices.view(2, 1, -1).expand(-1, 16, -1)).view(2, 16, 3, 50) * weights.unsqueeze(1)
+    ).sum(2)
+    torch.testing.assert_close(interpolated, expected_interpolated, rtol=1e-12, atol=1e-12)
+    expected = fp.mlp(expected_interpolated)
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+    probe = torch.linspace(-1, 1, out.numel(), dtype=torch.float64).view_as(out)
+    ours = torch.autograd.grad((out * probe).sum(), [centers, *fp.parameters()])
+    reference = torch.autograd.grad((expected * probe).sum(), [centers, *fp.parameters()])
+    for a, b in zip(ours, reference):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    # With skip channels, they are concatenated after the interpolation.
+    fp2 = FeaturePropagation(20, [8]).double()
+    extra = torch.randn(2, 4, 50, generator=g, dtype=torch.float64)
+    _, out2 = fp2.propagate(indices, weights, centers.detach(), extra)
+    torch.testing.assert_close(
+        out2, fp2.mlp(torch.cat([expected_interpolated.detach(), extra], 1)), rtol=1e-12, atol=1e-12
+    )
