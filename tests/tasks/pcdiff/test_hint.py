@@ -11,7 +11,7 @@ from pointforge.errors import ConfigError
 from pointforge.nn.diffusion.conditioning import MarkConditioning
 from pointforge.tasks.configs import load_train_config
 from pointforge.tasks.pcdiff.frame import FrameSection, PriorSection, atlas_cases, atlas_estimate, build_atlas
-from tests.helpers import CONFIGS as REPO_CONFIGS
+from tests.helpers import CONFIGS as REPO_CONFIGS, quiet_config
 
 CONFIGS = REPO_CONFIGS / "pcdiff"
 HINT = "task.frame.scale=0.5 task.prior.start_step=40 task.prior.condition=32"
@@ -61,20 +61,25 @@ def test_items_carry_the_hint_between_skull_and_implant_from_the_right_estimate(
     kw = dict(n_skull=256, n_implant=64, half_extent=3.0, frame=section, prior=prior, seed=3)
     train = PCDiffDataset(data, "train", own_estimates=(atlas, ids), **kw)
     val = PCDiffDataset(data, "val", atlas=atlas, **kw)
+    off_the_full_atlas = []
     for dataset, own in ((train, True), (val, False)):
-        item = dataset[0]
-        assert item["points"].shape == (256 + 32 + 64, 3)
-        case = dataset.cases[0]
-        skull = np.asarray(data.points(case.defective), dtype=np.float64)
-        spacing = np.asarray(data.meta(case.defective)["spacing"], dtype=np.float64)
-        if own:  # training: the estimate made without the case's own skull, as it errs on a new one
-            found = leave_one_out_estimate(atlas, ids, case.skull_id, skull, spacing, section, 0.5)
-        else:
-            found = atlas_estimate(atlas, skull, spacing, section, 0.5)
-            assert item["prior"].shape == (64, 3)
-        assert _estimate_points_near(item["points"][256:288], item, found.points) < 1e-3
-        assert _estimate_points_near(item["points"][:256], item, skull) < 1e-3  # the skull's points come first
-        assert "prior" not in item if own else "start" not in item
+        for index, case in enumerate(dataset.cases):
+            item = dataset[index]
+            assert item["points"].shape == (256 + 32 + 64, 3)
+            skull = np.asarray(data.points(case.defective), dtype=np.float64)
+            spacing = np.asarray(data.meta(case.defective)["spacing"], dtype=np.float64)
+            full = atlas_estimate(atlas, skull, spacing, section, 0.5)
+            hint = item["points"][256:288]
+            if own:  # training: the estimate made without the case's own skull, as it errs on a new one
+                found = leave_one_out_estimate(atlas, ids, case.skull_id, skull, spacing, section, 0.5)
+                off_the_full_atlas.append(_estimate_points_near(hint, item, full.points) > 1.0)
+            else:
+                found = full
+                assert item["prior"].shape == (64, 3)
+            assert _estimate_points_near(hint, item, found.points) < 1e-3
+            assert _estimate_points_near(item["points"][:256], item, skull) < 1e-3  # the skull's points come first
+            assert "prior" not in item if own else "start" not in item
+    assert any(off_the_full_atlas)  # the leave-one-out estimate is not the full atlas's
 
 
 def test_a_hinted_model_trains_loads_and_completes_with_its_hint(tmp_path, synthetic_skulls):
@@ -84,20 +89,19 @@ def test_a_hinted_model_trains_loads_and_completes_with_its_hint(tmp_path, synth
     from pointforge.tasks import get_task
     from pointforge.train.engine import train
 
-    overrides = [
+    cfg = quiet_config(
+        "pcdiff",
+        CONFIGS / "tiny.yaml",
         f"run.dir={tmp_path / 'run'}",
         f"task.data_root={synthetic_skulls}",
-        "log.progress=off",
-        "log.tensorboard=false",
-        "perf.threads=1",
         "train.epochs=1",
         "train.eval_every=1",
         "task.eval.steps=3",
         "task.diffusion.prediction=v",
         "task.condition_mark=true",
         *HINT.split(),
-    ]
-    result = train(get_task("pcdiff"), load_train_config("pcdiff", CONFIGS / "tiny.yaml", overrides))
+    )
+    result = train(get_task("pcdiff"), cfg)
     assert result.status == "finished" and np.isfinite(result.metrics["val_chamfer"])
     loaded = load_pcdiff(tmp_path / "run" / "checkpoints" / "latest.pt")
     assert loaded.config.n_hint == 32 and loaded.model.net.n_hint == 32
