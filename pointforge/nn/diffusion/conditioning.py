@@ -72,6 +72,11 @@ class MarkConditioning(torch.nn.Module):
     def forward(self, x: Tensor, t: Tensor) -> Tensor:
         batch, channels, num_points = x.shape
         n_cond = num_points - self.n_generated
+        if n_cond < self.n_hint:
+            raise ConfigError(
+                f"a cloud of {num_points} points has {n_cond} conditioning points, fewer than the "
+                f"{self.n_hint} hint points this network was built for; pass the skull's points, the hint's, then the generated ones"
+            )
         mark = torch.zeros(batch, 2 if self.n_hint else 1, num_points, dtype=x.dtype, device=x.device)
         mark[:, 0, :n_cond] = 1.0
         if self.n_hint:

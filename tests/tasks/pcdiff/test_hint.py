@@ -34,6 +34,8 @@ def test_the_marks_tell_skull_hint_and_generated_points_apart(n_hint):
     assert net.seen[:, 3].tolist() == [[1.0] * 8 + [0.0] * 2] * 2  # the condition, hint included
     if n_hint:
         assert net.seen[:, 4].tolist() == [[0.0] * 5 + [1.0] * 3 + [0.0] * 2] * 2  # the hint alone
+        with pytest.raises(ConfigError, match="fewer than the 3 hint points"):
+            wrapped(torch.randn(2, 3, 4), torch.zeros(2, dtype=torch.long))  # 2 conditioning points
 
 
 def test_a_hint_without_the_condition_mark_is_one_config_error():
