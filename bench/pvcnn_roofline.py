@@ -21,9 +21,15 @@ arithmetic (8 FLOPs per point per sample). Backward work is taken as twice the f
 one: achieved rate over min(compute peak, arithmetic intensity x copy bandwidth); the
 convolutions are held to the conv peak, everything else to the matrix-product peak.
 
+The forward's floor sums every category at its roofline (its counted work at the peak
+that holds it, the index searches with no work model at their measured time): the least
+time the network as written, one pass per op, could take on this machine.
+
 Instrumentation costs a few microseconds per call; the un-instrumented totals are printed
 beside the sums. ``--device cuda`` synchronises around every timed region (serialising
-the GPU: honest attribution, not the fastest run); ``--bf16`` runs under autocast.
+the GPU: honest attribution, not the fastest run); ``--bf16`` runs under autocast. On CPU
+the process keeps freed memory in its heap (``devices.reuse_freed_memory``), as every CPU
+sampling process does; batches run whole (no evaluation chunks).
 
     python bench/pvcnn_roofline.py [--device cpu] [--bf16] [--threads 2]
         [--paper-batches 1 5] [--tiny-batches 1 5 8] [--skip-backward]
@@ -45,6 +51,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode, _pop_mode_temporarily
 
 from _common import machine, print_table, record_header, write_json
+from pointforge.devices import reuse_freed_memory
 from pointforge.nn import pvcnn_blocks
 from pointforge.nn.ops import ball_query, fps, three_nn
 from pointforge.nn.pvcnn import PVCNN2
@@ -345,6 +352,37 @@ def roof_fraction(seconds: float, flops: float, nbytes: float, compute_peak: flo
     return nbytes / seconds / 1e9 / bandwidth
 
 
+def floor_seconds(flops: float, nbytes: float, compute_peak: float, bandwidth: float) -> float:
+    """The roofline's least time for this work: max(FLOPs at the compute peak, bytes at the bandwidth)."""
+    return max(flops / compute_peak, nbytes / bandwidth) / 1e9
+
+
+def forward_floor(record: dict[str, Any], peaks: dict[str, float]) -> dict[str, Any]:
+    """The evaluation forward's floor: every category at its roofline, summed.
+
+    Categories with counted work (FLOPs or bytes) contribute their floor; the index searches
+    with no work model (ball query, 3-NN search) contribute their measured seconds, listed
+    apart. ``floor_s`` is a floor for the network as written (each op a separate pass, as
+    eager PyTorch runs it), not for a fused one.
+    """
+    fwd = record["forward"]
+    floors, uncounted = {}, {}
+    for label, seconds in fwd["seconds"].items():
+        flops, nbytes = fwd["flops"].get(label, 0.0), fwd["bytes"].get(label, 0.0)
+        if flops <= 0 and nbytes <= 0:
+            uncounted[label] = seconds
+            continue
+        peak = peaks["conv3d_gflops"] if label == CONV else peaks["matmul_gflops"]
+        floors[label] = floor_seconds(flops, nbytes, peak, peaks["copy_gbs"])
+    floor = sum(floors.values()) + sum(uncounted.values())
+    return {
+        "floor_s": floor,
+        "counted_floor_s": floors,
+        "uncounted_measured_s": uncounted,
+        "forward_over_floor": record["forward_s"] / floor,
+    }
+
+
 def case_rows(record: dict[str, Any], peaks: dict[str, float]) -> list[list[Any]]:
     fwd, bwd = record["forward"], record.get("backward", {"seconds": {}, "flops": {}, "bytes": {}})
     labels = sorted(
@@ -374,6 +412,13 @@ def print_case(record: dict[str, Any], peaks: dict[str, float]) -> None:
     print(title)
     headers = ["op", "fwd s", "fwd GFLOP", "fwd MB", "fwd % roof", "bwd s", "bwd GFLOP*", "bwd MB*", "bwd % roof"]
     print_table(headers, case_rows(record, peaks))
+    floor = record["forward_floor"]
+    searches = ", ".join(f"{k} {v:.3f} s" for k, v in floor["uncounted_measured_s"].items())
+    print(
+        f"forward floor {floor['floor_s']:.3f} s: every counted op at its roofline "
+        f"({CONV} {floor['counted_floor_s'].get(CONV, 0.0):.3f} s of it), plus the searches as measured "
+        f"({searches}); the un-instrumented forward is {floor['forward_over_floor']:.2f}x the floor"
+    )
     print()
 
 
@@ -391,6 +436,8 @@ def main() -> None:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench/pvcnn_roofline.py: --device cuda asked for, but CUDA is not available here")
     torch.set_num_threads(args.threads)
+    if device.type == "cpu":
+        reuse_freed_memory()  # as every CPU sampling process runs (inference.load_pcdiff)
     load_before = os.getloadavg()
     peaks = measure_peaks(device, torch.bfloat16 if args.bf16 else torch.float32)
     print(machine(), f"| {args.device}, {args.threads} threads, {'bf16 autocast' if args.bf16 else 'float32'}")
@@ -403,6 +450,7 @@ def main() -> None:
     records = []
     for preset, batch in cases:
         records.append(run_case(preset, batch, device, args.bf16, not args.skip_backward))
+        records[-1]["forward_floor"] = forward_floor(records[-1], peaks)
         print_case(records[-1], peaks)
     print("* backward work is estimated as twice the forward's; % roof = achieved / min(peak, intensity x bandwidth)")
     load_after = os.getloadavg()
