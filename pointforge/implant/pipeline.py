@@ -41,12 +41,12 @@ import numpy as np
 import torch
 
 from pointforge.data.prepare import resample_isotropic
-from pointforge.data.surface import bounding_box, surface_points
+from pointforge.data.surface import surface_points
 from pointforge.data.volumes import Volume
 from pointforge.devices import available_memory_bytes, release_freed_memory, resolve_device
 from pointforge.errors import CheckpointError, ConfigError, DataError, UserError
 from pointforge.formats import format_bytes
-from pointforge.implant.postprocess import implant_from_proposals
+from pointforge.implant.postprocess import implant_and_agreement
 from pointforge.implant.proposals import complete, inside_volume, proposal_sampler
 from pointforge.implant.voxelize import points_to_volume
 from pointforge.inference.pcdiff import LoadedPCDiff, load_pcdiff
@@ -384,34 +384,14 @@ def _voxelize(dense, skull_pts, work: Volume, models: Models, options: GenerateO
     return completed
 
 
-def _agreement(own: list[np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
-    """Per voxel, the fraction of the proposals' own implants that contain it (counted inside their joint box)."""
-    agreement = np.zeros(shape, np.float32)
-    union = np.logical_or.reduce(own) if own else None
-    box = bounding_box(union) if union is not None else None
-    if box is not None:
-        counts = np.sum([m[box] for m in own], axis=0, dtype=np.float32)
-        agreement[box] = counts / np.float32(len(own))
-    return agreement
-
-
 def _postprocess(
     completed: list, dense: np.ndarray, work: Volume, scale, defective: Volume, components: float, timings: dict
 ):
-    """The voted implant, each proposal's own implant and their agreement, on the input's grid.
-
-    ``timings`` gets ``vote_s`` (the vote and the clean-up of the implant) and
-    ``agreement_s`` (each proposal's own implant and the agreement map)."""
-    sp = work.spacing
-    t = time.perf_counter()
-    implant, _ = implant_from_proposals(completed, work.data, dense.reshape(-1, 3), spacing=sp, components=components)
-    timings["vote_s"] = time.perf_counter() - t
-    own = [
-        implant_from_proposals([c], work.data, p, dilate=0, spacing=sp, components=components)[0]
-        for c, p in zip(completed, dense)
-    ]
-    agreement = _agreement(own, work.shape)
-    timings["agreement_s"] = time.perf_counter() - t - timings["vote_s"]
+    """The voted implant, each proposal's own implant and their agreement, on the input's grid
+    (:func:`~pointforge.implant.postprocess.implant_and_agreement`, which fills ``timings``)."""
+    implant, own, agreement = implant_and_agreement(
+        completed, work.data, dense, spacing=work.spacing, components=components, timings=timings
+    )
     implant = _to_input_grid(implant, scale, defective.shape, binary=True)
     own = [_to_input_grid(m, scale, defective.shape, binary=True) for m in own]
     agreement = _to_input_grid(agreement, scale, defective.shape, binary=False)
