@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from pointforge.data.prepare import resample_isotropic
-from pointforge.data.surface import surface_points
+from pointforge.data.surface import sample_mesh, volume_to_mesh
 from pointforge.data.volumes import Volume
 from pointforge.devices import available_memory_bytes, release_freed_memory, resolve_device
 from pointforge.errors import CheckpointError, ConfigError, DataError, UserError
@@ -298,6 +298,9 @@ class Generated:
     implant_points: np.ndarray  # [n, P, 3] generated implant points, input voxel coordinates
     timings: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    skull_mesh: tuple[np.ndarray, np.ndarray] | None = (
+        None  # the defective skull's surface (volume_to_mesh), if marched
+    )
 
     @property
     def completed(self) -> np.ndarray:
@@ -355,13 +358,16 @@ def _proposals(work: Volume, skull_pts, models: Models, options: GenerateOptions
 
 
 def _work_surface(defective: Volume, options: GenerateOptions, notes: list[str]):
-    """The volume the networks see (isotropic), its input-index scale, and its surface points."""
+    """The volume the networks see (isotropic), its input-index scale, its surface points, and the
+    surface itself (vertices, faces) when that is the input's (no resampling; else None)."""
     work, scale = _isotropic(defective)
     if scale is not None:
         notes.append(
             f"resampled to isotropic {work.spacing[0]:g} mm voxels {work.shape} for the networks; outputs mapped back"
         )
-    return work, scale, surface_points(work.data, int(options.surface_points), seed=int(options.seed))
+    verts, faces = volume_to_mesh(work.data)
+    points = sample_mesh(verts, faces, int(options.surface_points), seed=int(options.seed))
+    return work, scale, points, ((verts, faces) if scale is None else None)
 
 
 def _voxelize(dense, skull_pts, work: Volume, models: Models, options: GenerateOptions, rng, progress) -> list:
@@ -433,7 +439,7 @@ def generate_implant(
     rng = np.random.default_rng(int(options.seed))
 
     t = time.perf_counter()
-    work, scale, skull_pts = _work_surface(defective, options, notes)
+    work, scale, skull_pts, skull_mesh = _work_surface(defective, options, notes)
     timings["surface_s"] = time.perf_counter() - t
     say(f"surface: {len(skull_pts)} points on the defective skull ({timings['surface_s']:.1f} s)")
 
@@ -476,4 +482,5 @@ def generate_implant(
         implant_points=points_in.astype(np.float32),
         timings=timings,
         notes=notes,
+        skull_mesh=skull_mesh,
     )

@@ -180,7 +180,10 @@ def test_transposed_copy_of_a_sparse_volume_copies_its_box_and_is_the_transpose(
     """Only the non-zero box is copied; the result is still every byte of data.T, whatever the dtype and box."""
     rng = np.random.default_rng(1)
     for dtype in (np.bool_, np.uint8, np.uint16, np.float32, np.float64):
-        for shape, box in (((30, 21, 40), (slice(3, 9), slice(0, 21), slice(17, 18))), ((8, 9, 7), (slice(7, 8), slice(8, 9), slice(6, 7)))):
+        for shape, box in (
+            ((30, 21, 40), (slice(3, 9), slice(0, 21), slice(17, 18))),
+            ((8, 9, 7), (slice(7, 8), slice(8, 9), slice(6, 7))),
+        ):
             data = np.zeros(shape, dtype=dtype)
             data[box] = (rng.random(data[box].shape) * 5 + 1).astype(dtype)  # every voxel of the box non-zero
             assert nonzero_box(data) == box
