@@ -73,8 +73,8 @@ def surface_mm(
 
     verts, faces = mesh if mesh is not None else volume_to_mesh(mask)
     if len(faces) > max_faces:
-        mesh = trimesh.Trimesh(verts, faces, process=False).simplify_quadric_decimation(face_count=max_faces)
-        verts, faces = np.asarray(mesh.vertices, dtype=np.float64), np.asarray(mesh.faces, dtype=np.int64)
+        small = trimesh.Trimesh(verts, faces, process=False).simplify_quadric_decimation(face_count=max_faces)
+        verts, faces = np.asarray(small.vertices, dtype=np.float64), np.asarray(small.faces, dtype=np.int64)
     return verts, reference.voxel_to_physical(verts), faces
 
 

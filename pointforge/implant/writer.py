@@ -197,18 +197,15 @@ def write_case(
         "points": "proposals/points.npy",
     }
     (folder / files["points"]).parent.mkdir(parents=True, exist_ok=True)
-    # The files are independent: they are written a thread per available core.
+    # The files are independent: compressing volumes (zlib and NumPy copies release the GIL)
+    # overlaps with the meshes and pictures, one thread per available core.
     title = report.get("title", "")
-    pictures = {"view": partial(_write_view, result, folder, files, title, js_src)}
-    if preview:
-        pictures["preview"] = partial(_write_preview, result, folder, files, title)
     with ThreadPoolExecutor(max_workers=available_cores()) as pool:
-        # The view and the preview hold the GIL for most of their time (quadric decimation, matplotlib's
-        # drawing): side by side they would only take turns at it, and every volume job (zlib and NumPy
-        # copies, GIL released, but taken back between chunks) would wait for it. So the volumes go first
-        # on every core, then the view and the preview in turn in one thread.
-        volumes = [pool.submit(_timed, job) for job in _volume_jobs(result, folder, files, label)]
-        in_turn = pool.submit(lambda: {name: _timed(job) for name, job in pictures.items()})
+        jobs = {
+            "view": [pool.submit(_timed, partial(_write_view, result, folder, files, title, js_src))],
+            "preview": [pool.submit(_timed, partial(_write_preview, result, folder, files, title))] if preview else [],
+            "volumes": [pool.submit(_timed, job) for job in _volume_jobs(result, folder, files, label)],
+        }
         mesh_start = time.perf_counter()
         # A printable mesh must be a closed 2-manifold: implant voxels that touch only
         # along an edge or at a corner give marching cubes non-manifold edges. The
@@ -221,8 +218,7 @@ def write_case(
         if js_src == PLOTLY_JS:
             write_plotly_js(folder / PLOTLY_JS)
         parts = {"mesh": time.perf_counter() - mesh_start}
-        parts.update(in_turn.result())
-        parts["volumes"] = sum(job.result() for job in volumes)
+        parts.update({name: sum(job.result() for job in group) for name, group in jobs.items()})
     result.timings["write_s"] = time.perf_counter() - t
     # Each part's own seconds; they ran side by side, so they add up to more than write_s.
     result.timings.update({f"write_{name}_s": seconds for name, seconds in parts.items()})
