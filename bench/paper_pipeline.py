@@ -72,7 +72,7 @@ from pointforge.train import checkpoint as ck
 
 REPO = Path(__file__).resolve().parent.parent
 STAGES = ("read", "surface", "sample", "voxelize", "postprocess", "write")
-# Within postprocess and write (the write parts run side by side: their sum exceeds the stage).
+# Within postprocess and write (the parts of each run side by side: their sum exceeds the stage).
 PARTS = ("vote_s", "agreement_s", "write_volumes_s", "write_mesh_s", "write_preview_s", "write_view_s")
 
 

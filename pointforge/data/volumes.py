@@ -302,18 +302,46 @@ def transposed_copy(data: np.ndarray, block: int = 16) -> np.ndarray:
 
     For a C-ordered volume that is its bytes in Fortran order (what NRRD stores); for a
     Fortran-ordered one (what pynrrd reads), ``transposed_copy(data.T)`` is its C-ordered copy.
+    Only the box of the voxels whose bytes are not all zero is copied (:func:`nonzero_box`); the
+    rest of the copy is zeros from the start, so an implant in a 512³ grid costs its box.
     """
     flipped = data.T
     if flipped.flags.c_contiguous:
         return flipped
-    out = np.empty(flipped.shape, dtype=data.dtype)
-    if out.ndim != 3:
+    if flipped.ndim != 3:
+        out = np.empty(flipped.shape, dtype=data.dtype)
         out[...] = flipped
         return out
-    for i in range(0, out.shape[0], block):
-        for k in range(0, out.shape[2], block):
-            out[i : i + block, :, k : k + block] = flipped[i : i + block, :, k : k + block]
+    box = nonzero_box(data)
+    out = np.zeros(flipped.shape, dtype=data.dtype)  # untouched pages stay the kernel's zero page
+    if box is None:
+        return out
+    source, target = flipped[box[::-1]], out[box[::-1]]
+    for i in range(0, target.shape[0], block):
+        for k in range(0, target.shape[2], block):
+            target[i : i + block, :, k : k + block] = source[i : i + block, :, k : k + block]
     return out
+
+
+def nonzero_box(data: np.ndarray) -> tuple[slice, slice, slice] | None:
+    """The box of a C-contiguous 3-D array's voxels whose bytes are not all zero (None: none is).
+
+    Outside it every byte is zero (a float -0.0 counts as non-zero, so zeros written
+    there give the same bytes). One linear pass over the rows, then one over the box.
+    """
+    if not data.flags.c_contiguous:
+        data = np.ascontiguousarray(data)
+    n0, n1, n2 = data.shape
+    raw = data.reshape(n0 * n1, n2).view(np.uint8)
+    words = raw.view(np.uint64) if raw.shape[1] % 8 == 0 else raw
+    rows = words.any(axis=1).reshape(n0, n1)
+    present_i, present_j = np.flatnonzero(rows.any(axis=1)), np.flatnonzero(rows.any(axis=0))
+    if present_i.size == 0:
+        return None
+    i, j = slice(present_i[0], present_i[-1] + 1), slice(present_j[0], present_j[-1] + 1)
+    voxels = data[i, j].view(np.uint8).reshape(i.stop - i.start, j.stop - j.start, n2, -1)
+    present_k = np.flatnonzero(voxels.any(axis=(0, 1, 3)))
+    return i, j, slice(present_k[0], present_k[-1] + 1)
 
 
 def _write_nifti(tmp: str, data: np.ndarray, volume: Volume) -> None:

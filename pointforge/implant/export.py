@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from pointforge.atomic import atomic_path
-from pointforge.data.surface import volume_to_mesh
+from pointforge.data.surface import bounding_box, volume_to_mesh
 
 # (elevation, azimuth, title) for matplotlib's view_init. With the synthetic
 # skulls' convention (axis 0 left→right, axis 1 anterior→posterior, axis 2
@@ -39,14 +39,26 @@ class Layer:
 
 
 def _downsample(mask: np.ndarray, max_grid: int) -> tuple[np.ndarray, int]:
+    """``mask`` in blocks of ``factor``³ voxels (the fewest that give at most ``max_grid`` per side), a block
+    set where at least a quarter of its voxels are (a grid not divisible by ``factor`` is padded with zeros).
+
+    Only the blocks over the mask's box are counted, in integers: outside it every block is empty."""
     factor = int(np.ceil(max(mask.shape) / max_grid))
     if factor <= 1:
         return mask, 1
-    pad = [(0, (-s) % factor) for s in mask.shape]
-    m = np.pad(mask, pad)
-    shp = [s // factor for s in m.shape]
-    blocks = m.reshape(shp[0], factor, shp[1], factor, shp[2], factor)
-    return blocks.mean(axis=(1, 3, 5)) >= 0.25, factor
+    out = np.zeros([-(-s // factor) for s in mask.shape], dtype=bool)
+    box = bounding_box(mask)
+    if box is None:
+        return out, factor
+    lo = [b.start // factor for b in box]
+    hi = [-(-b.stop // factor) for b in box]
+    part = mask[tuple(slice(a * factor, b * factor) for a, b in zip(lo, hi))]
+    part = np.pad(part, [(0, (b - a) * factor - n) for a, b, n in zip(lo, hi, part.shape)])
+    shp = [b - a for a, b in zip(lo, hi)]
+    blocks = part.view(np.uint8).reshape(shp[0], factor, shp[1], factor, shp[2], factor)
+    counts = blocks.sum(axis=5, dtype=np.int32).sum(axis=3).sum(axis=1)
+    out[tuple(slice(a, b) for a, b in zip(lo, hi))] = 4 * counts >= factor**3  # mean >= 0.25, exactly
+    return out, factor
 
 
 def _smooth_mesh(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -139,6 +151,9 @@ def render_preview(
     if title:
         fig.suptitle(title)
     fig.tight_layout()
+    # tight_layout leaves a placeholder layout engine, for which savefig would draw every panel once
+    # more before drawing it for real; the layout is done, so the figure is left without one.
+    fig.set_layout_engine(None)
     path = Path(path)
     try:
         with atomic_path(path, suffix=".png") as tmp:

@@ -41,12 +41,12 @@ import numpy as np
 import torch
 
 from pointforge.data.prepare import resample_isotropic
-from pointforge.data.surface import bounding_box, surface_points
+from pointforge.data.surface import sample_mesh, volume_to_mesh
 from pointforge.data.volumes import Volume
 from pointforge.devices import available_memory_bytes, release_freed_memory, resolve_device
 from pointforge.errors import CheckpointError, ConfigError, DataError, UserError
 from pointforge.formats import format_bytes
-from pointforge.implant.postprocess import implant_from_proposals
+from pointforge.implant.postprocess import implant_and_agreement
 from pointforge.implant.proposals import complete, inside_volume, proposal_sampler
 from pointforge.implant.voxelize import points_to_volume
 from pointforge.inference.pcdiff import LoadedPCDiff, load_pcdiff
@@ -298,6 +298,9 @@ class Generated:
     implant_points: np.ndarray  # [n, P, 3] generated implant points, input voxel coordinates
     timings: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    skull_mesh: tuple[np.ndarray, np.ndarray] | None = (
+        None  # the defective skull's surface (volume_to_mesh), if marched
+    )
 
     @property
     def completed(self) -> np.ndarray:
@@ -355,13 +358,16 @@ def _proposals(work: Volume, skull_pts, models: Models, options: GenerateOptions
 
 
 def _work_surface(defective: Volume, options: GenerateOptions, notes: list[str]):
-    """The volume the networks see (isotropic), its input-index scale, and its surface points."""
+    """The volume the networks see (isotropic), its input-index scale, its surface points, and the
+    surface itself (vertices, faces) when that is the input's (no resampling; else None)."""
     work, scale = _isotropic(defective)
     if scale is not None:
         notes.append(
             f"resampled to isotropic {work.spacing[0]:g} mm voxels {work.shape} for the networks; outputs mapped back"
         )
-    return work, scale, surface_points(work.data, int(options.surface_points), seed=int(options.seed))
+    verts, faces = volume_to_mesh(work.data)
+    points = sample_mesh(verts, faces, int(options.surface_points), seed=int(options.seed))
+    return work, scale, points, ((verts, faces) if scale is None else None)
 
 
 def _voxelize(dense, skull_pts, work: Volume, models: Models, options: GenerateOptions, rng, progress) -> list:
@@ -384,34 +390,14 @@ def _voxelize(dense, skull_pts, work: Volume, models: Models, options: GenerateO
     return completed
 
 
-def _agreement(own: list[np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
-    """Per voxel, the fraction of the proposals' own implants that contain it (counted inside their joint box)."""
-    agreement = np.zeros(shape, np.float32)
-    union = np.logical_or.reduce(own) if own else None
-    box = bounding_box(union) if union is not None else None
-    if box is not None:
-        counts = np.sum([m[box] for m in own], axis=0, dtype=np.float32)
-        agreement[box] = counts / np.float32(len(own))
-    return agreement
-
-
 def _postprocess(
     completed: list, dense: np.ndarray, work: Volume, scale, defective: Volume, components: float, timings: dict
 ):
-    """The voted implant, each proposal's own implant and their agreement, on the input's grid.
-
-    ``timings`` gets ``vote_s`` (the vote and the clean-up of the implant) and
-    ``agreement_s`` (each proposal's own implant and the agreement map)."""
-    sp = work.spacing
-    t = time.perf_counter()
-    implant, _ = implant_from_proposals(completed, work.data, dense.reshape(-1, 3), spacing=sp, components=components)
-    timings["vote_s"] = time.perf_counter() - t
-    own = [
-        implant_from_proposals([c], work.data, p, dilate=0, spacing=sp, components=components)[0]
-        for c, p in zip(completed, dense)
-    ]
-    agreement = _agreement(own, work.shape)
-    timings["agreement_s"] = time.perf_counter() - t - timings["vote_s"]
+    """The voted implant, each proposal's own implant and their agreement, on the input's grid
+    (:func:`~pointforge.implant.postprocess.implant_and_agreement`, which fills ``timings``)."""
+    implant, own, agreement = implant_and_agreement(
+        completed, work.data, dense, spacing=work.spacing, components=components, timings=timings
+    )
     implant = _to_input_grid(implant, scale, defective.shape, binary=True)
     own = [_to_input_grid(m, scale, defective.shape, binary=True) for m in own]
     agreement = _to_input_grid(agreement, scale, defective.shape, binary=False)
@@ -453,7 +439,7 @@ def generate_implant(
     rng = np.random.default_rng(int(options.seed))
 
     t = time.perf_counter()
-    work, scale, skull_pts = _work_surface(defective, options, notes)
+    work, scale, skull_pts, skull_mesh = _work_surface(defective, options, notes)
     timings["surface_s"] = time.perf_counter() - t
     say(f"surface: {len(skull_pts)} points on the defective skull ({timings['surface_s']:.1f} s)")
 
@@ -496,4 +482,5 @@ def generate_implant(
         implant_points=points_in.astype(np.float32),
         timings=timings,
         notes=notes,
+        skull_mesh=skull_mesh,
     )

@@ -60,16 +60,21 @@ class ViewLayers:
     agreement: np.ndarray | None = None  # float in [0, 1] on the grid; None: implant in one colour
     proposals: list[np.ndarray] = field(default_factory=list)
     title: str = ""
+    skull_mesh: tuple[np.ndarray, np.ndarray] | None = None  # volume_to_mesh(skull), if already marched
 
 
-def surface_mm(mask: np.ndarray, reference: Volume, max_faces: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(vertices in voxel indices, the same in mm, faces) of ``mask``'s surface, at most ``max_faces`` faces."""
+def surface_mm(
+    mask: np.ndarray, reference: Volume, max_faces: int, mesh: tuple[np.ndarray, np.ndarray] | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(vertices in voxel indices, the same in mm, faces) of ``mask``'s surface, at most ``max_faces`` faces.
+
+    ``mesh`` is ``volume_to_mesh(mask)`` where the caller has it already (it is not marched again)."""
     import trimesh
 
-    verts, faces = volume_to_mesh(mask)
+    verts, faces = mesh if mesh is not None else volume_to_mesh(mask)
     if len(faces) > max_faces:
-        mesh = trimesh.Trimesh(verts, faces, process=False).simplify_quadric_decimation(face_count=max_faces)
-        verts, faces = np.asarray(mesh.vertices, dtype=np.float64), np.asarray(mesh.faces, dtype=np.int64)
+        small = trimesh.Trimesh(verts, faces, process=False).simplify_quadric_decimation(face_count=max_faces)
+        verts, faces = np.asarray(small.vertices, dtype=np.float64), np.asarray(small.faces, dtype=np.int64)
     return verts, reference.voxel_to_physical(verts), faces
 
 
@@ -129,7 +134,7 @@ def _implant_trace(layers: ViewLayers) -> dict:
 def _traces(layers: ViewLayers) -> list[dict]:
     traces = []
     if layers.skull.any():
-        _, mm, faces = surface_mm(layers.skull, layers.reference, FACE_BUDGET["skull"])
+        _, mm, faces = surface_mm(layers.skull, layers.reference, FACE_BUDGET["skull"], layers.skull_mesh)
         traces.append(_mesh_trace(mm, faces, "defective skull", color=BONE))
     if layers.implant.any():
         traces.append(_implant_trace(layers))

@@ -155,7 +155,9 @@ def _write_preview(result: Generated, folder: Path, files: dict, title: str) -> 
 def _write_view(result: Generated, folder: Path, files: dict, title: str, js_src: str) -> None:
     """view.html: turnable, loading plotly.js from ``js_src``."""
     ref = result.defective
-    layers = ViewLayers(ref, ref.data, result.implant, result.agreement, list(result.proposals), title)
+    layers = ViewLayers(
+        ref, ref.data, result.implant, result.agreement, list(result.proposals), title, skull_mesh=result.skull_mesh
+    )
     atomic_write_text(folder / files["view"], view_html(layers, js_src))
 
 

@@ -4,7 +4,15 @@ import nrrd
 import numpy as np
 import pytest
 
-from pointforge.data.volumes import Volume, read_binary_volume, read_volume, to_binary, transposed_copy, write_volume
+from pointforge.data.volumes import (
+    Volume,
+    nonzero_box,
+    read_binary_volume,
+    read_volume,
+    to_binary,
+    transposed_copy,
+    write_volume,
+)
 from pointforge.errors import DataError
 
 
@@ -166,3 +174,27 @@ def test_transposed_copy_is_the_transpose():
         out = transposed_copy(data, block=block)
         assert out.flags.c_contiguous and np.array_equal(out, data.T)
     assert np.array_equal(transposed_copy(data.T), data) and transposed_copy(data.T).flags.c_contiguous
+
+
+def test_transposed_copy_of_a_sparse_volume_copies_its_box_and_is_the_transpose():
+    """Only the non-zero box is copied; the result is still every byte of data.T, whatever the dtype and box."""
+    rng = np.random.default_rng(1)
+    for dtype in (np.bool_, np.uint8, np.uint16, np.float32, np.float64):
+        for shape, box in (
+            ((30, 21, 40), (slice(3, 9), slice(0, 21), slice(17, 18))),
+            ((8, 9, 7), (slice(7, 8), slice(8, 9), slice(6, 7))),
+        ):
+            data = np.zeros(shape, dtype=dtype)
+            data[box] = (rng.random(data[box].shape) * 5 + 1).astype(dtype)  # every voxel of the box non-zero
+            assert nonzero_box(data) == box
+            for block in (1, 4, 16):
+                out = transposed_copy(data, block=block)
+                assert out.flags.c_contiguous and np.array_equal(out, data.T)
+                assert out.tobytes() == data.tobytes("F")
+    assert nonzero_box(np.zeros((4, 5, 6), np.float32)) is None
+    assert np.array_equal(transposed_copy(np.zeros((4, 5, 6), np.float32)), np.zeros((6, 5, 4)))
+    # -0.0 equals 0 but is not all-zero bytes: it is copied, so the file's bytes stay those of the array.
+    negative_zero = np.zeros((5, 6, 7), np.float32)
+    negative_zero[4, 5, 6] = -0.0
+    assert nonzero_box(negative_zero) == (slice(4, 5), slice(5, 6), slice(6, 7))
+    assert transposed_copy(negative_zero).tobytes() == negative_zero.tobytes("F")

@@ -372,3 +372,23 @@ def test_generate_defaults_to_ddim_with_seven_steps(models):
     assert sampler.name == "ddim" and sampler.num_steps == 7
     assert sampler_for(GenerateOptions(steps=5)).num_steps == 5
     assert sampler_for(GenerateOptions(sampler="dpm++2m")).name == "dpm++2m"  # its own default
+
+
+def test_the_surface_stage_keeps_the_skull_mesh_the_view_would_march():
+    """The surface stage's mesh is volume_to_mesh of the input itself (kept for view.html), its points
+    surface_points'; on a resampled (anisotropic) input there is none to keep."""
+    from pointforge.data.surface import surface_points, volume_to_mesh
+    from pointforge.data.volumes import Volume
+    from pointforge.implant.pipeline import _work_surface
+    from tests.helpers import shell_mask
+
+    skull = shell_mask((30, 32, 28), radii=(12, 13, 11), thickness=3.0)
+    options = GenerateOptions(surface_points=2000, seed=3)
+    _, scale, points, mesh = _work_surface(Volume(skull, spacing=(0.5, 0.5, 0.5)), options, [])
+    assert scale is None and mesh is not None
+    for kept, marched in zip(mesh, volume_to_mesh(skull)):
+        assert np.array_equal(kept, marched) and kept.dtype == marched.dtype
+    assert np.array_equal(points, surface_points(skull, 2000, seed=3))
+    notes: list[str] = []
+    _, scale, _, mesh = _work_surface(Volume(skull, spacing=(0.5, 0.5, 1.0)), options, notes)
+    assert scale is not None and mesh is None and notes

@@ -152,3 +152,37 @@ def test_implant_from_proposals_equals_the_whole_volume_chain(spacing, centre):
         assert got.any() and np.array_equal(got, want)
     assert vote.full_mask(shape).shape == shape
     assert np.array_equal(vote.full_mask(shape)[vote.box], vote.mask)
+
+
+def test_implant_and_agreement_is_the_serial_chain_and_the_whole_volume_mean():
+    """Side by side and boxed, it gives what the vote, each proposal alone and the mean over the volume give."""
+    complete = shell_mask((64, 64, 64), radii=(28, 26, 24), thickness=8)
+    cut = np.zeros_like(complete)
+    cut[18:46, 18:46, 44:] = True
+    implant, defective = complete & cut, complete & ~cut
+    rng = np.random.default_rng(3)
+    proposals = [complete & (rng.random(complete.shape) > 0.05) for _ in range(4)]
+    points = np.stack([np.argwhere(implant)[rng.choice(int(implant.sum()), 300)] + k for k in range(4)]).astype(float)
+    timings: dict = {}
+    voted, own, agreement = pp.implant_and_agreement(
+        proposals, defective, points, spacing=(0.45,) * 3, components=0.2, timings=timings
+    )
+    chain = {"spacing": (0.45,) * 3, "components": 0.2}
+    assert np.array_equal(voted, pp.implant_from_proposals(proposals, defective, points.reshape(-1, 3), **chain)[0])
+    alone = [pp.implant_from_proposals([c], defective, p, dilate=0, **chain)[0] for c, p in zip(proposals, points)]
+    assert all(np.array_equal(a, b) for a, b in zip(own, alone))
+    assert len({int(m.sum()) for m in own}) > 1  # the proposals' own implants differ: the map has fractions
+    whole = (np.sum(alone, axis=0, dtype=np.float32) / np.float32(len(alone))).astype(np.float32)
+    assert agreement.dtype == np.float32 and np.array_equal(agreement, whole)
+    assert set(np.unique(agreement)) > {0.0, 1.0} and set(timings) == {"vote_s", "agreement_s"}
+
+
+def test_agreement_map_of_implants_in_far_apart_corners():
+    """The counting box is the hull of every implant's box: implants at opposite corners are both counted."""
+    own = [np.zeros((20, 30, 25), bool) for _ in range(3)]
+    own[0][0:2, 0:3, 0:1] = True
+    own[1][18:20, 27:30, 24:25] = True
+    own[1][0, 0, 0] = True
+    expected = np.mean(own, axis=0).astype(np.float32)
+    assert np.array_equal(pp.agreement_map(own, (20, 30, 25)), expected)
+    assert not pp.agreement_map([np.zeros((4, 4, 4), bool)], (4, 4, 4)).any()

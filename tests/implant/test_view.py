@@ -135,3 +135,20 @@ def test_view_command_refusals_are_one_line(tmp_path):
     write_volume(tmp_path / "small.nrrd", np.pad(np.ones((4, 4, 4), bool), 2))
     with pytest.raises(DataError, match="not on one grid"):
         view.file_layers(tmp_path / "implant.nrrd", tmp_path / "small.nrrd")
+
+
+def test_a_skull_mesh_handed_over_is_used_and_gives_the_page_marching_gives():
+    """The writer hands the surface stage's skull mesh to the view: the traces are those of marching the skull
+    again (compared trace by trace: the page's div id is random), and the mesh handed over is what is drawn."""
+    from pointforge.data.surface import volume_to_mesh
+
+    g = tiny_generated(size=60)
+    layers = view.ViewLayers(g.defective, g.defective.data, g.implant, g.agreement, list(g.proposals), "t")
+    given = view.ViewLayers(**{**vars(layers), "skull_mesh": volume_to_mesh(g.defective.data)})
+    marched, handed = view._traces(layers), view._traces(given)
+    assert [t["name"] for t in marched] == [t["name"] for t in handed]
+    for a, b in zip(marched, handed):
+        assert a.keys() == b.keys()
+        assert all(np.array_equal(a[k], b[k]) if isinstance(a[k], np.ndarray) else a[k] == b[k] for k in a)
+    other = view.ViewLayers(**{**vars(layers), "skull_mesh": volume_to_mesh(g.implant)})
+    assert len(view._traces(other)[0]["i"]) != len(marched[0]["i"])
