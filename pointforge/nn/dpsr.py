@@ -213,9 +213,11 @@ def dpsr_memory_bytes(
     internal copy of it and the result at the end); the per-point corner tables;
     and with ``requires_grad`` the incoming gradient grids and the backward
     working set (the gradient's spectrum, one channel, the inverse FFT's copy and
-    result). Both FFT backends need the same. The caller's own tensors (points,
+    result). The caller's own tensors (points,
     a loss's intermediates) are not included. Measured peaks (bench/dpsr.py)
-    stay within a few percent of it at 256^3 and 512^3.
+    stay within a few percent of it at 256^3 and 512^3. The counts are torch.fft's;
+    the ducc0 backend's inverse FFTs work in the spectrum itself, so for it the
+    backward figure is an upper bound.
     """
     res = normalize_resolution(res)
     item = torch.empty((), dtype=dtype).element_size()
