@@ -2,8 +2,9 @@
 
 Oriented points in the unit cube become an indicator grid in three steps (the grid
 and its rasterisation are :mod:`pointforge.nn.dpsr_grid`, the spectral filter and the FFT
-backends :mod:`pointforge.nn.dpsr_spectrum`; this module is the solve, its backward pass,
-its memory estimate and the entry points):
+backends :mod:`pointforge.nn.dpsr_spectrum`, the forward solve on a CPU that transforms
+only the lines holding data :mod:`pointforge.nn.dpsr_pruned`; this module is the solve,
+its backward pass, its memory estimate and the entry points):
 
 1. Rasterise: each normal is splatted onto the 8 surrounding grid nodes with
    trilinear weights. Grid node ``(i, j, k)`` sits at ``(i/r0, j/r1, k/r2)`` and
@@ -48,6 +49,7 @@ from pointforge.nn.dpsr_grid import (
     check_oriented_points,
     normalize_resolution,
 )
+from pointforge.nn.dpsr_pruned import pruned_raw_solve
 from pointforge.nn.dpsr_spectrum import (
     FFT_BACKENDS,
     SLAB_ELEMENTS,
@@ -77,6 +79,8 @@ def _check_sigma(sigma: float) -> float:
 
 def _raw_solve(corners: PointCorners, normals: Tensor, spectrum: Spectrum, backend: str) -> Tensor:
     """Unnormalised Poisson solution (*res) of one item."""
+    if backend == "ducc":
+        return pruned_raw_solve(corners, normals, spectrum, torch.get_num_threads())
     res = spectrum.res
     grid = torch.zeros(math.prod(res), dtype=normals.dtype, device=normals.device)
     spec = None
@@ -209,9 +213,11 @@ def dpsr_memory_bytes(
     internal copy of it and the result at the end); the per-point corner tables;
     and with ``requires_grad`` the incoming gradient grids and the backward
     working set (the gradient's spectrum, one channel, the inverse FFT's copy and
-    result). Both FFT backends need the same. The caller's own tensors (points,
+    result). The caller's own tensors (points,
     a loss's intermediates) are not included. Measured peaks (bench/dpsr.py)
-    stay within a few percent of it at 256^3 and 512^3.
+    stay within a few percent of it at 256^3 and 512^3. The counts are torch.fft's;
+    the ducc0 backend's inverse FFTs work in the spectrum itself, so for it the
+    backward figure is an upper bound.
     """
     res = normalize_resolution(res)
     item = torch.empty((), dtype=dtype).element_size()

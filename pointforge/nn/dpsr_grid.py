@@ -131,14 +131,19 @@ class _Corners:
         return self._with_derivatives
 
 
-def _corners(points: Tensor, res: tuple[int, int, int]) -> _Corners:
+def _lower_nodes(points: Tensor, res: tuple[int, int, int]) -> tuple[Tensor, Tensor, Tensor]:
+    """(lower node along each axis (n, 3), as floats; the grid size; the cell size), in the points' dtype."""
     # Weights as |x - node| / cell with the cell size 1/r rounded to the points'
     # dtype, the way the reference forms them, so the roundings agree closely.
     size = torch.tensor(res, dtype=points.dtype, device=points.device)
     cell = 1.0 / size
     # x/cell can round up to r for x just below 1 on grids that are not powers of
     # two; such a point sits on the periodic image of node 0.
-    low = torch.minimum(torch.floor(points / cell), size - 1)
+    return torch.minimum(torch.floor(points / cell), size - 1), size, cell
+
+
+def _corners(points: Tensor, res: tuple[int, int, int]) -> _Corners:
+    low, size, cell = _lower_nodes(points, res)
     w_upper = (points - low * cell).abs_().div_(cell)
     w_lower = (points - (low + 1) * cell).abs_().div_(cell)
     i0 = low.long()
@@ -176,6 +181,17 @@ class PointCorners:
             if self._kept is not None:
                 self._kept.append(c)
             yield s, c
+
+    def node_box(self) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+        """Per axis, the range ``[start, stop)`` of the grid nodes the cloud's corners use.
+
+        A splat is zero outside it. A cloud with a lower node on the last node of an axis
+        also uses node 0 there (the periodic wrap), and then covers the whole axis.
+        """
+        low = torch.stack([torch.stack(_lower_nodes(self.points[s], self.res)[0].aminmax(dim=0)) for s in self.slices])
+        first, last = low[:, 0].amin(0).tolist(), low[:, 1].amax(0).tolist()
+        box = [(0, r) if top + 1 >= r else (int(start), int(top) + 2) for start, top, r in zip(first, last, self.res)]
+        return box[0], box[1], box[2]
 
     def splat(self, flat: Tensor, values: Tensor) -> None:
         """Add the trilinear splat of per-point ``values`` (n,) into the flat grid."""
