@@ -32,6 +32,7 @@ Outputs of one case (``EXT`` is the input's: NRRD in → NRRD out, NIfTI → NIf
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
 import os
@@ -100,8 +101,18 @@ def _versions() -> dict:
         "scipy": scipy.__version__,
         "scikit-image": skimage.__version__,  # type: ignore[attr-defined]  # set by skimage's lazy loader
         "trimesh": trimesh.__version__,
+        # The CPU Poisson solve's FFTs and the compiled evaluation kernels (absent: their torch paths ran).
+        "ducc0": _installed("ducc0"),
+        "numba": _installed("numba"),
         "python": platform.python_version(),
     }
+
+
+def _installed(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def labelled(mask: np.ndarray, label: float) -> np.ndarray:

@@ -11,6 +11,7 @@ not the quality of the implants (the demo and bench/pipeline.py measure that).
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 from pathlib import Path
 
@@ -119,6 +120,7 @@ def test_one_case_writes_every_output_on_the_input_geometry(trained, models, tmp
     assert abs(saved["implant"]["volume_cm3"] - voxel_cm3) < 1e-3
     assert {"surface_s", "sample_s", "voxelize_s", "postprocess_s", "write_s", "total_s"} <= set(saved["timings_s"])
     assert saved["versions"]["torch"] == torch.__version__
+    assert saved["versions"]["ducc0"] == importlib.metadata.version("ducc0")  # the CPU solve's FFTs
     assert saved["models"]["voxelizer"]["preset"] == "tiny"
 
     # Same seed, same implant; written as 0/1 when asked (--label 1); into an existing folder only with
