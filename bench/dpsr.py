@@ -40,7 +40,7 @@ from _common import machine, print_table, write_json  # noqa: E402
 from pointforge.nn.dpsr import dpsr, dpsr_memory_bytes  # noqa: E402
 
 SIGMA = 2.0
-# pointforge runs with its default FFT backend (pocketfft via SciPy on a CPU) and,
+# pointforge runs with its default FFT backend (ducc0 on a CPU, the pruned solve) and,
 # to separate the FFT library's share of the gain, with torch.fft (its CUDA path).
 IMPL_FFT = {"pointforge": "auto", "pointforge-torchfft": "torch"}
 

@@ -298,9 +298,8 @@ class Generated:
     implant_points: np.ndarray  # [n, P, 3] generated implant points, input voxel coordinates
     timings: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    skull_mesh: tuple[np.ndarray, np.ndarray] | None = (
-        None  # the defective skull's surface (volume_to_mesh), if marched
-    )
+    # The defective skull's surface (volume_to_mesh) where the surface stage marched the input itself.
+    skull_mesh: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def completed(self) -> np.ndarray:
