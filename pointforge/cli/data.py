@@ -48,7 +48,12 @@ def prepare(
     root: Path = typer.Argument(..., help="Raw dataset in the SkullBreak or SkullFix layout."),
     out: Path = typer.Option(..., "--out", help="Folder for the prepared dataset."),
     points: int = typer.Option(400_000, "--points", help="Surface points per volume."),
-    split: str = typer.Option("0.7,0.1,0.2", "--split", help="train,val,test ratios (grouped by skull)."),
+    split: str = typer.Option(
+        "0.7,0.1,0.2",
+        "--split",
+        help="train,val,test ratios (seeded, grouped by skull); or skull ids, e.g. "
+        "train=000-059,val=060-069,test=070-079 (skulls not named are left out, never read); or a named split: skullfix.",
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed for the split and the point sampling."),
     workers: int = typer.Option(0, "--workers", help="Parallel processes (0: up to 4, one per core)."),
     isotropic_spacing: float = typer.Option(
@@ -78,6 +83,32 @@ def prepare(
         for line in result.failures:
             typer.secho(f"failed: {line}", err=True, fg=typer.colors.RED)
         raise typer.Exit(1)
+
+
+@app.command("verify")
+def verify(
+    root: Path = typer.Argument(..., help="A downloaded dataset's root folder (holding complete_skull/ ...)."),
+    dataset: str = typer.Option("skullfix", "--dataset", help="Which published checksum list: skullfix."),
+) -> None:
+    """Check a download against the sha256 list pointforge ships (the files its recipes read)."""
+    from pointforge.data.skulls.checksums import verify as verify_files
+
+    with progress_bar("hashing") as advance:
+        result = verify_files(root, dataset, progress=lambda done, total, _rel: advance(completed=done, total=total))
+    total = len(result.ok) + len(result.missing) + len(result.changed)
+    for label, names in (("missing", result.missing), ("changed", result.changed)):
+        if names:
+            shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+            typer.secho(f"{label}: {shown}", err=True, fg=typer.colors.RED)
+    if not result.passed:
+        typer.secho(
+            f"{root}: {len(result.ok)} of {total} files match the {dataset} list; "
+            "download the missing or changed files again (docs/data.md says where)",
+            err=True,
+            fg=typer.colors.RED,
+        )
+        raise typer.Exit(1)
+    typer.echo(f"{root}: all {total} listed {dataset} files match")
 
 
 @app.command("lidar")

@@ -78,6 +78,12 @@ def demo(
     steps: int = typer.Option(20, "--steps", help="Sampler steps (ignored by ddpm)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
     seed: int = typer.Option(0, "--seed"),
+    split: str = typer.Option(
+        None,
+        "--split",
+        help="With --data: train,val,test ratios, skull ids (train=000-059,val=060-069,test=070-079; "
+        "skulls not named are never read) or a named split (skullfix). Default 0.625,0.125,0.25.",
+    ),
     data: Path = typer.Option(
         None,
         "--data",
@@ -101,6 +107,7 @@ def demo(
         device=device,
         seed=seed,
         data=None if data is None else str(data),
+        **({} if split is None else {"split": split}),
     )
     with _StageBars() as bars:
         result = run_demo(out, settings, log=typer.echo, progress=bars)

@@ -28,7 +28,7 @@ from pointforge import __version__
 from pointforge.atomic import atomic_save_npy, atomic_save_npz, atomic_write_text
 from pointforge.data.skulls.layouts import RawCase, list_cases
 from pointforge.data.skulls.prepared import PreparedCase, write_manifest
-from pointforge.data.skulls.splits import parse_ratios, split_skulls
+from pointforge.data.skulls.splits import assign_skulls, is_id_split, parse_ratios
 from pointforge.data.surface import surface_points
 from pointforge.data.volumes import Volume, read_binary_volume
 from pointforge.errors import ConfigError, DataError
@@ -296,8 +296,10 @@ def prepare_dataset(
     root, out = Path(root), Path(out)
     if n_points < 1000:
         raise ConfigError(f"--points {n_points} is too few; use at least 1000 (the default is 400000)")
-    ratios = parse_ratios(split)
     layout, cases = list_cases(root, layout)
+    # A split by skull id leaves out the skulls it does not name: they are never read.
+    assignment = assign_skulls([c.skull_id for c in cases], split, seed)
+    cases = [c for c in cases if c.skull_id in assignment]
     if out.resolve() == root.resolve():
         raise ConfigError(f"--out {out} would write into the raw dataset's folders; choose another folder")
     out.mkdir(parents=True, exist_ok=True)
@@ -306,7 +308,6 @@ def prepare_dataset(
     result = PrepareResult(out=out, layout=layout, cases=[], skipped=len(jobs) - len(todo))
     workers = max(1, min(workers or min(os.cpu_count() or 1, 4), len(todo) or 1))
     failed_sources = _run_jobs(out, jobs, todo, workers, result, progress)
-    assignment = split_skulls([c.skull_id for c in cases], ratios, seed)
     prepared = _prepared_cases(cases, jobs, failed_sources, assignment)
     write_manifest(out, prepared)
     counts = {s: sum(1 for c in prepared if c.split == s) for s in ("train", "val", "test")}
@@ -317,7 +318,8 @@ def prepare_dataset(
         "source_root": str(root.resolve()),
         "n_points": n_points,
         "seed": seed,
-        "split_ratios": list(ratios),
+        "split": split if is_id_split(split) else None,
+        "split_ratios": None if is_id_split(split) else list(parse_ratios(split)),
         "split_counts": counts,
         "skulls": len({c.skull_id for c in prepared}),
         "cases": len(prepared),

@@ -42,7 +42,7 @@ from pointforge.data.cache import ensure_synthetic_prepared
 from pointforge.data.skulls.datasets import VoxelAugmentation, VoxelizationDataset
 from pointforge.data.skulls.grids import transform_inside
 from pointforge.data.skulls.prepared import PreparedDataset
-from pointforge.data.skulls.splits import parse_ratios
+from pointforge.data.skulls.splits import check_split
 from pointforge.data.synthetic.dataset import FAMILIES
 from pointforge.data.synthetic.grid import MAX_SIZE, MIN_SIZE
 from pointforge.errors import ConfigError
@@ -80,7 +80,7 @@ class SyntheticSection:
         if self.seed < 0:
             raise ConfigError(f"config key '{prefix}.seed' must be 0 or more, got {self.seed}")
         try:
-            parse_ratios(self.split)
+            check_split(self.split)
         except ConfigError as err:
             raise ConfigError(f"config key '{prefix}.split': {err}") from None
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Callable
 
 from pointforge.data.prepare import prepare_dataset
+from pointforge.data.skulls.splits import check_split
 from pointforge.data.synthetic.dataset import FAMILIES, synthesize
 from pointforge.errors import DataError, UserError
 from pointforge.implant.demo import budget
@@ -47,6 +48,10 @@ class DemoSettings:
             raise UserError(f"--skulls must be at least 5 (training, validation and test skulls), got {self.skulls}")
         if self.size < 48:
             raise UserError(f"--size must be at least 48 (thinner grids lose the bone), got {self.size}")
+        try:
+            check_split(self.split)
+        except UserError as err:
+            raise UserError(f"--split: {err}") from None
         if sorted(self.phases) != list(self.phases) or not self.phases or self.phases[-1] != 1.0:
             raise UserError("phases must increase and end at 1.0")
 

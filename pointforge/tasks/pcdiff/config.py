@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pointforge.data.skulls.splits import parse_ratios
+from pointforge.data.skulls.splits import check_split
 from pointforge.data.synthetic.dataset import FAMILIES
 from pointforge.errors import ConfigError
 from pointforge.nn.diffusion.samplers.base import Sampler
@@ -66,7 +66,7 @@ class SyntheticSection:
         if self.points < 1000:
             raise ConfigError(f"config key '{prefix}.points' must be at least 1000, got {self.points}")
         try:
-            parse_ratios(self.split)
+            check_split(self.split)
         except ConfigError as err:
             raise ConfigError(f"config key '{prefix}.split': {err}") from None
 
