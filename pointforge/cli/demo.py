@@ -87,7 +87,7 @@ def demo(
     data: Path = typer.Option(
         None,
         "--data",
-        help="A raw SkullBreak or SkullFix folder (any size or spacing) "
+        help="A raw SkullBreak or SkullFix folder (any size or spacing), or a folder `data prepare` wrote from one, "
         "to run on instead of synthetic skulls (--family, --skulls and --size then do not apply).",
     ),
 ) -> None:

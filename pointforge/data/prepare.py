@@ -29,7 +29,7 @@ from pointforge.atomic import atomic_save_npy, atomic_save_npz, atomic_write_tex
 from pointforge.data.skulls.layouts import RawCase, list_cases
 from pointforge.data.skulls.prepared import PreparedCase, write_manifest
 from pointforge.data.skulls.splits import assign_skulls, is_id_split, parse_ratios
-from pointforge.data.surface import surface_points
+from pointforge.data.surface import bounding_box, surface_points
 from pointforge.data.volumes import Volume, read_binary_volume
 from pointforge.errors import ConfigError, DataError
 
@@ -47,30 +47,52 @@ def resample_isotropic(volume: Volume, spacing: float) -> tuple[np.ndarray, dict
     """Resample a binary mask to isotropic ``spacing`` (linear interpolation, threshold 0.5).
 
     Voxel 0 keeps its position, so a point at resampled index ``q`` lies at
-    original index ``q * spacing / original_spacing`` (per axis).
+    original index ``q * spacing / original_spacing`` (per axis). Trilinear
+    interpolation is separable, so it runs one axis at a time, and only over the
+    foreground's box (one voxel wider): every voxel outside it reads background
+    alone. The result is the one ``scipy.ndimage.map_coordinates(order=1)`` gives,
+    at a small part of its cost on a 512 x 512 x Z scan.
     """
-    from scipy.ndimage import map_coordinates
-
     orig_spacing = np.asarray(volume.spacing, dtype=np.float64)
     extent = (np.asarray(volume.shape) - 1) * orig_spacing
     new_shape = np.floor(extent / spacing + 1e-6).astype(int) + 1  # tolerate float32 header noise
+    ratio = spacing / orig_spacing
     out = np.zeros(tuple(new_shape), dtype=bool)
-    src = volume.data.astype(np.float32)
-    # Slab by slab along the first axis to bound memory at 512³.
-    ys = np.arange(new_shape[1]) * spacing / orig_spacing[1]
-    zs = np.arange(new_shape[2]) * spacing / orig_spacing[2]
-    yy, zz = np.meshgrid(ys, zs, indexing="ij")
-    for i in range(new_shape[0]):
-        xs = np.full_like(yy, i * spacing / orig_spacing[0])
-        out[i] = map_coordinates(src, [xs, yy, zz], order=1, mode="nearest") >= 0.5
+    box = bounding_box(volume.data)
+    if box is not None:
+        src_lo = [max(b.start - 1, 0) for b in box]
+        src_hi = [min(b.stop, n - 1) for b, n in zip(box, volume.shape)]  # inclusive: one past the foreground
+        out_lo = [int(np.ceil(lo / r - 1e-9)) for lo, r in zip(src_lo, ratio)]
+        out_hi = [min(int(np.floor(hi / r + 1e-9)), n - 1) for hi, r, n in zip(src_hi, ratio, new_shape)]
+        values = volume.data[tuple(slice(lo, hi + 1) for lo, hi in zip(src_lo, src_hi))].astype(np.float32)
+        for axis in range(3):
+            positions = np.arange(out_lo[axis], out_hi[axis] + 1) * ratio[axis] - src_lo[axis]
+            values = _interpolate_axis(values, axis, positions)
+        out[tuple(slice(lo, hi + 1) for lo, hi in zip(out_lo, out_hi))] = values >= 0.5
     info = {
         "original_shape": list(volume.shape),
         "original_spacing": [float(s) for s in volume.spacing],
         "resampled_spacing": float(spacing),
         "resampled_shape": [int(s) for s in new_shape],
-        "to_original_index_scale": [float(spacing / s) for s in orig_spacing],
+        "to_original_index_scale": [float(r) for r in ratio],
     }
     return out, info
+
+
+def _interpolate_axis(values: np.ndarray, axis: int, positions: np.ndarray) -> np.ndarray:
+    """``values`` read at fractional ``positions`` along ``axis`` (linear; clamped to the ends)."""
+    n = values.shape[axis]
+    if len(positions) == n and np.allclose(positions, np.arange(n), rtol=0.0, atol=1e-6):
+        return values  # this axis keeps its spacing (up to header noise, which moves no threshold)
+    low = np.clip(np.floor(positions).astype(np.int64), 0, n - 1)
+    high = np.minimum(low + 1, n - 1)
+    shape = [1, 1, 1]
+    shape[axis] = -1
+    weight = (positions - low).astype(np.float32).reshape(shape)
+    lower = np.take(values, low, axis=axis)
+    lower *= 1 - weight
+    lower += np.take(values, high, axis=axis) * weight
+    return lower
 
 
 # --------------------------------------------------------------------------- work units

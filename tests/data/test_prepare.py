@@ -184,6 +184,20 @@ def test_resample_isotropic_maps_back():
     assert np.array_equal(out[:, :, ::2], mask)
 
 
+@pytest.mark.parametrize("spacing", [(0.45117, 0.45117, 0.633), (0.7, 0.5, 0.9), (1.0, 1.0, 1.0)])
+def test_resample_isotropic_is_scipys_trilinear_resampling(spacing):
+    from scipy.ndimage import map_coordinates
+
+    rng = np.random.default_rng(3)
+    mask = shell_mask((34, 30, 26), radii=(12, 11, 9), thickness=3) & (rng.random((34, 30, 26)) > 0.1)
+    vol = Volume(mask, spacing=spacing)
+    out, info = resample_isotropic(vol, min(spacing))
+    grid = np.meshgrid(*[np.arange(n) * s for n, s in zip(out.shape, info["to_original_index_scale"])], indexing="ij")
+    expected = map_coordinates(mask.astype(np.float32), grid, order=1, mode="nearest") >= 0.5
+    assert out.shape == tuple(info["resampled_shape"]) and np.array_equal(out, expected)
+    assert not resample_isotropic(Volume(np.zeros((5, 5, 5), bool), spacing=spacing), 0.4)[0].any()
+
+
 def test_prepare_errors(tmp_path):
     raw = write_raw_dataset(tmp_path / "raw", "skullfix", n_skulls=1)
     with pytest.raises(ConfigError, match="too few"):

@@ -22,13 +22,13 @@ from pointforge.implant.demo.budget import TimeSplit
 from pointforge.implant.demo.report import write_report
 from pointforge.implant.demo.run import run_demo
 from pointforge.implant.demo.scoring import chosen_phase, mean_dsc, spread_cases
-from pointforge.implant.demo.settings import DemoSettings
+from pointforge.implant.demo.settings import DemoSettings, make_data
 from pointforge.implant.demo.training import decays, phase_worker, train_side_by_side
 from pointforge.implant.demo.verdict import case_values, intervals, verdict_sentences
 from pointforge.implant.demo.workers import baseline_case, case_jobs, case_pool, run_cases
 from pointforge.implant.evaluate import Evaluation, summarise
 from pointforge.train.launch import worker_args
-from tests.helpers import TOY_TINY
+from tests.helpers import TOY_TINY, write_raw_dataset
 
 TOY = TOY_TINY
 
@@ -46,10 +46,22 @@ def test_a_used_folder_and_bad_settings_are_refused(tmp_path):
         (DemoSettings(size=32), "--size"),
         (DemoSettings(family="blobs"), "--family 'blobs': no such skull family; choose one of: domes, anatomical"),
         (DemoSettings(probe_cases=0), "probe"),
+        (DemoSettings(split="train=000-009,tset=010-012"), "--split"),
     ):
         with pytest.raises(UserError, match=message):
             run_demo(tmp_path / "new", settings)
     assert not (tmp_path / "new").exists()
+
+
+def test_a_prepared_folder_is_used_as_it_is(tmp_path):
+    raw = write_raw_dataset(tmp_path / "raw", "skullfix", n_skulls=3)
+    prepare_dataset(raw, tmp_path / "prep", n_points=2000, split="train=000,val=001,test=002", workers=1)
+    said = []
+    got = make_data(tmp_path / "out", DemoSettings(data=str(tmp_path / "prep")), said.append, None)
+    assert got == (raw.resolve(), tmp_path / "prep") and "its split" in said[0]
+    assert not (tmp_path / "out").exists()  # nothing prepared again
+    with pytest.raises(UserError, match="already prepared with its own split"):
+        make_data(tmp_path / "out", DemoSettings(data=str(tmp_path / "prep"), split="0.5,0,0.5"), said.append, None)
 
 
 def _toy_job(run_dir: Path, minutes: float, *extra: str) -> list[str]:

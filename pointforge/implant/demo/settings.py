@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -69,9 +70,30 @@ def check_out(out: Path) -> None:
         raise UserError(f"{out} already exists and is not empty; give a new --out (the demo never overwrites results)")
 
 
+def _already_prepared(prepared: Path, s: DemoSettings, log: Callable[[str], None]) -> tuple[Path, Path]:
+    """A folder ``data prepare`` wrote: used as it is (its split kept), with the raw volumes it came from."""
+    try:
+        info = json.loads((prepared / "dataset.json").read_text())
+        raw = Path(info["source_root"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise DataError(
+            f"{prepared / 'dataset.json'} is unreadable; prepare the dataset again (pointforge data prepare)"
+        )
+    if s.split != budget.DEFAULT_SPLIT:
+        raise UserError(
+            f"--data {prepared} is already prepared with its own split; drop --split or give the raw folder"
+        )
+    if not raw.is_dir():
+        raise DataError(f"{prepared} was prepared from {raw}, which is gone; give the raw folder as --data instead")
+    log(f"[1/7] using the prepared dataset {prepared} (its split; volumes from {raw})")
+    return raw, prepared
+
+
 def make_data(out: Path, s: DemoSettings, log: Callable[[str], None], progress) -> tuple[Path, Path]:
     """Stage 1: the raw dataset (synthetic, or the user's ``s.data``) and its prepared form under ``out/data``."""
     raw, prepared = out / "data" / "raw", out / "data" / "prepared"
+    if s.data is not None and (Path(s.data) / "dataset.json").is_file():
+        return _already_prepared(Path(s.data), s, log)
     if s.data is None:
         log(
             f"[1/7] synthesising {s.skulls} SkullBreak-style skulls of the {s.family} family at {s.size}³ "
