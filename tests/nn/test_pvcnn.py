@@ -9,11 +9,11 @@ import torch
 
 from pointforge.errors import CheckpointError, ConfigError, DataError
 from pointforge.nn import pvcnn, pvcnn_blocks, pvcnn_config
-from pointforge.nn.ops import ball_query, fps, three_nn
 from pointforge.nn.pcdiff_import import expected_shapes, import_upstream_state_dict
 from pointforge.nn.pvcnn import PVCNN2
 from pointforge.nn.pvcnn_blocks import SetAbstraction
 from pointforge.nn.pvcnn_config import PVCNN2Config, get_preset
+from pointforge.nn.pvops import ball_query, fps, three_nn
 from tests.helpers import FIXTURES
 
 pytestmark = pytest.mark.usefixtures("one_thread")
