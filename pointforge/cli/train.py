@@ -116,8 +116,8 @@ def ckpt_inspect(
 ) -> None:
     """Show what a checkpoint holds: task, progress, config, parameters, saved devices and dtypes,
     key prefixes, size, and whether it is complete and resumable."""
-    from pointforge.ops.checkpoints import inspect_checkpoint
-    from pointforge.train.checkpoint import resume_candidates
+    from pointforge.ops.checkpoint_surgery import inspect_checkpoint
+    from pointforge.train.checkpoint.format import resume_candidates
 
     if path.is_dir():
         files = resume_candidates(path)
@@ -172,7 +172,7 @@ def ckpt_remap(
     A pointforge checkpoint stays resumable (optimizer, schedule and progress
     kept); other files become a plain state dict. Atomic; SOURCE is untouched.
     """
-    from pointforge.ops.checkpoints import remap_checkpoint
+    from pointforge.ops.checkpoint_surgery import remap_checkpoint
 
     if target is not None and out is not None and target != out:
         raise ConfigError(f"two outputs given ({target} and --out {out}); give one")

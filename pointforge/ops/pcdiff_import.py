@@ -1,6 +1,6 @@
 """``pointforge ckpt import-pcdiff``: an upstream PCDiff checkpoint converted into a pointforge one.
 
-An operation on checkpoint files, like ``ckpt remap`` (:mod:`pointforge.ops.checkpoints`):
+An operation on checkpoint files, like ``ckpt remap`` (:mod:`pointforge.ops.checkpoint_surgery`):
 it reads upstream's layout (:mod:`pointforge.nn.pcdiff_import` maps the
 weights) and writes the engine's, so it sits above both the ``pcdiff`` task
 and the engine it writes for.
@@ -20,7 +20,7 @@ from pointforge.nn.pcdiff_import import import_upstream_state_dict
 from pointforge.tasks.configs import load_train_config
 from pointforge.tasks.pcdiff.config import PRESET_POINTS
 from pointforge.tasks.pcdiff.task import PCDiffTask, build_model
-from pointforge.train.checkpoint import (
+from pointforge.train.checkpoint.format import (
     capture_rng,
     is_pointforge_checkpoint,
     load_checkpoint,

@@ -3,8 +3,8 @@
 Import from the modules themselves: :mod:`pointforge.train.engine` (``train``),
 :mod:`pointforge.train.plan` (``dry_run_plan``), :mod:`pointforge.train.task`
 (the Task contract), :mod:`pointforge.train.preflight` (the checks that can
-refuse a run), :mod:`pointforge.train.checkpoint` (the file format) and
-:mod:`pointforge.train.checkpointing` (resume and save),
+refuse a run), :mod:`pointforge.train.checkpoint.format` (the file format) and
+:mod:`pointforge.train.checkpoint.manager` (resume and save),
 :mod:`pointforge.train.step`, :mod:`pointforge.train.evaluation`,
 :mod:`pointforge.train.metrics_logger`, :mod:`pointforge.train.schedule`,
 :mod:`pointforge.train.state`, :mod:`pointforge.train.tracking`,

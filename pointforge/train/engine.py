@@ -6,9 +6,9 @@ parts with their own state, as torchtitan assembles its trainer:
 
 * :class:`~pointforge.train.state.TrainState`: progress and the best metric
   (a checkpoint's ``progress``);
-* :class:`~pointforge.train.checkpointing.Trainables`: the model with its
+* :class:`~pointforge.train.checkpoint.manager.Trainables`: the model with its
   optimizer, schedule, scaler and EMA;
-* :class:`~pointforge.train.checkpointing.CheckpointManager`: resume and save;
+* :class:`~pointforge.train.checkpoint.manager.CheckpointManager`: resume and save;
 * :class:`~pointforge.train.epochs.EpochFeed`: the loader and each epoch's batches;
 * :class:`~pointforge.train.step.TrainStep`: one optimizer step in lockstep
   (micro-batches, the ranks' vote, the update);
@@ -39,8 +39,8 @@ from torch import nn
 
 from pointforge.config.training import TrainConfig
 from pointforge.errors import ConfigError, UserError
-from pointforge.train import checkpoint as ckpt_io
-from pointforge.train.checkpointing import CheckpointManager, Trainables
+from pointforge.train.checkpoint import format as ckpt_io
+from pointforge.train.checkpoint.manager import CheckpointManager, Trainables
 from pointforge.train.data import derive_seed, seed_everything
 from pointforge.train.dist import (
     DistEnv,

@@ -56,7 +56,7 @@ import torch
 from pointforge.devices import available_memory_bytes
 from pointforge.errors import ConfigError, DiskFullError, UserError
 from pointforge.formats import format_bytes
-from pointforge.train import checkpoint as ckpt_io
+from pointforge.train.checkpoint import format as ckpt_io
 from pointforge.train.lock import RunDirInUse, in_use_message, lock_holder
 from pointforge.train.task import Task
 

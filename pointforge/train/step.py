@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from pointforge.config.training import TrainConfig
-from pointforge.train.checkpointing import Trainables
+from pointforge.train.checkpoint.manager import Trainables
 from pointforge.train.data import move_to_device, worker_errors
 from pointforge.train.dist import DistEnv, all_reduce_sum, report
 from pointforge.train.schedule import BatchPlan

@@ -20,7 +20,7 @@ import torch
 
 from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config
-from pointforge.train import checkpoint as ck
+from pointforge.train.checkpoint import format as ck
 from pointforge.train.engine import train
 from tests.helpers import QUIET, TOY_TINY, Job, run_to_end, torchrun_command
 

@@ -21,7 +21,7 @@ import torch
 
 from pointforge.errors import DataError, DiskFullError, UserError
 from pointforge.tasks import get_task
-from pointforge.train import checkpoint as ck
+from pointforge.train.checkpoint import format as ck
 from pointforge.train.data import unwrap_worker_error
 from pointforge.train.engine import train
 from pointforge.train.lock import LOCK_FILE, RunDirInUse, RunDirLock, lock_holder

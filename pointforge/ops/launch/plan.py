@@ -36,7 +36,7 @@ from pointforge.ops.launch.spec import JobSpec, PlanSpec, absolute, is_stripped,
 from pointforge.ops.runs import CONSOLE_LOG, is_live, run_state
 from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config, resolve_config_path
-from pointforge.train import checkpoint as ckpt_io
+from pointforge.train.checkpoint import format as ckpt_io
 from pointforge.train.launch import torchrun_command, worker_args, worker_pythonpath
 from pointforge.train.lock import RunDirInUse
 from pointforge.train.preflight import (

@@ -1,6 +1,6 @@
-"""What ``pointforge ckpt inspect`` and ``ckpt remap`` do, as functions.
+"""Checkpoint surgery: what ``pointforge ckpt inspect`` and ``ckpt remap`` do, as functions.
 
-Both read through the engine's one loader (:func:`pointforge.train.checkpoint.load_checkpoint`,
+Both read through the engine's one loader (:func:`pointforge.train.checkpoint.format.load_checkpoint`,
 which maps every tensor to the CPU); ``inspect`` also records the device each
 storage was *saved* on (``cuda:7`` in a file written by rank 7 of an old run),
 which is what makes a checkpoint refuse to load elsewhere with plain ``torch.load``.
@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import torch
 
 from pointforge.errors import CheckpointError
-from pointforge.train import checkpoint as ckpt_io
+from pointforge.train.checkpoint import format as ckpt_io
 from pointforge.train.state import TrainState
 
 # What a pointforge checkpoint needs to resume a run.
