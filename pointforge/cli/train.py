@@ -60,7 +60,7 @@ def train_command(
     from pointforge.tasks.configs import load_train_config
     from pointforge.train.dist import DistributedFailure
     from pointforge.train.engine import train
-    from pointforge.train.plan import dry_run_plan
+    from pointforge.train.run_plan import dry_run_plan
     from pointforge.train.step import TrainingDiverged
 
     overrides = list(overrides or [])
@@ -76,14 +76,14 @@ def train_command(
             typer.echo(plan.text())
         return
     if nproc is not None:
-        from pointforge.train.launch import launch, worker_args
+        from pointforge.train.torchrun import run_torchrun, worker_args
         from pointforge.train.tracking import read_run_status
 
         # Check the batch split before starting processes: config errors
         # should cost a second, not a torchrun start-up.
         dry_run_plan(get_task(task), cfg, world_size=nproc)
         worker = worker_args(task, config=config, overrides=overrides, resume=resume, wandb=wandb)
-        code = launch(worker, nproc=nproc, max_restarts=max_restarts, run_dir=cfg.run.dir)
+        code = run_torchrun(worker, nproc=nproc, max_restarts=max_restarts, run_dir=cfg.run.dir)
         status = read_run_status(cfg.run.dir) or {}
         if code == 0 and status.get("status") == "stopped":
             typer.echo(

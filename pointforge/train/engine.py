@@ -1,7 +1,7 @@
 """The training engine: one loop for every task, from one CPU to many GPUs.
 
 Entry point: :func:`train` (``--dry-run``'s plan is
-:func:`pointforge.train.plan.dry_run_plan`). The trainer is assembled from
+:func:`pointforge.train.run_plan.dry_run_plan`). The trainer is assembled from
 parts with their own state, as torchtitan assembles its trainer:
 
 * :class:`~pointforge.train.state.TrainState`: progress and the best metric
@@ -56,16 +56,16 @@ from pointforge.train.dist import (
 from pointforge.train.ema import EMA
 from pointforge.train.epochs import EpochFeed
 from pointforge.train.evaluation import Evaluator
-from pointforge.train.launch import write_rank_record
-from pointforge.train.lock import lock_run_dir
 from pointforge.train.metrics_logger import MetricsLogger
 from pointforge.train.parallelize import set_precision, to_channels_last, wrap_model
-from pointforge.train.plan import best_rule, make_plan
 from pointforge.train.preflight import FAILURE, WARNING, Finding, check_datasets, check_disk, check_memory
+from pointforge.train.run_dir_lock import lock_run_dir
+from pointforge.train.run_plan import best_rule, make_plan
 from pointforge.train.schedule import build_optimizer, build_scheduler
 from pointforge.train.state import BestMetric, TrainState
 from pointforge.train.step import LocalFlags, TrainingDiverged, TrainStep, Vote
 from pointforge.train.task import Task
+from pointforge.train.torchrun import write_rank_record
 from pointforge.train.tracking import LogSetup, get_logger
 
 __all__ = ["train", "TrainResult"]
