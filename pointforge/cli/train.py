@@ -76,8 +76,8 @@ def train_command(
             typer.echo(plan.text())
         return
     if nproc is not None:
+        from pointforge.train.records import read_run_status
         from pointforge.train.torchrun import run_torchrun, worker_args
-        from pointforge.train.tracking import read_run_status
 
         # Check the batch split before starting processes: config errors
         # should cost a second, not a torchrun start-up.

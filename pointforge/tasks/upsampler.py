@@ -61,8 +61,8 @@ from pointforge.errors import ConfigError, DataError
 from pointforge.flock import exclusive_lock
 from pointforge.nn.losses import chamfer_distance, point_to_plane_distance
 from pointforge.nn.upsampler import PRESETS, NodeShuffleUpsampler, UpsamplerConfig, training_step_bytes
+from pointforge.train.logs import get_logger
 from pointforge.train.task import EvalContext, StepContext, Task
-from pointforge.train.tracking import get_logger
 
 __all__ = [
     "UpsamplingConfig",

@@ -7,6 +7,6 @@ refuse a run), :mod:`pointforge.train.checkpoint.format` (the file format) and
 :mod:`pointforge.train.checkpoint.manager` (resume and save),
 :mod:`pointforge.train.step`, :mod:`pointforge.train.evaluation`,
 :mod:`pointforge.train.metrics_logger`, :mod:`pointforge.train.schedule`,
-:mod:`pointforge.train.state`, :mod:`pointforge.train.tracking`,
+:mod:`pointforge.train.state`, :mod:`pointforge.train.logs`, :mod:`pointforge.train.records`,
 :mod:`pointforge.train.torchrun` and :mod:`pointforge.train.dist`.
 """

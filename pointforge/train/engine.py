@@ -56,6 +56,7 @@ from pointforge.train.dist import (
 from pointforge.train.ema import EMA
 from pointforge.train.epochs import EpochFeed
 from pointforge.train.evaluation import Evaluator
+from pointforge.train.logs import LogSetup, get_logger
 from pointforge.train.metrics_logger import MetricsLogger
 from pointforge.train.parallelize import set_precision, to_channels_last, wrap_model
 from pointforge.train.preflight import FAILURE, WARNING, Finding, check_datasets, check_disk, check_memory
@@ -66,7 +67,6 @@ from pointforge.train.state import BestMetric, TrainState
 from pointforge.train.step import LocalFlags, TrainingDiverged, TrainStep, Vote
 from pointforge.train.task import Task
 from pointforge.train.torchrun import write_rank_record
-from pointforge.train.tracking import LogSetup, get_logger
 
 __all__ = ["train", "TrainResult"]
 

@@ -18,8 +18,8 @@ import yaml
 from pointforge.errors import DataError
 from pointforge.implant.demo.settings import DemoSettings
 from pointforge.tasks.configs import resolve_config_path
+from pointforge.train.records import read_run_status
 from pointforge.train.torchrun import start_torchrun, worker_args
-from pointforge.train.tracking import read_run_status
 
 # The two networks the demo trains, each from its packaged ``demo`` preset.
 DEMO_TASKS = ("pcdiff", "voxelizer")

@@ -26,11 +26,11 @@ from pointforge.train.checkpoint import format as ckpt_io
 from pointforge.train.data import derive_seed, seed_everything
 from pointforge.train.dist import DistEnv, all_gather_objects, broadcast_object, rank0_section, report
 from pointforge.train.ema import EMA
+from pointforge.train.logs import get_logger
 from pointforge.train.metrics_logger import MetricsLogger, jsonable_metrics
 from pointforge.train.preflight import WARNING, check_existing_checkpoints, check_resume_point
 from pointforge.train.schedule import restore_scheduler
 from pointforge.train.state import TrainState
-from pointforge.train.tracking import get_logger
 
 log = get_logger("train")
 
