@@ -9,6 +9,7 @@ which is what makes a checkpoint refuse to load elsewhere with plain ``torch.loa
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,8 +139,6 @@ def inspect_checkpoint(path: str | os.PathLike, *, trust: bool = False) -> dict[
 
 
 def _when(stamp: Any) -> str | None:
-    import time
-
     if not isinstance(stamp, (int, float)):
         return None
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
