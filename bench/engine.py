@@ -40,8 +40,8 @@ from pointforge.tasks.configs import load_train_config  # noqa: E402
 from pointforge.tasks.toy import ToyTask  # noqa: E402
 from pointforge.train.data import derive_seed, seed_everything  # noqa: E402
 from pointforge.train.engine import train  # noqa: E402
-from pointforge.train.launch import torchrun_command, worker_args, worker_environment  # noqa: E402
 from pointforge.train.schedule import lr_factor  # noqa: E402
+from pointforge.train.torchrun import torchrun_command, worker_args, worker_environment  # noqa: E402
 
 TINY = REPO / "pointforge" / "configs" / "toy" / "tiny.yaml"
 COMMON = [

@@ -6,7 +6,7 @@ Three exact loops, identical indices (checked at every level before anything is 
 * ``plain, compiled``: the same loop compiled: the bucketed kernel below with all points
   in one leaf, so every step scans every point (one fused pass: lower every distance,
   track the first maximum), batch elements on threads;
-* ``bucketed, compiled``: ``backend="numba"`` (``pointforge/nn/ops/fps_compiled.py``),
+* ``bucketed, compiled``: ``backend="numba"`` (``pointforge/nn/pvops/fps_compiled.py``),
   which skips the kd leaves a sample cannot reach; ``"auto"`` picks it on CPU.
 
 Rounds are interleaved in one process (the order rotating each round), median of
@@ -33,13 +33,13 @@ import torch
 from torch import Tensor
 
 from _common import print_table, record_header, write_json
-from pointforge.nn.ops.fps import _fps_scan_order, furthest_point_sample_indices
-from pointforge.nn.ops.fps_compiled import bucketed_fps
+from pointforge.nn.pvops.fps import _fps_scan_order, furthest_point_sample_indices
+from pointforge.nn.pvops.fps_compiled import bucketed_fps
 
 LEVELS = ((30720, 10240), (10240, 2560), (2560, 640), (640, 160))
 FIRST_CALL = (
     "import time; t = time.perf_counter(); import torch; "
-    "from pointforge.nn.ops.fps import furthest_point_sample_indices as f; "
+    "from pointforge.nn.pvops.fps import furthest_point_sample_indices as f; "
     "f(torch.rand(1, 3, 2000), 50, backend='numba'); f(torch.rand(1, 3, 2000).double(), 50, backend='numba'); "
     "print(time.perf_counter() - t)"
 )

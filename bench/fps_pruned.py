@@ -33,8 +33,8 @@ import torch
 from torch import Tensor
 
 from _common import machine, print_table, write_json
-from pointforge.nn.ops.common import FAR
-from pointforge.nn.ops.fps import _fps_scan_order, furthest_point_sample_indices
+from pointforge.nn.pvops.common import FAR
+from pointforge.nn.pvops.fps import _fps_scan_order, furthest_point_sample_indices
 
 
 def pruned_fps_indices(coords: Tensor, num_samples: int, bucket: int = 64) -> Tensor:

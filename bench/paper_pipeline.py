@@ -68,7 +68,7 @@ from pointforge.implant.writer import generate_case
 from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config
 from pointforge.tasks.pcdiff.dataset import HALF_EXTENT
-from pointforge.train import checkpoint as ck
+from pointforge.train.checkpoint import format as ck
 
 REPO = Path(__file__).resolve().parent.parent
 STAGES = ("read", "surface", "sample", "voxelize", "postprocess", "write")

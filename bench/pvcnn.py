@@ -33,8 +33,8 @@ import torch
 
 from _common import machine, print_table, write_json
 from pointforge.nn import pvcnn_blocks
-from pointforge.nn.ops import bags, ball_query, fps, three_nn, voxelize
 from pointforge.nn.pvcnn import PVCNN2
+from pointforge.nn.pvops import averaging, bags, ball_query, fps, three_nn
 
 N_CONDITIONING = 27_648
 N_GENERATED = 3_072
@@ -151,7 +151,7 @@ def measure_breakdown(repeats: int) -> dict[str, Any]:
     clock.wrap(pvcnn_blocks.SetAbstraction, "_pool_distinct", "grouping + SA MLP + max-pool")
     clock.wrap(three_nn, "three_nearest_neighbors", "3-NN search")
     clock.wrap(pvcnn_blocks.VoxelMap, "__init__", "voxel coordinates + corners")
-    clock.wrap(voxelize, "voxelize_mean", "average voxelisation")
+    clock.wrap(averaging, "voxel_means", "point averaging")
     # Devoxelisation calls bags.sum_bags; 3-NN interpolation its own import of it.
     clock.wrap(bags, "sum_bags", "devoxelisation + 3-NN interpolation")
     clock.wrap(three_nn, "sum_bags", "devoxelisation + 3-NN interpolation")

@@ -48,7 +48,6 @@ from torch.distributed._tools.mem_tracker import MemTracker
 from _common import RESULTS_DIR, machine, print_table, write_json
 from pointforge.nn.knn import knn_graph
 from pointforge.nn.losses import chamfer_distance
-from pointforge.nn.ops import ball_query
 from pointforge.nn.pvcnn import PVCNN2
 from pointforge.nn.pvcnn_memory import (
     BYTES_PER_ELEMENT,
@@ -56,6 +55,7 @@ from pointforge.nn.pvcnn_memory import (
     activation_counts,
     training_step_bytes,
 )
+from pointforge.nn.pvops import ball_query
 from pointforge.nn.upsampler import (
     UpsamplerConfig,
     build_upsampler,

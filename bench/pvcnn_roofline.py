@@ -53,8 +53,8 @@ from torch.overrides import TorchFunctionMode, _pop_mode_temporarily
 from _common import machine, print_table, record_header, write_json
 from pointforge.devices import reuse_freed_memory
 from pointforge.nn import pvcnn_blocks
-from pointforge.nn.ops import ball_query, fps, three_nn
 from pointforge.nn.pvcnn import PVCNN2
+from pointforge.nn.pvops import ball_query, fps, three_nn
 
 SIZES = {"paper": (27_648, 3_072), "tiny": (1_536, 256)}
 T_STEP = 500

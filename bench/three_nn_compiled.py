@@ -7,7 +7,7 @@ paths, identical indices and weights (checked at every level before anything is 
 
 * ``torch``: the path ``"auto"`` took before (the torch cell grid from 2^20 point-centre
   pairs, dense below);
-* ``compiled``: ``method="numba"`` (``pointforge/nn/ops/three_nn_compiled.py``).
+* ``compiled``: ``method="numba"`` (``pointforge/nn/pvops/three_nn_compiled.py``).
 
 Rounds are interleaved in one process (the order flipping each round), median of
 ``--rounds``; the load average is printed after each round, since the machine may be
@@ -27,8 +27,8 @@ import torch
 from pvcnn import synthetic_skull
 
 from _common import print_table, record_header, write_json
-from pointforge.nn.ops.fps import furthest_point_sample
-from pointforge.nn.ops.three_nn import three_nearest_neighbors
+from pointforge.nn.pvops.fps import furthest_point_sample
+from pointforge.nn.pvops.three_nn import three_nearest_neighbors
 
 LEVELS = (30720, 10240, 2560, 640, 160)
 

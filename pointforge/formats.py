@@ -2,7 +2,7 @@
 
 In the lowest layer so that every writer of JSON (the engine's metrics, the
 evaluation tables, the implant reports, the benchmarks) and every printer of
-sizes (doctor, monitor, ``ckpt inspect``) can share them.
+sizes and durations (doctor, monitor, ``ckpt inspect``, the training log line) can share them.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["json_safe", "format_bytes", "summary_stats", "write_rows_report"]
+__all__ = ["json_safe", "format_bytes", "format_duration", "summary_stats", "write_rows_report"]
 
 
 def json_safe(value: Any) -> Any:
@@ -52,6 +52,16 @@ def format_bytes(n: float | None) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{size:.1f} TB"
+
+
+def format_duration(seconds: float) -> str:
+    """``mm:ss``, or ``h:mm:ss`` from an hour up; ``?`` for a negative or unknown duration."""
+    if not math.isfinite(seconds) or seconds < 0:
+        return "?"
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"
 
 
 def summary_stats(values) -> dict:

@@ -57,7 +57,7 @@ def tiny_implant_models(tmp_path_factory, synthetic_skulls):
     (prepared root, raw root, pcdiff checkpoint, voxelizer checkpoint); see
     :func:`tests.helpers.train_tiny_implant_models`. Under pytest-xdist the first worker to ask trains them
     while holding a lock; the other waits and loads the same checkpoints (training them takes about a minute)."""
-    from pointforge.locks import exclusive_lock
+    from pointforge.flock import exclusive_lock
 
     shared = session_shared_dir(tmp_path_factory)
     base, done = shared / "implant-models", shared / "implant-models.json"

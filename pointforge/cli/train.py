@@ -60,7 +60,7 @@ def train_command(
     from pointforge.tasks.configs import load_train_config
     from pointforge.train.dist import DistributedFailure
     from pointforge.train.engine import train
-    from pointforge.train.plan import dry_run_plan
+    from pointforge.train.run_plan import dry_run_plan
     from pointforge.train.step import TrainingDiverged
 
     overrides = list(overrides or [])
@@ -76,14 +76,14 @@ def train_command(
             typer.echo(plan.text())
         return
     if nproc is not None:
-        from pointforge.train.launch import launch, worker_args
-        from pointforge.train.tracking import read_run_status
+        from pointforge.train.records import read_run_status
+        from pointforge.train.torchrun import run_torchrun, worker_args
 
         # Check the batch split before starting processes: config errors
         # should cost a second, not a torchrun start-up.
         dry_run_plan(get_task(task), cfg, world_size=nproc)
         worker = worker_args(task, config=config, overrides=overrides, resume=resume, wandb=wandb)
-        code = launch(worker, nproc=nproc, max_restarts=max_restarts, run_dir=cfg.run.dir)
+        code = run_torchrun(worker, nproc=nproc, max_restarts=max_restarts, run_dir=cfg.run.dir)
         status = read_run_status(cfg.run.dir) or {}
         if code == 0 and status.get("status") == "stopped":
             typer.echo(
@@ -116,8 +116,8 @@ def ckpt_inspect(
 ) -> None:
     """Show what a checkpoint holds: task, progress, config, parameters, saved devices and dtypes,
     key prefixes, size, and whether it is complete and resumable."""
-    from pointforge.ops.checkpoints import inspect_checkpoint
-    from pointforge.train.checkpoint import resume_candidates
+    from pointforge.ops.checkpoint_surgery import inspect_checkpoint
+    from pointforge.train.checkpoint.format import resume_candidates
 
     if path.is_dir():
         files = resume_candidates(path)
@@ -172,7 +172,7 @@ def ckpt_remap(
     A pointforge checkpoint stays resumable (optimizer, schedule and progress
     kept); other files become a plain state dict. Atomic; SOURCE is untouched.
     """
-    from pointforge.ops.checkpoints import remap_checkpoint
+    from pointforge.ops.checkpoint_surgery import remap_checkpoint
 
     if target is not None and out is not None and target != out:
         raise ConfigError(f"two outputs given ({target} and --out {out}); give one")

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Callable
 
 from pointforge.errors import ConfigError, DataError
-from pointforge.locks import exclusive_lock
+from pointforge.flock import exclusive_lock
 
 RECIPE_FILE = "synthetic.json"
 RAW_DIR = "raw"

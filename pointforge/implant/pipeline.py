@@ -56,7 +56,7 @@ from pointforge.nn.diffusion.samplers.registry import SAMPLER_NAMES
 from pointforge.nn.dpsr import dpsr_memory_bytes
 from pointforge.nn.dpsr_grid import normalize_resolution
 from pointforge.nn.pvcnn_config import FPLevel, PVCNN2Config, SALevel
-from pointforge.train.checkpoint import load_checkpoint
+from pointforge.train.checkpoint.format import load_checkpoint
 from pointforge.upsampling.pipeline import upsample_points
 
 __all__ = [

@@ -26,7 +26,7 @@ from pointforge.nn.diffusion.pipeline import sample_ensemble
 from pointforge.nn.diffusion.samplers.base import Sampler
 from pointforge.nn.diffusion.samplers.registry import make_sampler
 from pointforge.nn.diffusion.schedule import NoiseSchedule
-from pointforge.nn.ops.fps import furthest_point_sample_indices
+from pointforge.nn.pvops.fps import furthest_point_sample_indices
 from pointforge.tasks.pcdiff.config import PCDiffConfig
 from pointforge.tasks.pcdiff.dataset import HALF_EXTENT
 from pointforge.tasks.pcdiff.frame import PriorSection, atlas_estimate, frame_condition, prior_points

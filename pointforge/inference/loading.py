@@ -24,7 +24,7 @@ from pointforge.devices import resolve_device
 from pointforge.errors import CheckpointError, ConfigError
 from pointforge.tasks import get_task
 from pointforge.tasks.configs import train_config_from_dict
-from pointforge.train.checkpoint import is_pointforge_checkpoint, load_checkpoint, load_model_state
+from pointforge.train.checkpoint.format import is_pointforge_checkpoint, load_checkpoint, load_model_state
 
 __all__ = [
     "Weights",

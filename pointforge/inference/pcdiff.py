@@ -21,7 +21,7 @@ from pointforge.nn.diffusion.schedule import NoiseSchedule
 from pointforge.nn.pvcnn import PVCNN2
 from pointforge.tasks.pcdiff.config import build_schedule
 from pointforge.tasks.pcdiff.task import PCDiffTask
-from pointforge.train.tracking import get_logger
+from pointforge.train.logs import get_logger
 
 __all__ = ["CPU_EVAL_CHUNK_POINTS", "LoadedPCDiff", "load_pcdiff"]
 

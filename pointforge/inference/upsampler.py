@@ -1,7 +1,7 @@
 """Load a trained upsampler: :func:`load_upsampler` → :class:`LoadedUpsampler` (network, task config, normalisation).
 
 The checkpoint is read with the engine's one loader
-(:func:`pointforge.train.checkpoint.load_checkpoint`) and the model rebuilt from
+(:func:`pointforge.train.checkpoint.format.load_checkpoint`) and the model rebuilt from
 the config stored inside it, so the network, its graph's ``k`` and the
 normalisation it was trained with come with the weights. Which weights follows
 the one EMA rule of :mod:`pointforge.inference.loading`. Running it on clouds

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from pointforge.nn.dpsr_grid import PointCorners
 from pointforge.nn.dpsr_spectrum import LAPLACIAN_EPS, Spectrum, irfftn_consuming
-from pointforge.nn.ops.compiled_support import run_threaded
+from pointforge.nn.pvops.compiled_support import run_threaded
 
 try:
     import ducc0 as _ducc0

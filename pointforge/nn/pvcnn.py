@@ -5,7 +5,7 @@ whose set-abstraction (SA) and feature-propagation (FP) levels are plain data, o
 blocks of :mod:`pointforge.nn.pvcnn_blocks`. The module tree is laid out so that our
 ``state_dict`` keys are exactly upstream's keys without the ``model.`` prefix of PCDiff's
 checkpoints (``sa_layers.1.0.voxel_layers.6.q.weight`` ...), which makes importing
-upstream weights a validated prefix strip (:mod:`pointforge.nn.pcdiff_import`).
+upstream weights a validated prefix strip (:mod:`pointforge.nn.pvcnn_upstream`).
 
 Upstream behaviour that shapes the weights, kept on purpose:
 

@@ -1,6 +1,6 @@
 """PVCNN2's building blocks: shared MLPs, voxel convolutions (PVConv) with squeeze-excitation or
 attention, set abstraction and feature propagation, on the point-voxel operators of
-:mod:`pointforge.nn.ops`."""
+:mod:`pointforge.nn.pvops`."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pointforge.nn import fused_norm
-from pointforge.nn.ops import bags, ball_query, devoxelize, fps, grouping, three_nn, voxelize
 from pointforge.nn.pvcnn_config import GROUP_NORM_GROUPS
+from pointforge.nn.pvops import averaging, bags, ball_query, devoxelize, fps, grouping, three_nn
 
 __all__ = [
     "Attention",
@@ -132,14 +132,14 @@ class VoxelMap:
 
     def __init__(self, coords: Tensor, resolution: int):
         self.resolution = resolution
-        norm_coords, vox = voxelize.voxel_coordinates(coords, resolution)
-        self.flat_index = voxelize.flat_voxel_index(vox, resolution)
-        self.counts = voxelize.voxel_point_counts(self.flat_index, resolution)
+        norm_coords, vox = averaging.voxel_coordinates(coords, resolution)
+        self.flat_index = averaging.flat_voxel_index(vox, resolution)
+        self.counts = averaging.voxel_point_counts(self.flat_index, resolution)
         self.batch = coords.shape[0]
         self.corner_bags = bags.weighted_bags(*devoxelize.trilinear_corners(norm_coords, resolution), resolution**3)
 
-    def voxelize(self, features: Tensor) -> Tensor:
-        return voxelize.voxelize_mean(features, self.flat_index, self.counts, self.resolution)
+    def average(self, features: Tensor) -> Tensor:
+        return averaging.voxel_means(features, self.flat_index, self.counts, self.resolution)
 
     def devoxelize(self, grid: Tensor) -> Tensor:
         return bags.sum_bags(devoxelize.voxel_rows(grid), *self.corner_bags, self.batch)
@@ -199,7 +199,7 @@ class PVConv(nn.Module):
     def forward(self, features: Tensor, coords: Tensor, voxel_map: VoxelMap | None = None) -> Tensor:
         if voxel_map is None or voxel_map.resolution != self.resolution:
             voxel_map = VoxelMap(coords, self.resolution)
-        grid = voxel_map.voxelize(features)
+        grid = voxel_map.average(features)
         layers = list(self.voxel_layers)
         fused_silu = False  # the SiLU after a GroupNorm already applied with it
         for i, layer in enumerate(layers):

@@ -134,7 +134,7 @@ def estimate_checkpoint_bytes(task: Any, cfg: Any) -> int | None:
     """Size of one checkpoint (the engine's own estimate, which it checks before training), on a meta-device model."""
     import torch
 
-    from pointforge.train.checkpoint import estimate_checkpoint_bytes as estimate
+    from pointforge.train.checkpoint.format import estimate_checkpoint_bytes as estimate
 
     try:
         task.configure(cfg.task)
@@ -321,7 +321,7 @@ def check_resume(
 
 def _resume_path(resume: str, run_dir: str | os.PathLike | None) -> tuple[Path | None, list[Check]]:
     """The checkpoint ``--resume`` names (None with the checks that end the matter)."""
-    from pointforge.train import checkpoint as ckpt_io
+    from pointforge.train.checkpoint import format as ckpt_io
 
     name = "resume"
     if resume != "auto":
@@ -343,7 +343,7 @@ def _resume_path(resume: str, run_dir: str | os.PathLike | None) -> tuple[Path |
 
 def _checkpoint_checks(path: Path) -> tuple[list[Check], dict | None]:
     """Whether ``path`` is a complete, resumable pointforge checkpoint; its inspection when it is."""
-    from pointforge.ops.checkpoints import inspect_checkpoint
+    from pointforge.ops.checkpoint_surgery import inspect_checkpoint
 
     name = "resume"
     try:
@@ -382,7 +382,7 @@ def _weights_fit(path: Path, task: Any, cfg: Any) -> Check:
     """Whether the checkpoint's weights fit the model the config builds (built on the meta device: no memory)."""
     import torch
 
-    from pointforge.train import checkpoint as ckpt_io
+    from pointforge.train.checkpoint import format as ckpt_io
 
     name = "resume"
     ckpt = ckpt_io.load_checkpoint(path)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pointforge.errors import ConfigError
-from pointforge.train.launch import pid_alive
+from pointforge.train.torchrun import pid_alive
 
 FAKE_GPUS_ENV = "POINTFORGE_FAKE_GPUS"
 

@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from pointforge.errors import DataError
-from pointforge.formats import format_bytes
+from pointforge.formats import format_bytes, format_duration
 from pointforge.ops.host import GpuInventory, format_gpu_list, gpu_inventory
 from pointforge.ops.runs import CONSOLE_LOG, RunState, find_run_dirs, run_state, tail_lines
 from pointforge.ops.slurm.queue import QueuedJob, queued_jobs
-from pointforge.train.tracking import format_duration
 
 STATUS_STYLE = {
     "running": "green",

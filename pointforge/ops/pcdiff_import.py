@@ -1,7 +1,7 @@
 """``pointforge ckpt import-pcdiff``: an upstream PCDiff checkpoint converted into a pointforge one.
 
-An operation on checkpoint files, like ``ckpt remap`` (:mod:`pointforge.ops.checkpoints`):
-it reads upstream's layout (:mod:`pointforge.nn.pcdiff_import` maps the
+An operation on checkpoint files, like ``ckpt remap`` (:mod:`pointforge.ops.checkpoint_surgery`):
+it reads upstream's layout (:mod:`pointforge.nn.pvcnn_upstream` maps the
 weights) and writes the engine's, so it sits above both the ``pcdiff`` task
 and the engine it writes for.
 """
@@ -16,11 +16,11 @@ from typing import Sequence
 from pointforge.config.coercion import to_dict
 from pointforge.config.training import TrainConfig
 from pointforge.errors import CheckpointError, ConfigError
-from pointforge.nn.pcdiff_import import import_upstream_state_dict
+from pointforge.nn.pvcnn_upstream import import_upstream_state_dict
 from pointforge.tasks.configs import load_train_config
 from pointforge.tasks.pcdiff.config import PRESET_POINTS
 from pointforge.tasks.pcdiff.task import PCDiffTask, build_model
-from pointforge.train.checkpoint import (
+from pointforge.train.checkpoint.format import (
     capture_rng,
     is_pointforge_checkpoint,
     load_checkpoint,
@@ -119,7 +119,7 @@ def import_pcdiff_checkpoint(
 
     ``source``: upstream's ``{"epoch", "model_state", "optimizer_state"}`` file
     (keys ``model.`` or, from DDP, ``model.module.``) or a bare state dict. The
-    network is identified by :func:`~pointforge.nn.pcdiff_import.import_upstream_state_dict`
+    network is identified by :func:`~pointforge.nn.pvcnn_upstream.import_upstream_state_dict`
     (``preset`` forces one). The written file has the engine's layout: the
     resolved training config (``config`` YAML and ``overrides``, else the
     defaults, with ``task.model`` set to the preset), the weights, no EMA,

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from pointforge.ops.host import pid_runs, this_host
-from pointforge.train.launch import live_worker_pids, pid_alive_since, rank_records
-from pointforge.train.tracking import read_run_status
+from pointforge.train.records import read_run_status
+from pointforge.train.torchrun import live_worker_pids, pid_alive_since, rank_records
 
 LAUNCH_JSON = "launch.json"
 LAUNCH_SH = "launch.sh"

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Callable
 
 from pointforge.errors import UserError
+from pointforge.flock import exclusive_lock
 from pointforge.implant.pipeline import GenerateOptions, load_models
-from pointforge.locks import exclusive_lock
 from pointforge.serve.app import create_app
 from pointforge.serve.settings import ServeSettings
 from pointforge.serve.store import JobStore

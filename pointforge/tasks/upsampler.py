@@ -58,11 +58,11 @@ from pointforge.data.pairs.dataset import UpsamplingPairs
 from pointforge.data.pairs.manifest import PairEntry, read_manifest
 from pointforge.data.pairs.scenes import spread_sizes, write_synthetic_pairs
 from pointforge.errors import ConfigError, DataError
-from pointforge.locks import exclusive_lock
+from pointforge.flock import exclusive_lock
 from pointforge.nn.losses import chamfer_distance, point_to_plane_distance
 from pointforge.nn.upsampler import PRESETS, NodeShuffleUpsampler, UpsamplerConfig, training_step_bytes
+from pointforge.train.logs import get_logger
 from pointforge.train.task import EvalContext, StepContext, Task
-from pointforge.train.tracking import get_logger
 
 __all__ = [
     "UpsamplingConfig",

@@ -49,8 +49,8 @@ from pointforge.errors import ConfigError
 from pointforge.nn.dpsr import dpsr_memory_bytes
 from pointforge.nn.voxelizer import VoxelizerConfig, VoxelizerNet, indicator_target, psr_tanh_mse_loss
 from pointforge.train.data import global_batches
+from pointforge.train.logs import get_logger
 from pointforge.train.task import EvalContext, StepContext, Task
-from pointforge.train.tracking import get_logger
 
 PRESET_NAMES = ("tiny", "small", "paper")
 

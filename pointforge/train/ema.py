@@ -8,7 +8,7 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from pointforge.train.checkpoint import load_model_state, to_cpu
+from pointforge.train.checkpoint.format import load_model_state, to_cpu
 
 
 class EMA:

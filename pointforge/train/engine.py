@@ -1,14 +1,14 @@
 """The training engine: one loop for every task, from one CPU to many GPUs.
 
 Entry point: :func:`train` (``--dry-run``'s plan is
-:func:`pointforge.train.plan.dry_run_plan`). The trainer is assembled from
+:func:`pointforge.train.run_plan.dry_run_plan`). The trainer is assembled from
 parts with their own state, as torchtitan assembles its trainer:
 
 * :class:`~pointforge.train.state.TrainState`: progress and the best metric
   (a checkpoint's ``progress``);
-* :class:`~pointforge.train.checkpointing.Trainables`: the model with its
+* :class:`~pointforge.train.checkpoint.manager.Trainables`: the model with its
   optimizer, schedule, scaler and EMA;
-* :class:`~pointforge.train.checkpointing.CheckpointManager`: resume and save;
+* :class:`~pointforge.train.checkpoint.manager.CheckpointManager`: resume and save;
 * :class:`~pointforge.train.epochs.EpochFeed`: the loader and each epoch's batches;
 * :class:`~pointforge.train.step.TrainStep`: one optimizer step in lockstep
   (micro-batches, the ranks' vote, the update);
@@ -39,8 +39,8 @@ from torch import nn
 
 from pointforge.config.training import TrainConfig
 from pointforge.errors import ConfigError, UserError
-from pointforge.train import checkpoint as ckpt_io
-from pointforge.train.checkpointing import CheckpointManager, Trainables
+from pointforge.train.checkpoint import format as ckpt_io
+from pointforge.train.checkpoint.manager import CheckpointManager, Trainables
 from pointforge.train.data import derive_seed, seed_everything
 from pointforge.train.dist import (
     DistEnv,
@@ -56,17 +56,17 @@ from pointforge.train.dist import (
 from pointforge.train.ema import EMA
 from pointforge.train.epochs import EpochFeed
 from pointforge.train.evaluation import Evaluator
-from pointforge.train.launch import write_rank_record
-from pointforge.train.lock import lock_run_dir
+from pointforge.train.logs import LogSetup, get_logger
 from pointforge.train.metrics_logger import MetricsLogger
 from pointforge.train.parallelize import set_precision, to_channels_last, wrap_model
-from pointforge.train.plan import best_rule, make_plan
 from pointforge.train.preflight import FAILURE, WARNING, Finding, check_datasets, check_disk, check_memory
+from pointforge.train.run_dir_lock import lock_run_dir
+from pointforge.train.run_plan import best_rule, make_plan
 from pointforge.train.schedule import build_optimizer, build_scheduler
 from pointforge.train.state import BestMetric, TrainState
 from pointforge.train.step import LocalFlags, TrainingDiverged, TrainStep, Vote
 from pointforge.train.task import Task
-from pointforge.train.tracking import LogSetup, get_logger
+from pointforge.train.torchrun import write_rank_record
 
 __all__ = ["train", "TrainResult"]
 

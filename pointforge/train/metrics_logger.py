@@ -1,18 +1,21 @@
-"""The engine's metrics logger: log lines, metric files, ``run.json`` and the progress bar, as one part.
+"""The engine part that reports a run: what the step measured, when it is logged, where it goes.
 
 Every rank holds a :class:`MetricsLogger`: its :class:`MetricWindow` is what
 the training step reports into, and ``last`` (the latest value of every
 metric) is what a checkpoint carries. Only rank 0 opens the records
 (:meth:`MetricsLogger.open`): ``config.yaml``, ``run.json``
-(:class:`~pointforge.train.tracking.RunStatus`), ``metrics.jsonl`` with
-TensorBoard and W&B (:class:`~pointforge.train.tracking.MetricsWriter`) and
-the progress bar; on the other ranks the writing methods do nothing.
+(:class:`~pointforge.train.records.RunStatus`), ``metrics.jsonl`` with
+TensorBoard and W&B (:class:`~pointforge.train.records.MetricsWriter`) and
+the :class:`ProgressBar`; on the other ranks the writing methods do nothing.
+The files themselves are :mod:`pointforge.train.records`'s, the log
+:mod:`pointforge.train.logs`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -20,11 +23,12 @@ from pointforge import __version__
 from pointforge.config.coercion import to_dict
 from pointforge.config.loader import save_yaml
 from pointforge.config.training import TrainConfig
-from pointforge.formats import json_safe
+from pointforge.formats import format_duration, json_safe
 from pointforge.train.dist import DistEnv
+from pointforge.train.logs import get_logger
+from pointforge.train.records import MetricsWriter, RunStatus
 from pointforge.train.schedule import BatchPlan
 from pointforge.train.state import MetricWindow, TrainState
-from pointforge.train.tracking import MetricsWriter, Progress, RunStatus, format_duration, get_logger
 
 log = get_logger("train")
 
@@ -41,6 +45,48 @@ def jsonable_metrics(metrics: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+class ProgressBar:
+    """A live bar (loss, LR, it/s, ETA) when stderr is a terminal; nothing otherwise.
+
+    The same numbers always reach the log every ``log.every_steps`` steps, so a
+    batch job's log shows progress without a bar.
+    """
+
+    def __init__(self, mode: str, total_steps: int, start_step: int):
+        self.enabled = mode == "on" or (mode == "auto" and sys.stderr.isatty())
+        self._progress = None
+        self._task = None
+        if not self.enabled:
+            return
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress as RichProgress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
+
+        self._progress = RichProgress(
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeRemainingColumn(),
+            transient=False,
+        )
+        self._progress.start()
+        self._task = self._progress.add_task("train", total=total_steps, completed=start_step, info="")
+
+    def update(self, step: int, info: str) -> None:
+        if self._progress is not None and self._task is not None:
+            self._progress.update(self._task, completed=step, info=info)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+
 class MetricsLogger:
     """What a run reports, and where: rank 0's records, every rank's metric window and latest metrics."""
 
@@ -53,7 +99,7 @@ class MetricsLogger:
         self.last: dict[str, float] = {}
         self.status: RunStatus | None = None
         self.writer: MetricsWriter | None = None
-        self.progress: Progress | None = None
+        self.progress: ProgressBar | None = None
 
     def open(
         self,
@@ -93,7 +139,7 @@ class MetricsLogger:
             run_name=f"{self.task_name}:{self.run_dir.name}",
             resume=resumed_from is not None,
         )
-        self.progress = Progress(cfg.log.progress, total_steps, state.global_step)
+        self.progress = ProgressBar(cfg.log.progress, total_steps, state.global_step)
 
     def update_status(self, *, progress_only: bool = False, **changes: Any) -> None:
         """``run.json`` (rank 0, once opened; elsewhere nothing)."""

@@ -17,7 +17,7 @@ The API (stable; other modules build on it):
     ``raise_if_failed()``.
 
 ``check_run_dir_lock(run_dir)``
-    Another live job holds the run dir's lock (:mod:`pointforge.train.lock`).
+    Another live job holds the run dir's lock (:mod:`pointforge.train.run_dir_lock`).
 
 ``check_existing_checkpoints(run_dir, resume)``
     A fresh start (``resume`` None) in a run dir that already holds checkpoints.
@@ -56,8 +56,8 @@ import torch
 from pointforge.devices import available_memory_bytes
 from pointforge.errors import ConfigError, DiskFullError, UserError
 from pointforge.formats import format_bytes
-from pointforge.train import checkpoint as ckpt_io
-from pointforge.train.lock import RunDirInUse, in_use_message, lock_holder
+from pointforge.train.checkpoint import format as ckpt_io
+from pointforge.train.run_dir_lock import RunDirInUse, in_use_message, lock_holder
 from pointforge.train.task import Task
 
 __all__ = [

@@ -22,13 +22,13 @@ import torch
 from torch import nn
 
 from pointforge.config.training import TrainConfig
-from pointforge.train.checkpointing import Trainables
+from pointforge.train.checkpoint.manager import Trainables
 from pointforge.train.data import move_to_device, worker_errors
 from pointforge.train.dist import DistEnv, all_reduce_sum, report
+from pointforge.train.logs import get_logger
 from pointforge.train.schedule import BatchPlan
 from pointforge.train.state import MetricWindow, TrainState
 from pointforge.train.task import StepContext, Task, split_step_output
-from pointforge.train.tracking import get_logger
 
 log = get_logger("train")
 

@@ -27,7 +27,7 @@ from pointforge.implant.demo.training import decays, phase_worker, train_side_by
 from pointforge.implant.demo.verdict import case_values, intervals, verdict_sentences
 from pointforge.implant.demo.workers import baseline_case, case_jobs, case_pool, run_cases
 from pointforge.implant.evaluate import Evaluation, summarise
-from pointforge.train.launch import worker_args
+from pointforge.train.torchrun import worker_args
 from tests.helpers import TOY_TINY, write_raw_dataset
 
 TOY = TOY_TINY

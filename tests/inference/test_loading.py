@@ -15,7 +15,7 @@ from pointforge.inference.loading import LoadedModel
 from pointforge.inference.voxelizer import LoadedVoxelizer, load_voxelizer
 from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config
-from pointforge.train import checkpoint as ck
+from pointforge.train.checkpoint import format as ck
 from tests.helpers import CONFIGS, TOY_TINY
 
 

@@ -6,14 +6,8 @@ import pytest
 import torch
 
 from pointforge.nn.pvcnn import PVCNN2
-from tests.helpers import FIXTURES
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return torch.load(FIXTURES / "upstream_pvcnn2_tiny.pt", weights_only=True)
 
 
 def _training_step(tiny, checkpointed: bool):

@@ -7,14 +7,8 @@ import torch
 
 from pointforge.errors import ConfigError
 from pointforge.nn.pvcnn import PVCNN2
-from tests.helpers import FIXTURES
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return torch.load(FIXTURES / "upstream_pvcnn2_tiny.pt", weights_only=True)
 
 
 def _model(tiny, **kwargs) -> PVCNN2:

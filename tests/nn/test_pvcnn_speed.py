@@ -3,8 +3,8 @@
 import torch
 from torch import nn
 
-from pointforge.nn.ops.bags import sum_bags, weighted_bags
 from pointforge.nn.pvcnn_blocks import FeaturePropagation, _segment_group_norm, _segment_weights, dropout
+from pointforge.nn.pvops.bags import sum_bags, weighted_bags
 from tests.nn.oracles import embedding_bag_sum, weighted_group_norm_per_element
 
 

@@ -12,7 +12,7 @@ import torch
 from pointforge.ops import doctor, doctor_host, doctor_report, doctor_run
 from pointforge.ops.host import FAKE_GPUS_ENV, GpuInventory
 from pointforge.tasks.toy import PointMLP
-from pointforge.train import checkpoint as ck
+from pointforge.train.checkpoint import format as ck
 from tests.helpers import TOY_TINY, run_cli, write_raw_dataset
 
 TINY = TOY_TINY

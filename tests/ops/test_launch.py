@@ -31,7 +31,7 @@ from pointforge.ops.runs import read_launch, run_state
 from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config
 from pointforge.train import preflight
-from pointforge.train.plan import make_plan
+from pointforge.train.run_plan import make_plan
 from tests.helpers import CONFIGS, QUIET, REPO, TOY_TINY, descendants, run_cli
 
 TINY = TOY_TINY
@@ -282,7 +282,7 @@ def test_each_job_gets_its_own_devices_port_and_environment(tmp_path, monkeypatc
 
 
 def test_launch_and_train_nproc_build_torchrun_the_same_way(tmp_path, monkeypatch):
-    from pointforge.train import launch as torchrun
+    from pointforge.train import torchrun
 
     root = torchrun.package_root()
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/elsewhere", root]))

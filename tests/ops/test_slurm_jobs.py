@@ -21,7 +21,7 @@ import torch
 from pointforge.ops.slurm.queue import QueuedJob, queued_jobs
 from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config
-from pointforge.train import checkpoint as ck
+from pointforge.train.checkpoint import format as ck
 from pointforge.train.engine import train
 from tests.helpers import QUIET, TOY_TINY, subprocess_env
 from tests.slurm_cluster import SlurmCluster, skip_reason

@@ -26,7 +26,7 @@ from pointforge.nn.losses import chamfer_distance, point_to_plane_distance
 from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config
 from pointforge.tasks.upsampler import SyntheticSection, ensure_synthetic_pairs, model_config, select_clouds
-from pointforge.train import checkpoint as ck
+from pointforge.train.checkpoint import format as ck
 from pointforge.train.data import derive_seed, seed_everything
 from pointforge.train.engine import train
 from pointforge.train.task import EvalContext

@@ -22,7 +22,7 @@ from pointforge.implant.voxelize import points_to_volume
 from pointforge.inference.voxelizer import load_voxelizer
 from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config
-from pointforge.train import checkpoint as ck
+from pointforge.train.checkpoint import format as ck
 from pointforge.train.data import global_batches
 from pointforge.train.engine import train
 from tests.helpers import REPO

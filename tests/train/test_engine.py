@@ -12,7 +12,7 @@ import torch
 from pointforge.errors import CheckpointError, ConfigError, DeviceError, UserError
 from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config
-from pointforge.train import checkpoint as ck
+from pointforge.train.checkpoint import format as ck
 from pointforge.train.engine import train
 from pointforge.train.step import TrainingDiverged
 from tests.helpers import TOY_TINY, quiet_config, run_cli

@@ -20,7 +20,7 @@ import torch
 
 from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config
-from pointforge.train import checkpoint as ck
+from pointforge.train.checkpoint import format as ck
 from pointforge.train.engine import train
 from tests.helpers import QUIET, TOY_TINY, Job, run_to_end, torchrun_command
 
@@ -269,7 +269,7 @@ def test_two_torchrun_agents_as_two_nodes_train_to_the_end_equal_to_one_agent(tm
     """``--nnodes 2``: two agents (as on two nodes) meet at a c10d rendezvous on localhost, one worker each."""
     import socket
 
-    from pointforge.train.launch import torchrun_command as agent_command, worker_args
+    from pointforge.train.torchrun import torchrun_command as agent_command, worker_args
 
     run_dir = tmp_path / "run"
     worker = worker_args("toy", config=TINY, overrides=[*QUIET, *REFERENCE, f"run.dir={run_dir}"])

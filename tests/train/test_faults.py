@@ -21,10 +21,10 @@ import torch
 
 from pointforge.errors import DataError, DiskFullError, UserError
 from pointforge.tasks import get_task
-from pointforge.train import checkpoint as ck
+from pointforge.train.checkpoint import format as ck
 from pointforge.train.data import unwrap_worker_error
 from pointforge.train.engine import train
-from pointforge.train.lock import LOCK_FILE, RunDirInUse, RunDirLock, lock_holder
+from pointforge.train.run_dir_lock import LOCK_FILE, RunDirInUse, RunDirLock, lock_holder
 from tests.helpers import QUIET, TOY_TINY, Job, quiet_config, subprocess_env
 
 
@@ -129,7 +129,7 @@ def test_launch_and_train_nproc_refuse_a_held_run_dir_with_the_same_line(tmp_pat
     from pointforge.ops.host import GpuInventory
     from pointforge.ops.launch.plan import build_plan
     from pointforge.ops.launch.spec import PlanSpec, job_from_mapping
-    from pointforge.train.launch import launch
+    from pointforge.train.torchrun import run_torchrun
 
     run_dir = tmp_path / "runs" / "a"
     spec = PlanSpec(
@@ -140,7 +140,7 @@ def test_launch_and_train_nproc_refuse_a_held_run_dir_with_the_same_line(tmp_pat
         with pytest.raises(RunDirInUse, match=f"job a: run dir {run_dir} is in use by pid {os.getpid()}"):
             build_plan(spec, cwd=tmp_path, inventory=GpuInventory(1, "fake")).check()
         with pytest.raises(RunDirInUse, match=f"run dir {run_dir} is in use by pid {os.getpid()}"):
-            launch(["train", "toy"], nproc=2, max_restarts=0, run_dir=run_dir)
+            run_torchrun(["train", "toy"], nproc=2, max_restarts=0, run_dir=run_dir)
 
 
 # --------------------------------------------------------------------------- a full disk

@@ -1,7 +1,7 @@
 """The demo's training: PCDiff and the voxelizer side by side, in timed phases, each phase's checkpoints kept.
 
 Each network trains as a torchrun job of one process, started by the one
-torchrun launcher (:func:`pointforge.train.launch.start_torchrun`), the way
+torchrun launcher (:func:`pointforge.train.torchrun.start_torchrun`), the way
 ``pointforge train --nproc`` starts its workers; a phase resumes the last.
 """
 
@@ -18,8 +18,8 @@ import yaml
 from pointforge.errors import DataError
 from pointforge.implant.demo.settings import DemoSettings
 from pointforge.tasks.configs import resolve_config_path
-from pointforge.train.launch import start_torchrun, worker_args
-from pointforge.train.tracking import read_run_status
+from pointforge.train.records import read_run_status
+from pointforge.train.torchrun import start_torchrun, worker_args
 
 # The two networks the demo trains, each from its packaged ``demo`` preset.
 DEMO_TASKS = ("pcdiff", "voxelizer")

@@ -36,9 +36,7 @@ from pointforge.ops.launch.spec import JobSpec, PlanSpec, absolute, is_stripped,
 from pointforge.ops.runs import CONSOLE_LOG, is_live, run_state
 from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config, resolve_config_path
-from pointforge.train import checkpoint as ckpt_io
-from pointforge.train.launch import torchrun_command, worker_args, worker_pythonpath
-from pointforge.train.lock import RunDirInUse
+from pointforge.train.checkpoint import format as ckpt_io
 from pointforge.train.preflight import (
     Finding,
     check_compile,
@@ -46,7 +44,9 @@ from pointforge.train.preflight import (
     check_memory,
     check_run_dir_lock,
 )
+from pointforge.train.run_dir_lock import RunDirInUse
 from pointforge.train.schedule import plan_batches
+from pointforge.train.torchrun import torchrun_command, worker_args, worker_pythonpath
 
 
 @dataclass

@@ -29,7 +29,7 @@ from pointforge.ops.launch.plan import JobPlan, LaunchPlan, build_plan
 from pointforge.ops.launch.spec import STRIPPED, STRIPPED_PREFIXES, PlanSpec
 from pointforge.ops.launch.stop import send_signal
 from pointforge.ops.runs import CONSOLE_LOG, LAUNCH_JSON, LAUNCH_PID, LAUNCH_SH, read_launch
-from pointforge.train.launch import pid_alive
+from pointforge.train.torchrun import pid_alive
 
 
 def job_script(job: JobPlan, cwd: Path) -> str:

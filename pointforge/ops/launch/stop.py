@@ -18,7 +18,7 @@ from pointforge.errors import ConfigError
 from pointforge.ops.host import this_host
 from pointforge.ops.launch.spec import PlanSpec, absolute, job_run_dir
 from pointforge.ops.runs import LAUNCH_JSON, find_run_dirs, is_live, live_workers, read_launch, run_state
-from pointforge.train.launch import pid_alive
+from pointforge.train.torchrun import pid_alive
 
 
 @dataclass

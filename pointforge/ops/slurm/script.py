@@ -101,9 +101,9 @@ def _torchrun_line(job: SlurmScript) -> str:
 def _body(job: SlurmScript) -> list[str]:
     run_dir, python = shlex.quote(job.run_dir), shlex.quote(job.python)
     exports = [f"export {k}={shlex.quote(v)}" for k, v in job.env.items()]
-    # This node's workers, from the ranks/ records the engine writes (train.launch.live_worker_pids).
+    # This node's workers, from the ranks/ records the engine writes (train.torchrun.live_worker_pids).
     # This node's workers of this start of the job, from the ranks/ records the engine writes
-    # (pointforge.train.launch.rank_records reads the same files): the standard library only, so the
+    # (pointforge.train.torchrun.rank_records reads the same files): the standard library only, so the
     # stop is asked within a fraction of a second, not after torch has been imported.
     stop_workers = (
         f"{python} -c 'import glob, json, os, signal, socket, sys\n"

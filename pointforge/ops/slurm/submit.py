@@ -26,9 +26,9 @@ from pointforge.ops.launch.spec import JobSpec, PlanSpec, absolute, job_run_dir
 from pointforge.ops.slurm.queue import JOB_PREFIX, RECORD_NAME
 from pointforge.ops.slurm.script import ENDPOINT, NNODES, RUN_ID, SlurmScript, sbatch_script
 from pointforge.tasks.configs import load_train_config, resolve_config_path
-from pointforge.train.launch import torchrun_command, worker_args, worker_pythonpath
 from pointforge.train.preflight import check_existing_checkpoints, check_run_dir_lock
 from pointforge.train.schedule import BatchPlan, plan_batches, scale_lr
+from pointforge.train.torchrun import torchrun_command, worker_args, worker_pythonpath
 
 SCRIPT_NAME = "slurm.sbatch"
 # Filesystems every node of a cluster mounts alike. Anything else (ext4, xfs,

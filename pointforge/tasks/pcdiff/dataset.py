@@ -30,7 +30,7 @@ from pointforge.tasks.pcdiff.frame import (
     frame_condition,
     prior_points,
 )
-from pointforge.train.tracking import get_logger
+from pointforge.train.logs import get_logger
 
 __all__ = ["HALF_EXTENT", "PCDiffDataset", "ensure_prepared_dataset"]
 

@@ -53,8 +53,8 @@ from pointforge.tasks.pcdiff.correction import from_start
 from pointforge.tasks.pcdiff.dataset import HALF_EXTENT, PCDiffDataset, ensure_prepared_dataset
 from pointforge.tasks.pcdiff.frame import FramedDenoiser, atlas_cases, build_atlas
 from pointforge.tasks.pcdiff.placement import condition_use, placement_metrics
+from pointforge.train.logs import get_logger
 from pointforge.train.task import EvalContext, StepContext, Task
-from pointforge.train.tracking import get_logger
 
 __all__ = ["PCDiffTask", "build_model", "implant_distances"]
 

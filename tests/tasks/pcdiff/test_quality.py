@@ -27,7 +27,7 @@ from pointforge.nn.diffusion.samplers.registry import make_sampler
 from pointforge.tasks.configs import load_train_config
 from pointforge.tasks.pcdiff.dataset import PCDiffDataset
 from pointforge.tasks.pcdiff.task import PCDiffTask, implant_distances
-from pointforge.train import checkpoint as ck
+from pointforge.train.checkpoint import format as ck
 from pointforge.train.data import derive_seed, seed_everything
 from tests.helpers import CONFIGS, tiny_implant_pcdiff_config, torch_threads
 

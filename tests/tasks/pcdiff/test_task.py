@@ -28,7 +28,7 @@ from pointforge.tasks.pcdiff import task as pc
 from pointforge.tasks.pcdiff.config import SyntheticSection
 from pointforge.tasks.pcdiff.dataset import PCDiffDataset, ensure_prepared_dataset
 from pointforge.tasks.pcdiff.task import PCDiffTask
-from pointforge.train import checkpoint as ck
+from pointforge.train.checkpoint import format as ck
 from pointforge.train.engine import train
 from tests.helpers import CONFIGS, FIXTURES
 

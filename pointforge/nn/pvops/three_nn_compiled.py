@@ -25,7 +25,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from pointforge.nn.ops.compiled_support import rounding_margins, run_threaded
+from pointforge.nn.pvops.compiled_support import rounding_margins, run_threaded
 
 __all__ = ["three_nn_grid"]
 

@@ -1,4 +1,4 @@
-"""Checkpoints: atomic save, device-agnostic load, wrapper prefixes, resume selection.
+"""The checkpoint file format: atomic save, device-agnostic load, wrapper prefixes, resume selection.
 
 A pointforge checkpoint is one ``torch.save`` file holding only tensors and
 plain containers, so it loads with ``weights_only=True`` (no code runs while

@@ -1,5 +1,5 @@
-"""Average voxelisation: points mapped into a voxel grid (upstream's ``Voxelization``) and
-their features averaged per voxel. Coordinates are constants; gradients reach the features."""
+"""Point averaging: points mapped into a voxel grid (upstream's ``Voxelization``, ``avg_voxelize``)
+and their features averaged per voxel. Coordinates are constants; gradients reach the features."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import torch
 from torch import Tensor
 
 from pointforge.errors import DataError
-from pointforge.nn.ops.common import expect_coords
+from pointforge.nn.pvops.common import expect_coords
 
-__all__ = ["avg_voxelize", "flat_voxel_index", "voxel_coordinates", "voxel_point_counts", "voxelize_mean"]
+__all__ = ["average_into_voxels", "flat_voxel_index", "voxel_coordinates", "voxel_point_counts", "voxel_means"]
 
 
 def voxel_coordinates(
@@ -49,7 +49,7 @@ def voxel_point_counts(flat_index: Tensor, resolution: int) -> Tensor:
     return torch.bincount((flat_index + offset).reshape(-1), minlength=b * r3).view(b, r3)
 
 
-def voxelize_mean(features: Tensor, flat_index: Tensor, counts: Tensor, resolution: int) -> Tensor:
+def voxel_means(features: Tensor, flat_index: Tensor, counts: Tensor, resolution: int) -> Tensor:
     """Mean of ``features [B, C, N]`` per voxel given each point's ``flat_index [B, N]`` and
     the ``counts [B, r^3]`` -> ``[B, C, r, r, r]`` in channels-last memory layout.
 
@@ -66,7 +66,7 @@ def voxelize_mean(features: Tensor, flat_index: Tensor, counts: Tensor, resoluti
     return mean.view(b, r, r, r, c).permute(0, 4, 1, 2, 3)
 
 
-def avg_voxelize(features: Tensor, vox_coords: Tensor, resolution: int) -> Tensor:
+def average_into_voxels(features: Tensor, vox_coords: Tensor, resolution: int) -> Tensor:
     """Mean of the point features in each voxel -> ``[B, C, r, r, r]`` (empty voxels 0)."""
     if (
         features.dim() != 3
@@ -76,8 +76,8 @@ def avg_voxelize(features: Tensor, vox_coords: Tensor, resolution: int) -> Tenso
         or vox_coords.shape[2] != features.shape[2]
     ):
         raise DataError(
-            f"avg_voxelize: expected features [B, C, N] and vox_coords [B, 3, N], got {tuple(features.shape)} and {tuple(vox_coords.shape)}"
+            f"average_into_voxels: expected features [B, C, N] and vox_coords [B, 3, N], got {tuple(features.shape)} and {tuple(vox_coords.shape)}"
         )
     r = int(resolution)
     index = flat_voxel_index(vox_coords, r)
-    return voxelize_mean(features, index, voxel_point_counts(index, r), r)
+    return voxel_means(features, index, voxel_point_counts(index, r), r)

@@ -16,8 +16,8 @@ import torch
 from torch import Tensor
 
 from pointforge.errors import DataError
-from pointforge.nn.ops.common import FAR, expect_coords
-from pointforge.nn.ops.grouping import gather
+from pointforge.nn.pvops.common import FAR, expect_coords
+from pointforge.nn.pvops.grouping import gather
 
 __all__ = ["furthest_point_sample", "furthest_point_sample_indices"]
 
@@ -89,7 +89,7 @@ COMPILED_MIN_POINTS = 8192
 def _compiled() -> ModuleType | None:
     """The compiled loop's module, imported on first use (Numba's import costs a second); None without Numba."""
     try:
-        from pointforge.nn.ops import fps_compiled
+        from pointforge.nn.pvops import fps_compiled
     except ImportError:
         return None
     return fps_compiled

@@ -11,8 +11,7 @@ from torch import nn
 
 from pointforge.atomic import atomic_writer
 from pointforge.errors import CheckpointError
-from pointforge.train import checkpoint as ck
-from tests.helpers import run_cli
+from pointforge.train.checkpoint import format as ck
 
 
 def _model():
@@ -134,26 +133,9 @@ def test_missing_file_and_non_checkpoint():
         ck.model_weights({"epoch": 3})
 
 
-def test_ckpt_cli_inspect_and_remap(tmp_path):
-    model = _model()
-    upstream = tmp_path / "upstream.pt"
-    torch.save({"epoch": 7, "model_state": {f"model.module.{k}": v for k, v in model.state_dict().items()}}, upstream)
-    out = run_cli("ckpt", "inspect", str(upstream))
-    assert out.exit_code == 0, out.output
-    assert "foreign" in out.output and "parameters" in out.output
-    clean = tmp_path / "clean.pt"
-    out = run_cli("ckpt", "remap", str(upstream), str(clean), "--strip-prefix", "model.")
-    assert out.exit_code == 0, out.output
-    weights = torch.load(clean, weights_only=True)
-    assert set(weights) == set(model.state_dict())
-    fresh = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
-    ck.load_model_state(fresh, weights)
-    assert torch.equal(fresh[0].weight, model[0].weight)
-
-
 def test_files_that_are_not_checkpoints_say_so(tmp_path):
     from pointforge.errors import CheckpointError
-    from pointforge.train.checkpoint import load_checkpoint
+    from pointforge.train.checkpoint.format import load_checkpoint
 
     text = tmp_path / "pairs.csv"
     text.write_text("sparse,dense\na.npy,b.npy\n")

@@ -7,8 +7,8 @@ import torch
 from torch import Tensor
 
 from pointforge.errors import DataError
-from pointforge.nn.ops.bags import sum_bags, weighted_bags
-from pointforge.nn.ops.common import expect_coords
+from pointforge.nn.pvops.bags import sum_bags, weighted_bags
+from pointforge.nn.pvops.common import expect_coords
 
 __all__ = ["devoxelize_weighted", "trilinear_corners", "trilinear_devoxelize", "voxel_rows"]
 

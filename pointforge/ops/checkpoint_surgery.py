@@ -1,6 +1,6 @@
-"""What ``pointforge ckpt inspect`` and ``ckpt remap`` do, as functions.
+"""Checkpoint surgery: what ``pointforge ckpt inspect`` and ``ckpt remap`` do, as functions.
 
-Both read through the engine's one loader (:func:`pointforge.train.checkpoint.load_checkpoint`,
+Both read through the engine's one loader (:func:`pointforge.train.checkpoint.format.load_checkpoint`,
 which maps every tensor to the CPU); ``inspect`` also records the device each
 storage was *saved* on (``cuda:7`` in a file written by rank 7 of an old run),
 which is what makes a checkpoint refuse to load elsewhere with plain ``torch.load``.
@@ -9,6 +9,7 @@ which is what makes a checkpoint refuse to load elsewhere with plain ``torch.loa
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any, Mapping
 import torch
 
 from pointforge.errors import CheckpointError
-from pointforge.train import checkpoint as ckpt_io
+from pointforge.train.checkpoint import format as ckpt_io
 from pointforge.train.state import TrainState
 
 # What a pointforge checkpoint needs to resume a run.
@@ -138,8 +139,6 @@ def inspect_checkpoint(path: str | os.PathLike, *, trust: bool = False) -> dict[
 
 
 def _when(stamp: Any) -> str | None:
-    import time
-
     if not isinstance(stamp, (int, float)):
         return None
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))

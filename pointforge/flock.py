@@ -4,7 +4,7 @@ Two uses, one primitive. A builder of shared data (a synthetic dataset, a
 pair set) that many ranks may ask for at once holds :func:`exclusive_lock`
 while it builds: the others wait, then find the data built. A training job
 holds its run directory's lock for its whole life
-(:class:`pointforge.train.lock.RunDirLock`), taking it with
+(:class:`pointforge.train.run_dir_lock.RunDirLock`), taking it with
 :func:`try_flock` so that a second job is refused at once instead of waiting.
 
 ``flock`` locks belong to the open file and end with the process, however

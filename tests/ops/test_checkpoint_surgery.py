@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 from pointforge.errors import CheckpointError
-from pointforge.ops.checkpoints import inspect_checkpoint, remap_checkpoint
+from pointforge.ops.checkpoint_surgery import inspect_checkpoint, remap_checkpoint
 from pointforge.tasks import get_task
-from pointforge.train import checkpoint as ck
+from pointforge.train.checkpoint import format as ck
 from pointforge.train.engine import train
 from tests.helpers import TOY_TINY, quiet_config, run_cli
 
@@ -116,3 +117,21 @@ def test_remap_never_overwrites_and_can_write_bare_weights(trained, tmp_path):
     assert remap_checkpoint(source, target, force=True).kind == "checkpoint"
     out = run_cli("ckpt", "remap", str(source), "--out", str(tmp_path / "a.pt"), str(tmp_path / "b.pt"))
     assert isinstance(out.exception, Exception) and "two outputs" in str(out.exception)
+
+
+def test_ckpt_cli_inspect_and_remap(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    upstream = tmp_path / "upstream.pt"
+    torch.save({"epoch": 7, "model_state": {f"model.module.{k}": v for k, v in model.state_dict().items()}}, upstream)
+    out = run_cli("ckpt", "inspect", str(upstream))
+    assert out.exit_code == 0, out.output
+    assert "foreign" in out.output and "parameters" in out.output
+    clean = tmp_path / "clean.pt"
+    out = run_cli("ckpt", "remap", str(upstream), str(clean), "--strip-prefix", "model.")
+    assert out.exit_code == 0, out.output
+    weights = torch.load(clean, weights_only=True)
+    assert set(weights) == set(model.state_dict())
+    fresh = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    ck.load_model_state(fresh, weights)
+    assert torch.equal(fresh[0].weight, model[0].weight)

@@ -15,9 +15,9 @@ import torch
 from torch import Tensor
 
 from pointforge.errors import DataError
-from pointforge.nn.ops.bags import sum_bags, weighted_bags
-from pointforge.nn.ops.cell_grid import CellGrid, block_squared_distance, flat_components
-from pointforge.nn.ops.common import FAR, METHODS, PAIR_BUDGET, expect_coords, squared_distance
+from pointforge.nn.pvops.bags import sum_bags, weighted_bags
+from pointforge.nn.pvops.cell_grid import CellGrid, block_squared_distance, flat_components
+from pointforge.nn.pvops.common import FAR, METHODS, PAIR_BUDGET, expect_coords, squared_distance
 
 __all__ = ["COMPILED_MIN_POINTS", "interpolate_from_neighbors", "three_nearest_neighbors", "three_nn_interpolate"]
 
@@ -133,7 +133,7 @@ def _three_nn_grid(points: Tensor, centers: Tensor, cell: float, attempts: int =
 def _compiled() -> ModuleType | None:
     """The compiled search's module, imported on first use; None without Numba."""
     try:
-        from pointforge.nn.ops import three_nn_compiled
+        from pointforge.nn.pvops import three_nn_compiled
     except ImportError:
         return None
     return three_nn_compiled

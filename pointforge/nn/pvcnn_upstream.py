@@ -1,4 +1,4 @@
-"""Import upstream PCDiff weights (``train_completion.py`` checkpoints) into pointforge.
+"""Upstream PCDiff's PVCNN2 state dicts (``train_completion.py`` checkpoints) mapped onto ours.
 
 Upstream saves ``{"epoch", "model_state", "optimizer_state"}`` where ``model_state`` is the
 state dict of its ``Model`` wrapper: the PVCNN2 keys prefixed ``model.`` (single process) or

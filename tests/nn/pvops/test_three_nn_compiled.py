@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from pointforge.errors import DataError
-from pointforge.nn.ops import three_nn
-from pointforge.nn.ops.three_nn import three_nearest_neighbors
+from pointforge.nn.pvops import three_nn
+from pointforge.nn.pvops.three_nn import three_nearest_neighbors
 
 pytest.importorskip("numba", reason="the compiled 3-NN search needs Numba (a core dependency: pip install numba)")
-from pointforge.nn.ops.three_nn_compiled import three_nn_grid
+from pointforge.nn.pvops.three_nn_compiled import three_nn_grid
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from pointforge.nn.ops.common import FAR
-from pointforge.nn.ops.compiled_support import rounding_margins, run_threaded
+from pointforge.nn.pvops.common import FAR
+from pointforge.nn.pvops.compiled_support import rounding_margins, run_threaded
 
 __all__ = ["LEAF_SIZE", "bucketed_fps"]
 

@@ -15,7 +15,7 @@ import torch
 
 from pointforge.config.training import TrainConfig
 from pointforge.errors import ConfigError, DataError, DeviceError
-from pointforge.train import checkpoint as ckpt_io
+from pointforge.train.checkpoint import format as ckpt_io
 from pointforge.train.data import derive_seed, seed_everything
 from pointforge.train.dist import probe_env, resolve_device
 from pointforge.train.preflight import check_compile

@@ -3,7 +3,7 @@
 Each operator computes what upstream's CUDA kernels (the ``_pvcnn_backend`` of PVD and
 PCDiff) compute, including their tie rules and edge cases, so weights trained with those
 kernels behave the same here, on CPU or on CUDA, with the same code: :mod:`.fps`,
-:mod:`.ball_query`, :mod:`.grouping`, :mod:`.three_nn`, :mod:`.voxelize`,
+:mod:`.ball_query`, :mod:`.grouping`, :mod:`.three_nn`, :mod:`.averaging` (points averaged into voxels),
 :mod:`.devoxelize`; :mod:`.bags` is the weighted gather-sum behind the last two and the
 3-NN interpolation, :mod:`.cell_grid` the candidate search behind ball query and 3-NN,
 :mod:`.common` the checks and distance arithmetic they share.
@@ -18,7 +18,7 @@ features (interpolation, voxel means) equal the kernels' up to float rounding of
 summation order, as the kernels' own atomics do.
 
 Gradients flow where upstream's ops have them: into features (gather, grouping, 3-NN
-interpolation, voxelisation, devoxelisation) and, through gather and grouping, into
-coordinates. Voxelisation, devoxelisation and 3-NN treat coordinates as constants, as
+interpolation, averaging, devoxelisation) and, through gather and grouping, into
+coordinates. Averaging, devoxelisation and 3-NN treat coordinates as constants, as
 upstream does.
 """

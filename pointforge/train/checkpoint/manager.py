@@ -2,7 +2,7 @@
 
 :class:`CheckpointManager` is the part of the trainer that owns a run's
 checkpoints (the file format and retention are
-:mod:`pointforge.train.checkpoint`'s): choosing the checkpoint to resume from
+:mod:`pointforge.train.checkpoint.format`'s): choosing the checkpoint to resume from
 (rank 0 decides, every rank learns), restoring the :class:`Trainables`, the
 progress and the random streams from it, and saving them. Saving gathers
 every rank's RNG state (a collective, so every rank calls :meth:`save`);
@@ -22,15 +22,15 @@ from torch import nn
 from pointforge.config.coercion import to_dict
 from pointforge.config.training import TrainConfig
 from pointforge.errors import CheckpointError, ConfigError, UserError
-from pointforge.train import checkpoint as ckpt_io
+from pointforge.train.checkpoint import format as ckpt_io
 from pointforge.train.data import derive_seed, seed_everything
 from pointforge.train.dist import DistEnv, all_gather_objects, broadcast_object, rank0_section, report
 from pointforge.train.ema import EMA
+from pointforge.train.logs import get_logger
 from pointforge.train.metrics_logger import MetricsLogger, jsonable_metrics
 from pointforge.train.preflight import WARNING, check_existing_checkpoints, check_resume_point
 from pointforge.train.schedule import restore_scheduler
 from pointforge.train.state import TrainState
-from pointforge.train.tracking import get_logger
 
 log = get_logger("train")
 

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from pointforge.errors import DataError
-from pointforge.nn.ops import fps
-from pointforge.nn.ops.fps import furthest_point_sample_indices
+from pointforge.nn.pvops import fps
+from pointforge.nn.pvops.fps import furthest_point_sample_indices
 
 pytest.importorskip("numba", reason="the compiled FPS loop needs Numba (a core dependency: pip install numba)")
-from pointforge.nn.ops.fps_compiled import bucketed_fps
+from pointforge.nn.pvops.fps_compiled import bucketed_fps
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -6,8 +6,8 @@ import torch
 from torch import Tensor
 
 from pointforge.errors import DataError
-from pointforge.nn.ops.cell_grid import CellGrid, block_squared_distance, flat_components
-from pointforge.nn.ops.common import PAIR_BUDGET, expect_coords, expect_method, squared_distance
+from pointforge.nn.pvops.cell_grid import CellGrid, block_squared_distance, flat_components
+from pointforge.nn.pvops.common import PAIR_BUDGET, expect_coords, expect_method, squared_distance
 
 __all__ = ["ball_query"]
 

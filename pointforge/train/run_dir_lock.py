@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pointforge.errors import ConfigError, UserError
-from pointforge.locks import LockUnsupported, try_flock, unlock
+from pointforge.flock import LockUnsupported, try_flock, unlock
 from pointforge.train.dist import DistEnv, broadcast_object
 
 LOCK_FILE = "train.lock"

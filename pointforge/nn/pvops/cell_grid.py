@@ -12,7 +12,7 @@ from typing import Iterator
 import torch
 from torch import Tensor
 
-from pointforge.nn.ops.common import PAIR_BUDGET, squared_distance
+from pointforge.nn.pvops.common import PAIR_BUDGET, squared_distance
 
 __all__ = ["CellGrid", "block_squared_distance", "flat_components"]
 

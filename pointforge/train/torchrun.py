@@ -1,6 +1,6 @@
 """The one torchrun module: how pointforge starts, and finds, its worker processes.
 
-``pointforge train --nproc N`` (:func:`launch`, below), ``pointforge
+``pointforge train --nproc N`` (:func:`run_torchrun`, below), ``pointforge
 launch`` (:mod:`pointforge.ops.launch`, one job per GPU set) and the demo
 (:func:`start_torchrun`, two jobs side by side) start ``torchrun`` through
 these functions: the worker arguments
@@ -252,7 +252,7 @@ def start_torchrun(
 # --------------------------------------------------------------------------- train --nproc
 
 
-def launch(worker: Sequence[str], *, nproc: int, max_restarts: int, run_dir: str | os.PathLike) -> int:
+def run_torchrun(worker: Sequence[str], *, nproc: int, max_restarts: int, run_dir: str | os.PathLike) -> int:
     """Run torchrun with ``nproc`` workers; return its exit status (0 after a graceful stop).
 
     A run dir whose lock another job holds is refused here, before torchrun

@@ -1,15 +1,18 @@
-"""Rank-0 tracking: the project logger, train.log, metrics files, TensorBoard, W&B, run.json, progress.
+"""A run's records on disk, written by rank 0: metric files, TensorBoard, W&B and ``run.json``.
 
-Only rank 0 writes anything here; other ranks log warnings and errors to the
-console with a ``[rank N]`` prefix. Files in the run directory:
+Files in the run directory:
 
-``train.log``       everything the console showed, with timestamps
 ``metrics.jsonl``   one JSON object per logged step / evaluation
 ``metrics.csv``     the same in long form: time, step, epoch, name, value
 ``tb/``             TensorBoard event files
+``wandb_id.txt``    the W&B run id, so a resumed run continues the same W&B run
 ``run.json``        the run's current state (status, pid, host, task, epoch/step,
                     last metrics, last checkpoint), rewritten atomically, so a
                     monitor can read it at any time without talking to the process
+
+The log itself (``train.log``) is :mod:`pointforge.train.logs`'s; the engine
+part that decides what is written when is
+:class:`~pointforge.train.metrics_logger.MetricsLogger`.
 """
 
 from __future__ import annotations
@@ -17,96 +20,15 @@ from __future__ import annotations
 import csv
 import io
 import json
-import logging
 import math
 import os
 import socket
-import sys
 import time
 from pathlib import Path
 from typing import Any, Mapping
 
 from pointforge.atomic import atomic_write_json, atomic_write_text
 from pointforge.errors import ConfigError
-
-LOGGER_NAME = "pointforge"
-
-
-def get_logger(name: str | None = None) -> logging.Logger:
-    """The project's logger (``pointforge`` or a child such as ``pointforge.train``)."""
-    return logging.getLogger(LOGGER_NAME if not name else f"{LOGGER_NAME}.{name}")
-
-
-class _RankFilter(logging.Filter):
-    def __init__(self, rank: int):
-        super().__init__()
-        self.rank = rank
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.rank_prefix = f"[rank {self.rank}] " if self.rank else ""
-        return True
-
-
-class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever ``sys.stderr`` is now, so a live progress bar that
-    redirects stderr prints log lines above itself instead of through itself."""
-
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, _value) -> None:
-        pass
-
-
-def _not_file_only(record: logging.LogRecord) -> bool:
-    return not getattr(record, "file_only", False)
-
-
-class LogSetup:
-    """Attach console and ``train.log`` handlers for one run; :meth:`close` removes them."""
-
-    def __init__(self, run_dir: Path | None, rank: int, *, console: bool = True):
-        self.logger = get_logger()
-        self.handlers: list[logging.Handler] = []
-        self._old_level = self.logger.level
-        self._old_propagate = self.logger.propagate
-        self.logger.setLevel(logging.INFO)
-        # Our handlers print everything; propagating to the root logger as well
-        # would print each line twice in programs that configure logging.
-        self.logger.propagate = False
-        flt = _RankFilter(rank)
-        if console:
-            handler: logging.Handler = _StderrHandler()
-            handler.setLevel(logging.INFO if rank == 0 else logging.WARNING)
-            handler.setFormatter(logging.Formatter("%(rank_prefix)s%(message)s"))
-            handler.addFilter(flt)
-            handler.addFilter(_not_file_only)
-            self._add(handler)
-        if run_dir is not None and rank == 0:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            handler = logging.FileHandler(run_dir / "train.log", encoding="utf-8")
-            handler.setLevel(logging.INFO)
-            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S"))
-            handler.addFilter(flt)
-            self._add(handler)
-
-    def _add(self, handler: logging.Handler) -> None:
-        self.logger.addHandler(handler)
-        self.handlers.append(handler)
-
-    def close(self) -> None:
-        for handler in self.handlers:
-            self.logger.removeHandler(handler)
-            try:
-                handler.flush()
-                handler.close()
-            except Exception:
-                pass
-        self.handlers.clear()
-        self.logger.setLevel(self._old_level)
-        self.logger.propagate = self._old_propagate
 
 
 def _scalar(value: Any) -> float | None:
@@ -238,54 +160,3 @@ def read_run_status(run_dir: str | os.PathLike) -> dict[str, Any] | None:
         return json.loads(path.read_text(encoding="utf-8"))
     except (FileNotFoundError, json.JSONDecodeError):
         return None
-
-
-def format_duration(seconds: float) -> str:
-    if not math.isfinite(seconds) or seconds < 0:
-        return "?"
-    seconds = int(seconds)
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"
-
-
-class Progress:
-    """A live bar (loss, LR, it/s, ETA) when stderr is a terminal; nothing otherwise.
-
-    The same numbers always reach the log every ``log.every_steps`` steps, so a
-    batch job's log shows progress without a bar.
-    """
-
-    def __init__(self, mode: str, total_steps: int, start_step: int):
-        self.enabled = mode == "on" or (mode == "auto" and sys.stderr.isatty())
-        self._progress = None
-        self._task = None
-        if not self.enabled:
-            return
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress as RichProgress,
-            TextColumn,
-            TimeRemainingColumn,
-        )
-
-        self._progress = RichProgress(
-            TextColumn("[bold]train"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"),
-            TimeRemainingColumn(),
-            transient=False,
-        )
-        self._progress.start()
-        self._task = self._progress.add_task("train", total=total_steps, completed=start_step, info="")
-
-    def update(self, step: int, info: str) -> None:
-        if self._progress is not None and self._task is not None:
-            self._progress.update(self._task, completed=step, info=info)
-
-    def close(self) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
