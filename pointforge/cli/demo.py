@@ -107,8 +107,9 @@ def demo(
         device=device,
         seed=seed,
         data=None if data is None else str(data),
-        **({} if split is None else {"split": split}),
     )
+    if split is not None:
+        settings.split = split
     with _StageBars() as bars:
         result = run_demo(out, settings, log=typer.echo, progress=bars)
     s = result.summary
