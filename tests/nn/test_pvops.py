@@ -46,22 +46,31 @@ def test_ball_query_matches_upstream(ops, method):
     assert (case["out"] == 0).all(-1).any()
 
 
-@pytest.mark.parametrize("backend", ["torch", "numpy", "numba"])
+@pytest.mark.parametrize(
+    ("backend", "method"),
+    [("plain", "torch"), ("plain", "numpy"), ("compiled", "auto")],
+    ids=["torch", "numpy", "compiled"],
+)
 @pytest.mark.parametrize("case", ["fps_random", "fps_lattice_ties", "fps_duplicates"])
-def test_furthest_point_sampling_matches_upstream(ops, case, backend):
+def test_furthest_point_sampling_matches_upstream(ops, case, backend, method):
     entry = ops[case]
-    out = furthest_point_sample_indices(entry["inputs"]["coords"], entry["inputs"]["num_samples"], backend=backend)
+    coords, samples = entry["inputs"]["coords"], entry["inputs"]["num_samples"]
+    out = furthest_point_sample_indices(coords, samples, backend=backend, method=method)
     # Exact order, ties included: the lattice case has N = 1331 > 512, so the
     # "smallest index modulo 512 first" rule decides many picks.
     assert torch.equal(out, entry["out"].long())
 
 
-@pytest.mark.parametrize("method", ["dense", "grid", "numba"])
+@pytest.mark.parametrize(
+    ("backend", "method"),
+    [("plain", "dense"), ("plain", "grid"), ("compiled", "auto")],
+    ids=["dense", "grid", "compiled"],
+)
 @pytest.mark.parametrize("case", ["three_nn_random", "three_nn_ties", "three_nn_many_ties", "three_nn_m2"])
-def test_three_nn_matches_upstream(ops, case, method):
+def test_three_nn_matches_upstream(ops, case, backend, method):
     entry = ops[case]
     i = entry["inputs"]
-    indices, weights = three_nearest_neighbors(i["points_coords"], i["centers_coords"], method=method)
+    indices, weights = three_nearest_neighbors(i["points_coords"], i["centers_coords"], method=method, backend=backend)
     assert torch.equal(indices, entry["indices"].long())
     assert torch.equal(weights, entry["weights"])  # rounded exactly like the kernel
     features = i["centers_features"].clone().requires_grad_()
@@ -161,8 +170,8 @@ def test_three_nn_grid_equals_dense(lattice, cell_lookup):
 
 def test_fps_backends_agree_beyond_512_points():
     coords = _cloud(1500, 3, lattice=True)
-    a = furthest_point_sample_indices(coords, 300, backend="torch")
-    b = furthest_point_sample_indices(coords, 300, backend="numpy")
+    a = furthest_point_sample_indices(coords, 300, method="torch")
+    b = furthest_point_sample_indices(coords, 300, method="numpy")
     assert torch.equal(a, b)
     assert a[:, 0].eq(0).all()
     assert all(len(set(row.tolist())) == 300 for row in a)  # distinct while points remain
