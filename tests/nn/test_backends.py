@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from pointforge.errors import ConfigError, DataError
-from pointforge.nn import backends, fused_norm
+from pointforge.nn import backends, dpsr as dpsr_module, fused_norm
 from pointforge.nn.dpsr import DPSR, dpsr
 from pointforge.nn.ops import fps, three_nn
 from pointforge.nn.ops.fps import furthest_point_sample_indices
@@ -148,6 +148,17 @@ def test_compiled_on_inputs_it_does_not_read_is_one_clear_error():
         fused_norm.applies(x.double(), norm, backend="compiled")
     with pytest.raises(DataError, match="furthest_point_sample: backend='compiled' needs a CPU float32/64"):
         furthest_point_sample_indices(torch.rand(1, 3, 40).half(), 5, backend="compiled")
+
+
+def test_tensors_off_the_cpu_take_the_plain_path(monkeypatch):
+    """What CUDA tensors get, shown on the meta device (no data): "auto" never picks a compiled path for them."""
+    _thresholds_at_zero(monkeypatch)
+    points = torch.empty(1, 3, 40, device="meta")
+    assert fps._pick_loop(points, "auto", "auto") == ("torch", None)
+    assert three_nn._pick_method(points, points[:, :, :9], "auto", "auto") == ("dense", None)
+    assert backends.choose("dpsr", "auto", 8**3, lambda: dpsr_module._compiled_unsuited(points.device)) is None
+    with pytest.raises(DataError, match="DPSR: backend='compiled' needs CPU tensors, got them on meta"):
+        backends.choose("dpsr", "compiled", 8**3, lambda: dpsr_module._compiled_unsuited(points.device))
 
 
 # ----------------------------------------------------------------------------- the environment switch
