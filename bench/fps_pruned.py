@@ -161,7 +161,7 @@ def _cases() -> dict[str, Tensor]:
 def check_equal() -> None:
     for name, coords in _cases().items():
         for samples in (1, 17, coords.shape[2] // 3, coords.shape[2]):
-            plain = furthest_point_sample_indices(coords, samples, backend="torch")
+            plain = furthest_point_sample_indices(coords, samples, method="torch")
             for candidate in (pruned_fps_indices, pruned_fps_indices_numpy):
                 if not torch.equal(candidate(coords, samples), plain):
                     raise SystemExit(f"{candidate.__name__} differs from the plain FPS on {name}, {samples} samples")
@@ -182,8 +182,8 @@ def main() -> None:
         v = torch.randn(batch, 3, args.points, generator=g)
         coords = (3 * v / v.norm(dim=1, keepdim=True)).contiguous()  # points on a sphere, as on a skull
         paths = {
-            "plain, numpy (CPU default)": lambda: furthest_point_sample_indices(coords, args.samples, backend="numpy"),
-            "plain, torch": lambda: furthest_point_sample_indices(coords, args.samples, backend="torch"),
+            "plain, numpy (CPU default)": lambda: furthest_point_sample_indices(coords, args.samples, method="numpy"),
+            "plain, torch": lambda: furthest_point_sample_indices(coords, args.samples, method="torch"),
             "pruned, torch": lambda: pruned_fps_indices(coords, args.samples),
             "pruned, numpy": lambda: pruned_fps_indices_numpy(coords, args.samples),
         }

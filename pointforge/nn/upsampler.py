@@ -58,11 +58,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Literal, NamedTuple, Optional
 
 import torch
 from torch import Tensor, nn
-from torch_geometric.nn import PointTransformerConv, TransformerConv
 
 from pointforge.errors import ConfigError, DataError
 from pointforge.nn.knn import check_batch, knn_graph
@@ -234,11 +234,21 @@ def _away_from_nearest(pos: Tensor, edge_index: Tensor) -> Tensor:
     return pos - pos[nearest]
 
 
+def _pyg_layers() -> ModuleType:
+    """PyG's graph layers, imported when an upsampler is built rather than with this module:
+    torch_geometric's import is slow and loads Numba (``torch_geometric.utils.ppr`` imports it
+    where installed), which a process that never builds an upsampler (generate without
+    upsampling, demo, serve) should not pay (:mod:`pointforge.nn.backends`)."""
+    from torch_geometric import nn as pyg_nn  # noqa: PLC0415 - deferred, see above
+
+    return pyg_nn
+
+
 class _PointTransformerBlock(nn.Module):
     def __init__(self, channels: int):
         super().__init__()
         self.norm = nn.LayerNorm(channels)
-        self.conv = PointTransformerConv(
+        self.conv = _pyg_layers().PointTransformerConv(
             channels,
             channels,
             pos_nn=_mlp([3, channels, channels]),
@@ -263,12 +273,12 @@ class NodeShuffleUpsampler(nn.Module):
         self.blocks = nn.ModuleList(_PointTransformerBlock(c) for _ in range(cfg.feature_layers))
         self.shuffle_norm = nn.LayerNorm(c)
         # Per-head width that makes the attention's output exactly r·C wide (C % heads == 0 under concat).
-        self.shuffle = TransformerConv(c, r * c // h if cfg.concat else r * c, **attention)
+        self.shuffle = _pyg_layers().TransformerConv(c, r * c // h if cfg.concat else r * c, **attention)
         self.child_norm = nn.LayerNorm(c)
         self.coarse = nn.Linear(c, 3)
         self.relpos = _mlp([4, c, c])
         self.refine_norm = nn.LayerNorm(c)
-        self.refine = TransformerConv(c, c // h if cfg.concat else c, edge_dim=c, **attention)
+        self.refine = _pyg_layers().TransformerConv(c, c // h if cfg.concat else c, edge_dim=c, **attention)
         self.decode = nn.Sequential(nn.LayerNorm(c), _mlp([c, c, 3]))
         self.gate = nn.Linear(c, 1) if cfg.gate else None
         if self.gate is not None and cfg.gate_init is not None:
