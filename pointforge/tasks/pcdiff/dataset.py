@@ -2,8 +2,7 @@
 
 :func:`ensure_prepared_dataset` finds or builds the prepared dataset;
 :class:`PCDiffDataset` serves ``n_skull`` condition points (with ``task.frame``:
-those nearest the implant, in its local frame), the hint's estimate points
-(``task.prior.condition``) and ``n_implant`` implant points, normalised.
+those nearest the implant, in its local frame) and ``n_implant`` implant points, normalised.
 """
 
 from __future__ import annotations
@@ -122,7 +121,7 @@ class PCDiffDataset(CompletionDataset):
     ):
         super().__init__(root, split, **kwargs)
         self.mirror = bool(mirror)
-        # Training with task.prior.correct or .condition: the atlas and its skull ids, for each
+        # Training with task.prior.correct: the atlas and its skull ids, for each
         # case's leave-one-out estimate (:mod:`.correction`).
         self.own_estimates = own_estimates
         if max_cases is not None:
@@ -131,7 +130,6 @@ class PCDiffDataset(CompletionDataset):
         # With a frame: no atlas = the true implant centre, jittered (training);
         # an atlas = its estimate, as inference makes it (validation).
         # With an atlas and a prior: the atlas's implant points too ("prior"), to start sampling from.
-        # With prior.condition: that many estimate points between the skull's and the implant's (the hint).
         self.frame, self.atlas, self.prior = frame, atlas, prior
         self._estimates: dict[str, ImplantEstimate] = {}
         # Per case, what does not change between epochs (the skull's bounding box, the
@@ -193,10 +191,6 @@ class PCDiffDataset(CompletionDataset):
             jitter=self.atlas is None,
             box=self._boxes[case.defective],
         )
-        n_hint = self.prior.condition if self.prior is not None else 0
-        if n_hint:
-            assert estimate is not None  # a hint comes with an atlas or the own estimates (build_datasets)
-            cond = np.concatenate([cond, prior_points(estimate.points, n_hint, rng)])
         item = {
             "points": torch.from_numpy(norm.apply(np.concatenate([cond, implant]))),
             "center": torch.from_numpy(norm.center.astype(np.float32)),

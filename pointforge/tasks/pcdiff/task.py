@@ -5,8 +5,7 @@ The task (``pointforge train pcdiff --config pointforge/configs/pcdiff/{tiny,sma
 * model: a :class:`~pointforge.nn.pvcnn.PVCNN2` preset (``task.model``);
 * data: a prepared dataset (``task.data_root``, written by ``pointforge data
   prepare``), served by :class:`~pointforge.tasks.pcdiff.dataset.PCDiffDataset`:
-  ``n_skull`` defective-skull points (and, with ``task.prior.condition``, the
-  hint's estimate points) then ``n_implant`` implant points, normalised. With
+  ``n_skull`` defective-skull points then ``n_implant`` implant points, normalised. With
   ``task.synthetic`` set and no dataset at ``data_root`` yet, a synthetic
   SkullBreak-style dataset is synthesised and prepared there once
   (:func:`~pointforge.tasks.pcdiff.dataset.ensure_prepared_dataset`);
@@ -67,11 +66,9 @@ def build_model(cfg: PCDiffConfig, atlas: torch.Tensor | None = None) -> nn.Modu
     preset = get_preset(cfg.model)
     checkpointed = cfg.checkpoint_activations
     if cfg.condition_mark:
-        marks = 2 if cfg.n_hint else 1
         net: nn.Module = MarkConditioning(
-            PVCNN2(replace(preset, extra_feature_channels=marks), checkpoint_activations=checkpointed),
+            PVCNN2(replace(preset, extra_feature_channels=1), checkpoint_activations=checkpointed),
             cfg.points[1],
-            cfg.n_hint,
         )
     else:
         net = PVCNN2(preset, checkpoint_activations=checkpointed)
@@ -159,7 +156,7 @@ class PCDiffTask(Task):
             n_skull=cfg.n_skull, n_implant=cfg.n_implant, half_extent=HALF_EXTENT, frame=cfg.frame, prior=cfg.prior
         )
         own_estimates = None
-        if cfg.prior is not None and (cfg.prior.correct > 0 or cfg.prior.condition > 0):
+        if cfg.prior is not None and cfg.prior.correct > 0:
             atlas = self._atlas(cfg)
             assert atlas is not None  # a prior needs a frame (checked with the config)
             own_estimates = (atlas, list(atlas_cases(prepared, cfg.train_split)))
@@ -220,13 +217,12 @@ class PCDiffTask(Task):
         (:func:`~pointforge.nn.pvcnn_memory.training_step_bytes`: activations fitted to
         measured peaks, plus gradients and Adam's moments; lower with ``task.checkpoint_activations``,
         fitted the same way); AMP only lowers it."""
-        marks = (2 if cfg.n_hint else 1) if cfg.condition_mark else 0
-        preset = replace(get_preset(cfg.model), extra_feature_channels=marks)
+        preset = replace(get_preset(cfg.model), extra_feature_channels=1 if cfg.condition_mark else 0)
         with torch.device("meta"):
             parameters = sum(p.numel() for p in PVCNN2(preset).parameters())
         return training_step_bytes(
             preset,
-            sum(cfg.points) + cfg.n_hint,
+            sum(cfg.points),
             micro_batch,
             parameters=parameters,
             checkpointed=cfg.checkpoint_activations,
@@ -250,7 +246,7 @@ class PCDiffTask(Task):
         started = time.perf_counter()
         for batch in loader:
             points = batch["points"].to(ctx.device)
-            n_cond = points.shape[1] - n_implant  # the skull's points and the hint's
+            n_cond = points.shape[1] - n_implant
             cond = points[:, :n_cond].transpose(1, 2)
             init = batch["prior"].to(ctx.device).transpose(1, 2) if "prior" in batch else None
             out = denoise(model, self.sampler, cond, n_implant, generator=generator, init=init)
