@@ -132,6 +132,7 @@ def test_a_typo_inside_an_optional_section_names_the_key():
 # still names one gets the one-line unknown-key error, as for any other key.
 REMOVED_KNOBS = [
     ("pcdiff", {"prior": {"condition": 256}}, "task.prior.condition"),
+    ("pcdiff", {"prior": {"correct": 0.5}}, "task.prior.correct"),
 ]
 
 

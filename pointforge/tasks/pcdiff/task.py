@@ -48,9 +48,8 @@ from pointforge.nn.pvcnn import PVCNN2
 from pointforge.nn.pvcnn_config import get_preset
 from pointforge.nn.pvcnn_memory import training_step_bytes
 from pointforge.tasks.pcdiff.config import PCDiffConfig, build_eval_sampler, build_schedule
-from pointforge.tasks.pcdiff.correction import from_start
 from pointforge.tasks.pcdiff.dataset import HALF_EXTENT, PCDiffDataset, ensure_prepared_dataset
-from pointforge.tasks.pcdiff.frame import FramedDenoiser, atlas_cases, build_atlas
+from pointforge.tasks.pcdiff.frame import FramedDenoiser, build_atlas
 from pointforge.tasks.pcdiff.placement import condition_use, placement_metrics
 from pointforge.train.task import EvalContext, StepContext, Task
 from pointforge.train.tracking import get_logger
@@ -155,18 +154,12 @@ class PCDiffTask(Task):
         common: dict[str, Any] = dict(
             n_skull=cfg.n_skull, n_implant=cfg.n_implant, half_extent=HALF_EXTENT, frame=cfg.frame, prior=cfg.prior
         )
-        own_estimates = None
-        if cfg.prior is not None and cfg.prior.correct > 0:
-            atlas = self._atlas(cfg)
-            assert atlas is not None  # a prior needs a frame (checked with the config)
-            own_estimates = (atlas, list(atlas_cases(prepared, cfg.train_split)))
         train = PCDiffDataset(
             prepared,
             cfg.train_split,
             rotate_degrees=cfg.rotate_degrees,
             seed=cfg.data_seed,
             mirror=cfg.mirror,
-            own_estimates=own_estimates,
             **common,
         )
         val = None
@@ -195,19 +188,15 @@ class PCDiffTask(Task):
 
     def training_step(self, model: nn.Module, batch: Any, ctx: StepContext):
         x0 = batch["points"].transpose(1, 2)  # [B, 3, n_skull + n_implant]
-        t = noise = None
+        t = None
         if self.cfg.prior is not None:  # sampling starts at the prior's step: train on the steps it uses
             t = torch.randint(0, self.cfg.prior.start_step + 1, (x0.shape[0],)).to(x0.device)
-        if "start" in batch:  # task.prior.correct: some examples lie on the path from their estimate, as sampling
-            assert self.cfg.prior is not None and t is not None
-            noise = from_start(self.schedule, x0[:, :, -self.cfg.points[1] :], batch, t, self.cfg.prior.start_step)
         loss = diffusion_loss(
             model,
             self.schedule,
             x0,
             self.cfg.points[1],
             t=t,
-            noise=noise,
             weighting=self.cfg.diffusion.loss_weighting,
         )
         return loss
