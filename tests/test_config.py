@@ -133,6 +133,8 @@ def test_a_typo_inside_an_optional_section_names_the_key():
 REMOVED_KNOBS = [
     ("pcdiff", {"prior": {"condition": 256}}, "task.prior.condition"),
     ("pcdiff", {"prior": {"correct": 0.5}}, "task.prior.correct"),
+    ("voxelizer", {"shrink_p": 0.5}, "task.shrink_p"),
+    ("voxelizer", {"shrink_min": 0.7}, "task.shrink_min"),
 ]
 
 
