@@ -135,6 +135,8 @@ REMOVED_KNOBS = [
     ("pcdiff", {"prior": {"correct": 0.5}}, "task.prior.correct"),
     ("voxelizer", {"shrink_p": 0.5}, "task.shrink_p"),
     ("voxelizer", {"shrink_min": 0.7}, "task.shrink_min"),
+    ("upsampler", {"model": {"gate_init": 0.1}}, "task.model.gate_init"),
+    ("upsampler", {"surface_loss": "absolute"}, "task.surface_loss"),
 ]
 
 
