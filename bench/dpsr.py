@@ -7,7 +7,7 @@ runs in a fresh subprocess, so its peak resident memory (ru_maxrss) is its own.
 are wall-clock, the fastest of the timed runs after one warm-up (a single cold
 run at 512^3) over --rounds fresh processes; "CPU s" is the process's
 user+system time for that run. On a shared machine other load inflates both;
-the solvers alternate so that it inflates them alike.
+the solvers alternate (bench/_common.py's harness) so that it inflates them alike.
 The straightforward solver below is the direct way to write the same function
 (all three normal channels rasterised and transformed at once, full-size
 frequency grids, autograd for the backward pass); it is checked equal to
@@ -25,7 +25,6 @@ import math
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,7 +35,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
 
-from _common import machine, print_table, write_json  # noqa: E402
+from _common import alternate, fresh_process, machine, print_table, write_json  # noqa: E402
 from pointforge.nn.dpsr import dpsr, dpsr_memory_bytes  # noqa: E402
 
 SIGMA = 2.0
@@ -160,27 +159,11 @@ def check_equal() -> float:
 
 
 def _child(impl: str, res: int, n_points: int, backward: bool, threads: int) -> dict:
-    cmd = [
-        sys.executable,
-        __file__,
-        "--threads",
-        str(threads),
-        "--child",
-        impl,
-        str(res),
-        str(n_points),
-        "1" if backward else "0",
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        return {
-            "impl": impl,
-            "res": res,
-            "points": n_points,
-            "mode": "fwd+bwd" if backward else "fwd",
-            "error": (done.stderr.strip().splitlines() or ["failed"])[-1],
-        }
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    args = ["--threads", str(threads), "--child", impl, str(res), str(n_points), "1" if backward else "0"]
+    found = fresh_process(__file__, args, check=False)
+    if "error" in found:
+        return {"impl": impl, "res": res, "points": n_points, "mode": "fwd+bwd" if backward else "fwd", **found}
+    return found
 
 
 def main() -> None:
@@ -214,12 +197,13 @@ def main() -> None:
             for backward in (False, True):
                 # Implementations alternate within each round, so a burst of other
                 # load on a shared machine hits them alike; the fastest round counts.
-                runs: dict[str, list[dict]] = {}
-                for _ in range(args.rounds):
-                    for impl in impls:
-                        if impl == "straightforward" and res > args.baseline_max_res:
-                            continue
-                        runs.setdefault(impl, []).append(_child(impl, res, n_points, backward, args.threads))
+                names = [i for i in impls if i != "straightforward" or res <= args.baseline_max_res]
+                runs = alternate(
+                    names,
+                    args.rounds,
+                    lambda i, r: _child(names[i], res, n_points, backward, args.threads),
+                    label=f"{res}^3 {n_points} pts {'fwd+bwd' if backward else 'fwd'}: ",
+                ).runs
                 for impl, results in runs.items():
                     timed = [r for r in results if "time_s" in r]
                     row = min(timed, key=lambda r: r["time_s"]) if timed else results[-1]

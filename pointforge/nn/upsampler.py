@@ -42,10 +42,7 @@ points that count this one among *their* nearest, which on uneven real lidar
 ``gate``: each child's offset (coarse plus fine) is scaled by a sigmoid of
 its features, ``output = start + g · offset``, so where the network cannot
 improve on its geometric start it can keep it exactly (g → 0) instead of having
-to learn offsets that cancel; it adds ``C + 1`` weights. ``gate_init``: the
-gate's starting value, its bias set to the logit of it (None: PyTorch's default
-initialisation, about 0.5); a small value starts the gate nearly closed, so
-that leaving the geometric start is what must be learned.
+to learn offsets that cancel; it adds ``C + 1`` weights.
 
 ``heads``, ``concat``, ``beta`` and ``dropout`` configure both attention stages
 as in PyG's TransformerConv. Normalisation is LayerNorm (per point): batch
@@ -56,7 +53,6 @@ depend on its batch-mates. The module knows nothing about devices or ranks.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Literal, NamedTuple, Optional
@@ -102,17 +98,11 @@ class UpsamplerConfig:
     plane_k: Optional[int] = (
         None  # the plane start's points: the point and its plane_k - 1 nearest (None: all graph neighbours)
     )
-    gate_init: Optional[float] = None  # the gate's starting value in (0, 1) (module docs; None: about 0.5)
 
     def __post_init__(self):
         if self.plane_k is not None and (isinstance(self.plane_k, bool) or not 3 <= int(self.plane_k) <= self.k + 1):
             raise ConfigError(
                 f"upsampler plane_k must be an integer from 3 to k + 1 = {self.k + 1}, got {self.plane_k!r}"
-            )
-        if self.gate_init is not None and (not self.gate or not 0.0 < float(self.gate_init) < 1.0):
-            raise ConfigError(
-                f"upsampler gate_init must be in (0, 1) and needs gate: true, got {self.gate_init!r} "
-                f"with gate {self.gate}"
             )
         for name in ("ratio", "k", "hidden", "feature_layers", "heads"):
             value = getattr(self, name)
@@ -281,8 +271,6 @@ class NodeShuffleUpsampler(nn.Module):
         self.refine = _pyg_layers().TransformerConv(c, c // h if cfg.concat else c, edge_dim=c, **attention)
         self.decode = nn.Sequential(nn.LayerNorm(c), _mlp([c, c, 3]))
         self.gate = nn.Linear(c, 1) if cfg.gate else None
-        if self.gate is not None and cfg.gate_init is not None:
-            nn.init.constant_(self.gate.bias, math.log(cfg.gate_init / (1.0 - cfg.gate_init)))
         # Near-zero heads: the output starts at the children's start, so early training only learns offsets.
         for head in (self.coarse, self.decode[-1][-1]):  # type: ignore[index]  # decode[-1] is an _mlp Sequential
             nn.init.normal_(head.weight, std=1e-3)

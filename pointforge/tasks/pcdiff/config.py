@@ -150,11 +150,6 @@ class PCDiffConfig:
             self.n_implant = implant
 
     @property
-    def n_hint(self) -> int:
-        """The estimate points shown to the network as a marked condition (``prior.condition``; 0 without a prior)."""
-        return self.prior.condition if self.prior is not None else 0
-
-    @property
     def points(self) -> tuple[int, int]:
         """``(n_skull, n_implant)``; ``__post_init__`` has filled in the preset's for null."""
         assert self.n_skull is not None and self.n_implant is not None
@@ -176,10 +171,6 @@ class PCDiffConfig:
                     f"config key '{prefix}.prior' needs '{prefix}.frame' (the prior is the frame's atlas estimate)"
                 )
             self.prior.check(f"{prefix}.prior", self.diffusion.timesteps)
-            if self.prior.condition and not self.condition_mark:
-                raise ConfigError(
-                    f"config key '{prefix}.prior.condition' needs '{prefix}.condition_mark: true' (the hint is a marked condition)"
-                )
             if self.eval.steps is not None and self.eval.steps > self.prior.start_step + 1:
                 raise ConfigError(
                     f"config key '{prefix}.eval.steps' = {self.eval.steps} exceeds the {self.prior.start_step + 1} steps "
