@@ -20,7 +20,7 @@ a few more of complex arithmetic. This module computes the same sum with less:
 
 The inverse is ducc0's, working in the spectrum itself. Every step is the plain solve's
 linear map; only the rounding of the sums differs (tests/nn/test_dpsr_pruned.py holds it
-to the plain solve, docs/implant.md has the measurements).
+to the plain solve, docs/experiments/implant.md has the measurements).
 """
 
 from __future__ import annotations

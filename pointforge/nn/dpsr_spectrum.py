@@ -7,7 +7,7 @@ applied in place, slab by slab, to half spectra of real FFTs.
 
 Backends: ``torch`` (torch.fft, every device) and ``ducc`` (ducc0, the successor of the
 pocketfft that SciPy ships, CPU only): on 2 cores its 512^3 real FFTs take 0.6-0.8 of
-SciPy's time and its inverse needs no internal copy of the spectrum (docs/implant.md).
+SciPy's time and its inverse needs no internal copy of the spectrum (docs/experiments/implant.md).
 """
 
 from __future__ import annotations
