@@ -63,7 +63,7 @@ class CompiledPath:
 # The thresholds: below them the plain path is quick enough that the compiled one gains
 # little, and a process that only meets small inputs (the tiny and demo presets) never pays
 # Numba's import and first compilation. Measured by bench/fps_compiled.py,
-# bench/three_nn_compiled.py and bench/fused_norm.py (docs/benchmarks.md).
+# bench/three_nn_compiled.py and bench/fused_norm.py (docs/experiments/benchmarks.md).
 PATHS: dict[str, CompiledPath] = {
     "fps": CompiledPath("furthest_point_sample", "pointforge.nn.pvops.fps_compiled", ("numba",), 8192, "points"),
     "three_nn": CompiledPath(

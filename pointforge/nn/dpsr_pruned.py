@@ -3,9 +3,9 @@
 It is one row of :mod:`pointforge.nn.backends`' table (``backend="compiled"``, which
 ``"auto"`` takes for CPU tensors where ducc0 and Numba import), imported only when it runs.
 ducc0 (the successor of the pocketfft that SciPy ships) writes into given arrays and
-inverts in the spectrum itself, with no internal copy (docs/implant.md); :func:`rfftn` and
-:func:`irfftn_consuming` have the signatures of :mod:`pointforge.nn.dpsr_spectrum`'s
-torch.fft ones, and serve the backward pass too.
+inverts in the spectrum itself, with no internal copy (docs/experiments/implant.md);
+:func:`rfftn` and :func:`irfftn_consuming` have the signatures of
+:mod:`pointforge.nn.dpsr_spectrum`'s torch.fft ones, and serve the backward pass too.
 
 The forward solve is linear in the three splatted normal grids ``N_a``:
 ``Phi = F * sum_a (-i w_a) FFT(N_a)``, ``F`` the filter of :mod:`pointforge.nn.dpsr_spectrum`.
@@ -27,7 +27,7 @@ a few more of complex arithmetic. This module computes the same sum with less:
 
 The inverse is :func:`irfftn_consuming`. Every step is the plain solve's
 linear map; only the rounding of the sums differs (tests/nn/test_dpsr_pruned.py holds it
-to the plain solve, docs/implant.md has the measurements).
+to the plain solve, docs/experiments/implant.md has the measurements).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ margin is unchanged. ``plane_k``: the plane (and the children's distance) from
 the point and only its ``plane_k − 1`` nearest graph neighbours, as the
 baseline takes its ``k`` nearest points; the symmetrised graph also holds the
 points that count this one among *their* nearest, which on uneven real lidar
-(tree crowns, multiple returns) tilt the plane (measured in docs/upsampler.md).
+(tree crowns, multiple returns) tilt the plane (measured in docs/experiments/upsampler.md).
 
 ``gate``: each child's offset (coarse plus fine) is scaled by a sigmoid of
 its features, ``output = start + g · offset``, so where the network cannot
@@ -327,7 +327,7 @@ class NodeShuffleUpsampler(nn.Module):
 
 
 # A training step's bytes per counted element (see training_step_bytes), fitted by
-# bench/pvcnn_memory.py to measured peaks (docs/benchmarks.md, "Training memory").
+# bench/pvcnn_memory.py to measured peaks (docs/experiments/benchmarks.md, "Training memory").
 _BYTES_PER_EDGE_ELEMENT = 6.0
 _BYTES_PER_NODE_ELEMENT = 0.0  # fitted to 0: the per-point layers are freed before the peak
 # Neighbours per point of the symmetrised k-NN graph (between k and 2k): bench/pvcnn_memory.py

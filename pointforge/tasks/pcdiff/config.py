@@ -77,7 +77,7 @@ class DiffusionSection:
 
     The defaults are upstream PCDiff's (Friedrich et al., MICCAI 2023: T = 1000,
     linear betas 1e-4 → 0.02, ε-prediction, plain MSE); the other values are the options measured in
-    docs/pcdiff.md.
+    docs/experiments/pcdiff.md.
     """
 
     schedule: Literal["linear", "warm0.1", "warm0.2", "warm0.5", "cosine"] = "linear"
@@ -129,7 +129,7 @@ class PCDiffConfig:
     val_split: Literal["train", "val", "test"] | None = "val"
     model: Literal["paper", "small", "tiny"] = "paper"  # PVCNN2 preset
     # Recompute PVCNN2's block activations in the backward pass instead of keeping them:
-    # a larger batch fits, each step costs more (docs/benchmarks.md, "Activation checkpointing").
+    # a larger batch fits, each step costs more (docs/experiments/benchmarks.md, "Activation checkpointing").
     checkpoint_activations: bool = False
     n_skull: int | None = None  # null: the preset's (PRESET_POINTS)
     n_implant: int | None = None

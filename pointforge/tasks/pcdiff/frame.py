@@ -130,7 +130,7 @@ def estimate_implant(
     Measured on the demo data (10 synthetic skulls at 64³, 3.6 mm voxels, 6
     atlas skulls, 20 validation and test cases): mean centre error 6.6 mm, median
     3.8 mm; the median of per-skull centroids gave 18 mm mean, the box centre
-    68 mm (docs/pcdiff.md).
+    68 mm (docs/experiments/pcdiff.md).
     """
     if not atlas_mm:
         raise DataError("the implant-frame atlas has no skulls; train with at least one complete training skull")
@@ -186,7 +186,7 @@ def main_pieces(points: np.ndarray, link: float, keep: float) -> np.ndarray:
     plate) agrees on bone missing there too; such a piece is small next to the
     defect's (measured on the demo's anatomical 30-minute run, seed 1: stray
     pieces 3-39 % of the defect's, 50-150 mm away from it; the two plates of a
-    bilateral defect 63-87 % of each other; docs/pcdiff.md).
+    bilateral defect 63-87 % of each other; docs/experiments/pcdiff.md).
     """
     if len(points) < 2 or keep <= 0:
         return np.ones(len(points), dtype=bool)
