@@ -1,7 +1,7 @@
 """PVCNN2 through ``torch.compile`` (Inductor) for the benches, in the one form that compiles and runs.
 
 ``torch.compile(model)`` as the engine's ``perf.compile=true`` does it fails on PVCNN2
-(docs/benchmarks.md, "torch.compile on PVCNN2"): Dynamo traces into the index searches
+(docs/experiments/benchmarks.md, "torch.compile on PVCNN2"): Dynamo traces into the index searches
 (FPS, ball query, 3-NN, the voxel maps, the variable-length set-abstraction pooling),
 whose ``.item()``, ``nonzero`` and ``bincount`` break the graph about 90 times and give
 later graphs shapes that change from call to call; its automatic dynamic shapes then

@@ -7,7 +7,7 @@ runs in a fresh subprocess, so its peak resident memory (ru_maxrss) is its own.
 are wall-clock, the fastest of the timed runs after one warm-up (a single cold
 run at 512^3) over --rounds fresh processes; "CPU s" is the process's
 user+system time for that run. On a shared machine other load inflates both;
-the solvers alternate so that it inflates them alike.
+the solvers alternate (bench/_common.py's harness) so that it inflates them alike.
 The straightforward solver below is the direct way to write the same function
 (all three normal channels rasterised and transformed at once, full-size
 frequency grids, autograd for the backward pass); it is checked equal to
@@ -25,7 +25,6 @@ import math
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,13 +35,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
 
-from _common import machine, print_table, write_json  # noqa: E402
+from _common import alternate, fresh_process, machine, print_table, write_json  # noqa: E402
 from pointforge.nn.dpsr import dpsr, dpsr_memory_bytes  # noqa: E402
 
 SIGMA = 2.0
-# pointforge runs with its default FFT backend (ducc0 on a CPU, the pruned solve) and,
-# to separate the FFT library's share of the gain, with torch.fft (its CUDA path).
-IMPL_FFT = {"pointforge": "auto", "pointforge-torchfft": "torch"}
+# pointforge runs with its default backend (on a CPU the compiled path: ducc0's FFTs and the
+# pruned solve) and, to separate that path's share of the gain, with the plain torch.fft path
+# (its CUDA path).
+IMPL_BACKEND = {"pointforge": "auto", "pointforge-torchfft": "plain"}
 
 
 def straightforward_dpsr(points: torch.Tensor, normals: torch.Tensor, res: tuple[int, int, int], sigma: float):
@@ -101,8 +101,8 @@ def run_one(impl: str, res: int, n_points: int, backward: bool, threads: int, re
     if impl == "straightforward":
         solve = lambda p, n: straightforward_dpsr(p, n, shape, SIGMA)  # noqa: E731
     else:
-        fft = IMPL_FFT[impl]
-        solve = lambda p, n: dpsr(p, n, shape, SIGMA, fft=fft)  # noqa: E731
+        backend = IMPL_BACKEND[impl]
+        solve = lambda p, n: dpsr(p, n, shape, SIGMA, backend=backend)  # noqa: E731
     times, cpu_times = [], []
     for _ in range(repeats):
         p = points.clone().requires_grad_(backward)
@@ -135,7 +135,7 @@ def run_one(impl: str, res: int, n_points: int, backward: bool, threads: int, re
         "peak_rss_gib": peak / 2**30,
         "peak_above_start_gib": (peak - rss_start) / 2**30,
         "estimate_gib": dpsr_memory_bytes(res, n_points, 1, requires_grad=backward) / 2**30
-        if impl in IMPL_FFT
+        if impl in IMPL_BACKEND
         else None,
     }
 
@@ -159,27 +159,11 @@ def check_equal() -> float:
 
 
 def _child(impl: str, res: int, n_points: int, backward: bool, threads: int) -> dict:
-    cmd = [
-        sys.executable,
-        __file__,
-        "--threads",
-        str(threads),
-        "--child",
-        impl,
-        str(res),
-        str(n_points),
-        "1" if backward else "0",
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        return {
-            "impl": impl,
-            "res": res,
-            "points": n_points,
-            "mode": "fwd+bwd" if backward else "fwd",
-            "error": (done.stderr.strip().splitlines() or ["failed"])[-1],
-        }
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    args = ["--threads", str(threads), "--child", impl, str(res), str(n_points), "1" if backward else "0"]
+    found = fresh_process(__file__, args, check=False)
+    if "error" in found:
+        return {"impl": impl, "res": res, "points": n_points, "mode": "fwd+bwd" if backward else "fwd", **found}
+    return found
 
 
 def main() -> None:
@@ -207,18 +191,19 @@ def main() -> None:
     print(f"DPSR benchmark on {info}; sigma {SIGMA}")
     print(f"straightforward vs pointforge at 32^3: max |difference| {check_equal():.1e}")
     rows = []
-    impls = list(IMPL_FFT) + ([] if args.no_baseline else ["straightforward"])
+    impls = list(IMPL_BACKEND) + ([] if args.no_baseline else ["straightforward"])
     for res in args.res:
         for n_points in args.points:
             for backward in (False, True):
                 # Implementations alternate within each round, so a burst of other
                 # load on a shared machine hits them alike; the fastest round counts.
-                runs: dict[str, list[dict]] = {}
-                for _ in range(args.rounds):
-                    for impl in impls:
-                        if impl == "straightforward" and res > args.baseline_max_res:
-                            continue
-                        runs.setdefault(impl, []).append(_child(impl, res, n_points, backward, args.threads))
+                names = [i for i in impls if i != "straightforward" or res <= args.baseline_max_res]
+                runs = alternate(
+                    names,
+                    args.rounds,
+                    lambda i, r: _child(names[i], res, n_points, backward, args.threads),
+                    label=f"{res}^3 {n_points} pts {'fwd+bwd' if backward else 'fwd'}: ",
+                ).runs
                 for impl, results in runs.items():
                     timed = [r for r in results if "time_s" in r]
                     row = min(timed, key=lambda r: r["time_s"]) if timed else results[-1]
@@ -238,7 +223,7 @@ def main() -> None:
     by_key = {(r["impl"], r["res"], r["points"], r["mode"]): r for r in rows}
     for r in rows:
         other = by_key.get(("straightforward", r["res"], r["points"], r["mode"]))
-        if r["impl"] in IMPL_FFT and other and "time_s" in other and "time_s" in r:
+        if r["impl"] in IMPL_BACKEND and other and "time_s" in other and "time_s" in r:
             r["speedup"] = other["time_s"] / r["time_s"]
             if min(other["peak_above_start_gib"], r["peak_above_start_gib"]) > 0.02:  # else allocator noise
                 r["memory_ratio"] = other["peak_above_start_gib"] / r["peak_above_start_gib"]

@@ -2,11 +2,11 @@
 
 Three exact loops, identical indices (checked at every level before anything is timed):
 
-* ``plain, numpy``: ``backend="numpy"``, the CPU default before the compiled loop;
+* ``plain, numpy``: ``method="numpy"``, the CPU default before the compiled loop;
 * ``plain, compiled``: the same loop compiled: the bucketed kernel below with all points
   in one leaf, so every step scans every point (one fused pass: lower every distance,
   track the first maximum), batch elements on threads;
-* ``bucketed, compiled``: ``backend="numba"`` (``pointforge/nn/pvops/fps_compiled.py``),
+* ``bucketed, compiled``: ``backend="compiled"`` (``pointforge/nn/pvops/fps_compiled.py``),
   which skips the kd leaves a sample cannot reach; ``"auto"`` picks it on CPU.
 
 Rounds are interleaved in one process (the order rotating each round), median of
@@ -40,7 +40,7 @@ LEVELS = ((30720, 10240), (10240, 2560), (2560, 640), (640, 160))
 FIRST_CALL = (
     "import time; t = time.perf_counter(); import torch; "
     "from pointforge.nn.pvops.fps import furthest_point_sample_indices as f; "
-    "f(torch.rand(1, 3, 2000), 50, backend='numba'); f(torch.rand(1, 3, 2000).double(), 50, backend='numba'); "
+    "f(torch.rand(1, 3, 2000), 50, backend='compiled'); f(torch.rand(1, 3, 2000).double(), 50, backend='compiled'); "
     "print(time.perf_counter() - t)"
 )
 
@@ -65,9 +65,9 @@ def first_call_seconds(cache_dir: str | None) -> float:
 
 def _time_level(coords: Tensor, samples: int, rounds: int, threads: int) -> dict[str, list[float]]:
     paths: dict[str, Callable[[], Tensor]] = {
-        "plain, numpy": lambda: furthest_point_sample_indices(coords, samples, backend="numpy"),
+        "plain, numpy": lambda: furthest_point_sample_indices(coords, samples, method="numpy"),
         "plain, compiled": lambda: plain_compiled(coords, samples, threads),
-        "bucketed, compiled": lambda: furthest_point_sample_indices(coords, samples, backend="numba"),
+        "bucketed, compiled": lambda: furthest_point_sample_indices(coords, samples, backend="compiled"),
     }
     reference = None
     for name, run in paths.items():

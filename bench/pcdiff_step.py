@@ -12,7 +12,8 @@ Each measurement runs in a fresh process (``--worker``) that imports ``pointforg
 from the checkout it measures; the step sees the same batches and the same seeds in
 every process, so two checkouts can be compared step for step. ``--against DIR`` (a
 checkout of another commit, e.g. ``git worktree add /tmp/base main``) alternates the two
-checkouts' processes ``--rounds`` times (the order flipping each round) and reports each
+checkouts' processes ``--rounds`` times (bench/_common.py's harness: the order flipping
+each round) and reports each
 one's median, their ratio, and the largest difference of their losses over the first
 steps (the same computation gives the same loss curve up to float rounding).
 ``--compile`` alternates this checkout's eager step with the same step through
@@ -36,17 +37,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from _common import machine, print_table, write_json
+from _common import ROOT, alternate, checkouts, fresh_process, machine, print_table, write_json
 
 HERE = Path(__file__).resolve()
-ROOT = HERE.parent.parent
 WARMUP = 3  # oneDNN primitives, the allocator, the data path's caches
 
 
@@ -173,36 +171,29 @@ def run_worker(
     tree: Path, data_root: Path, repeats: int, profile: bool = False, compiled: bool = False
 ) -> dict[str, Any]:
     """One measurement in a fresh process importing ``pointforge`` from ``tree``."""
-    command = [sys.executable, str(HERE), "--worker", "--tree", str(tree), "--data", str(data_root)]
-    command += ["--repeats", str(repeats)] + (["--profile"] if profile else []) + (["--compile"] if compiled else [])
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode or not lines:
-        raise SystemExit(f"the measurement of {tree} failed:\n{done.stderr[-3000:]}")
-    return json.loads(lines[-1])
+    args = ["--worker", "--tree", str(tree), "--data", str(data_root), "--repeats", str(repeats)]
+    args += (["--profile"] if profile else []) + (["--compile"] if compiled else [])
+    return fresh_process(HERE, args, tree)
 
 
 Variant = tuple[str, Path, bool]  # name, checkout, through torch.compile
 
 
 def compare(variants: list[Variant], data_root: Path, rounds: int, repeats: int) -> dict[str, Any]:
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in variants}
-    loads = []
-    for r in range(rounds):
-        for name, tree, compiled in variants if r % 2 == 0 else variants[::-1]:
-            runs[name].append(run_worker(tree, data_root, repeats, compiled=compiled))
-        loads.append(os.getloadavg()[0])
-        print(f"round {r + 1}/{rounds} done, load average {loads[-1]:.1f}", flush=True)
+    def measure(i: int, r: int) -> dict[str, Any]:
+        _, tree, compiled = variants[i]
+        return run_worker(tree, data_root, repeats, compiled=compiled)
+
+    done = alternate([name for name, _, _ in variants], rounds, measure)
     summary: dict[str, Any] = {}
-    for name, records in runs.items():
+    for name, records in done.runs.items():
         summary[name] = {
-            key: statistics.median(rec["medians"][key] for rec in records) for key in records[0]["medians"]
+            key: done.median(name, lambda rec, key=key: rec["medians"][key]) for key in records[0]["medians"]
         }
         summary[name]["per_round_step_cpu"] = [rec["medians"]["step_cpu"] for rec in records]
         for key in ("step_cpu", "step_wall"):
-            summary[name][f"warmup_{key}"] = statistics.median(sum(rec["warmup"][key]) for rec in records)
-    return {"runs": runs, "summary": summary, "loads": loads}
+            summary[name][f"warmup_{key}"] = done.median(name, lambda rec, key=key: sum(rec["warmup"][key]))
+    return {"runs": done.runs, "summary": summary, "loads": done.loads}
 
 
 def main() -> None:
@@ -232,9 +223,7 @@ def main() -> None:
             print(f"torch.profiler, {args.repeats} demo steps of {tree} (self CPU time), 1 thread")
             print(run_worker(tree, data_root, args.repeats, profile=True, compiled=args.compile)["profile"])
             return
-        variants: list[Variant] = [("this checkout", ROOT, False)]
-        if args.against:
-            variants.append((str(args.against.resolve()), args.against.resolve(), False))
+        variants: list[Variant] = [(name, tree, False) for name, tree in checkouts(args.against)]
         if args.compile:
             variants = [("eager", ROOT, False), ("torch.compile", ROOT, True)]
         result = compare(variants, data_root, args.rounds, args.repeats)

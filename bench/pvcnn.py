@@ -181,7 +181,7 @@ def measure_reference(repeats: int) -> dict[str, Any]:
         fast = model(x, t)
         ball_query.ball_query = functools.partial(ball_query.ball_query, method="dense")
         three_nn.three_nearest_neighbors = functools.partial(three_nn.three_nearest_neighbors, method="dense")
-        fps.furthest_point_sample_indices = functools.partial(fps.furthest_point_sample_indices, backend="torch")
+        fps.furthest_point_sample_indices = functools.partial(fps.furthest_point_sample_indices, method="torch")
         pvcnn_blocks._use_mkldnn = lambda tensor: False
         for module in model.modules():
             if isinstance(module, pvcnn_blocks.SetAbstraction):

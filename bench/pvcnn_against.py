@@ -3,10 +3,10 @@
 Each measurement is a fresh process importing ``pointforge`` from the checkout it measures
 (``PYTHONPATH``), running the paper preset's evaluation forward (no grad, as sampling runs
 it) on bench/pvcnn.py's synthetic skulls (30,720 points each, one per batch element):
-one warm-up forward, then ``--repeats`` timed ones. Rounds alternate the checkouts, the
-order flipping each round, so both see the same load; the figure is the median over rounds
-of each process's median, with the load average after each round. The outputs of the two
-checkouts are compared (largest absolute difference).
+one warm-up forward, then ``--repeats`` timed ones. Rounds alternate the checkouts
+(bench/_common.py's harness: the order flipping each round, so both see the same load); the
+figure is the median over rounds of each process's median, with the load average after each
+round. The outputs of the two checkouts are compared (largest absolute difference).
 
 ``--compile`` measures this checkout's eager forward against the same forward through
 ``torch.compile`` (Inductor; bench/_compile.py: the index searches left eager, static
@@ -21,10 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,10 +29,9 @@ from typing import Any
 
 import torch
 
-from _common import machine, print_table, write_json
+from _common import ROOT, alternate, checkouts, fresh_process, machine, print_table, write_json
 
 HERE = Path(__file__).resolve()
-ROOT = HERE.parent.parent
 T_STEP = 500
 
 
@@ -68,15 +64,9 @@ def worker(batch: int, repeats: int, save: Path | None, compiled: bool = False) 
 def run_worker(
     tree: Path, batch: int, repeats: int, threads: int, save: Path | None, compiled: bool = False
 ) -> dict[str, Any]:
-    command = [sys.executable, str(HERE), "--worker", "--batches", str(batch), "--repeats", str(repeats)]
-    command += ["--threads", str(threads)] + (["--save", str(save)] if save else [])
-    command += ["--compile"] if compiled else []
-    env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{HERE.parent}"}
-    done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode or not lines:
-        raise SystemExit(f"bench/pvcnn_against.py: the measurement of {tree} failed:\n{done.stderr[-3000:]}")
-    return json.loads(lines[-1])
+    args = ["--worker", "--batches", str(batch), "--repeats", str(repeats), "--threads", str(threads)]
+    args += (["--save", str(save)] if save else []) + (["--compile"] if compiled else [])
+    return fresh_process(HERE, args, tree)
 
 
 def main() -> None:
@@ -95,8 +85,8 @@ def main() -> None:
     if args.worker:
         print(json.dumps(worker(args.batches[0], args.repeats, args.save, args.compile)))
         return
-    trees = [ROOT] + ([args.against.resolve()] if args.against else [])
-    names = ["this checkout"] + ([str(args.against)] if args.against else [])
+    variants = checkouts(args.against)
+    names, trees = [name for name, _ in variants], [tree for _, tree in variants]
     compiled = [False] * len(trees)
     if args.compile:
         trees, names, compiled = [ROOT, ROOT], ["torch.compile", "eager"], [True, False]
@@ -104,22 +94,20 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="pvcnn_against_") as scratch:
         for batch in args.batches:
-            runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-            loads = []
-            for r in range(args.rounds):
-                for i in range(len(trees)) if r % 2 == 0 else reversed(range(len(trees))):
-                    save = Path(scratch) / f"out{i}_{batch}.pt" if r == 0 else None
-                    runs[names[i]].append(run_worker(trees[i], batch, args.repeats, args.threads, save, compiled[i]))
-                loads.append(os.getloadavg()[0])
-                print(f"batch {batch}: round {r + 1}/{args.rounds}, load average {loads[-1]:.1f}", flush=True)
+
+            def measure(i: int, r: int) -> dict[str, Any]:
+                save = Path(scratch) / f"out{i}_{batch}.pt" if r == 0 else None
+                return run_worker(trees[i], batch, args.repeats, args.threads, save, compiled[i])
+
+            done = alternate(names, args.rounds, measure, label=f"batch {batch}: ")
             outs = [torch.load(Path(scratch) / f"out{i}_{batch}.pt") for i in range(len(trees))]
             diff = float((outs[0] - outs[-1]).abs().max())
-            wall = {name: statistics.median(run["wall_s"] for run in runs[name]) for name in names}
-            cpu = {name: statistics.median(run["cpu_s"] for run in runs[name]) for name in names}
-            first = {name: statistics.median(run["first_wall_s"] for run in runs[name]) for name in names}
+            wall = {name: done.median(name, "wall_s") for name in names}
+            cpu = {name: done.median(name, "cpu_s") for name in names}
+            first = {name: done.median(name, "first_wall_s") for name in names}
             for name in names:
                 rows.append([batch, name, wall[name], cpu[name], wall[names[-1]] / wall[name], first[name], diff])
-            result["batches"][str(batch)] = {"runs": runs, "loads": loads, "max_abs_difference": diff}
+            result["batches"][str(batch)] = {"runs": done.runs, "loads": done.loads, "max_abs_difference": diff}
     print(f"PVCNN2 paper forward (eval, no grad), 30,720 points per sample, {args.threads} threads; {machine()}")
     headers = ["batch", "variant", "median wall s", "median CPU s", "speed-up (wall)", "first forward wall s"]
     print_table(headers + ["max |out diff|"], rows)

@@ -206,7 +206,7 @@ PATCHES: list[tuple[Any, str, str, bool, Callable[[tuple, Any], tuple[float, flo
     (pvcnn_blocks.SetAbstraction, "_pool_distinct", "grouping + max-pool", False, None),
     (pvcnn_blocks, "_segment_group_norm", "GroupNorm", False, None),
     (pvcnn_blocks.VoxelMap, "__init__", "voxel maps (coordinates, corners)", False, None),
-    (pvcnn_blocks.VoxelMap, "voxelize", "voxelize", False, None),
+    (pvcnn_blocks.VoxelMap, "average", "voxel averaging", False, None),
     (pvcnn_blocks.VoxelMap, "devoxelize", "devoxelize", False, None),
     (pvcnn_blocks, "_conv3d", CONV, False, _conv_flops),
     (pvcnn_blocks.Attention, "forward", "attention", False, None),

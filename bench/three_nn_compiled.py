@@ -7,7 +7,7 @@ paths, identical indices and weights (checked at every level before anything is 
 
 * ``torch``: the path ``"auto"`` took before (the torch cell grid from 2^20 point-centre
   pairs, dense below);
-* ``compiled``: ``method="numba"`` (``pointforge/nn/pvops/three_nn_compiled.py``).
+* ``compiled``: ``backend="compiled"`` (``pointforge/nn/pvops/three_nn_compiled.py``).
 
 Rounds are interleaved in one process (the order flipping each round), median of
 ``--rounds``; the load average is printed after each round, since the machine may be
@@ -56,7 +56,7 @@ def main() -> None:
         pairs = list(zip(clouds[:-1], clouds[1:]))
         paths = {
             "torch": lambda p, c: three_nearest_neighbors(p, c, method=torch_method(p, c)),
-            "compiled": lambda p, c: three_nearest_neighbors(p, c, method="numba"),
+            "compiled": lambda p, c: three_nearest_neighbors(p, c, backend="compiled"),
         }
         for points, centers in pairs:  # warm-up, and the check
             a, b = (run(points, centers) for run in paths.values())

@@ -11,8 +11,8 @@ bench's ideal wrapper does, so the solve sees a real skull.
 
 Each measurement is a fresh process (``--worker``) importing ``pointforge`` from the
 checkout it measures. ``--against DIR`` (e.g. ``git worktree add /tmp/base main``)
-alternates that checkout's processes with this one's, the order flipping each round,
-and reports each one's median seconds per proposal (the first proposal of a process,
+alternates that checkout's processes with this one's (bench/_common.py's harness: the
+order flipping each round) and reports each one's median seconds per proposal (the first proposal of a process,
 which pays for the first allocations, reported apart), their ratio, and how many
 voxels of the proposals' volumes differ between the two.
 
@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,10 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import machine, print_table, write_json
+from _common import ROOT, alternate, checkouts, fresh_process, machine, print_table, write_json
 
 HERE = Path(__file__).resolve()
-ROOT = HERE.parent.parent
 SIZE, SKULL_POINTS, IMPLANT_POINTS = 512, 27_648, 3_072
 
 
@@ -118,10 +116,7 @@ def worker(case_path: Path, masks_out: Path | None) -> None:
 
 
 def measure(tree: Path, case: Path, masks: Path | None) -> dict[str, list[float]]:
-    env = dict(os.environ, PYTHONPATH=str(tree))
-    cmd = [sys.executable, str(HERE), "--worker", "--case", str(case)] + (["--masks", str(masks)] if masks else [])
-    done = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return fresh_process(HERE, ["--worker", "--case", str(case)] + (["--masks", str(masks)] if masks else []), tree)
 
 
 def _differing_voxels(a: Path, b: Path) -> list[int]:
@@ -145,34 +140,34 @@ def main() -> None:
         case = args.case or Path(scratch) / "case.npz"
         if not case.exists():
             make_clouds(case, args.proposals)
-        trees = [ROOT] + ([args.against.resolve()] if args.against else [])
-        runs: dict[Path, list[dict[str, list[float]]]] = {t: [] for t in trees}
-        for r in range(args.rounds):
-            for i, tree in enumerate(trees if r % 2 == 0 else trees[::-1]):
-                masks = Path(scratch) / f"masks-{trees.index(tree)}.npz" if r == 0 else None
-                runs[tree].append(measure(tree, case, masks))
-                print(
-                    f"round {r + 1}: {tree}: {', '.join(f'{s:.2f}' for s in runs[tree][-1]['proposal'])} s", flush=True
-                )
+        variants = checkouts(args.against)
+
+        def one(i: int, r: int) -> dict[str, list[float]]:
+            name, tree = variants[i]
+            seconds = measure(tree, case, Path(scratch) / f"masks-{i}.npz" if r == 0 else None)
+            print(f"round {r + 1}: {name}: {', '.join(f'{s:.2f}' for s in seconds['proposal'])} s", flush=True)
+            return seconds
+
+        runs = alternate([name for name, _ in variants], args.rounds, one).runs
         differing = (
             _differing_voxels(Path(scratch) / "masks-0.npz", Path(scratch) / "masks-1.npz") if args.against else []
         )
     summary = {}
-    for tree, rs in runs.items():
+    for name, rs in runs.items():
         later = {k: statistics.median([v for run in rs for v in run[k][1:]]) for k in rs[0]}
-        summary[str(tree)] = {"first_proposal_s": statistics.median(run["proposal"][0] for run in rs), **later}
+        summary[name] = {"first_proposal_s": statistics.median(run["proposal"][0] for run in rs), **later}
     rows = [
         [t, s["first_proposal_s"], s["proposal"], s["network"], s["solve"], s["threshold"]] for t, s in summary.items()
     ]
     print_table(["checkout", "first s", "proposal s", "network s", "solve s", "threshold s"], rows)
     if args.against:
-        ours, theirs = summary[str(ROOT)], summary[str(args.against.resolve())]
+        ours, theirs = (summary[name] for name, _ in variants)
         print(f"proposal: {ours['proposal'] / theirs['proposal']:.2f}x of {args.against}'s time")
         print(f"voxels differing per proposal: {differing}")
     load = os.getloadavg()
     print(f"load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     record = {"machine": machine(), "argv": sys.argv[1:], "summary": summary, "differing_voxels": differing}
-    record |= {"runs": {str(t): rs for t, rs in runs.items()}, "load_average": load}
+    record |= {"runs": runs, "trees": {name: str(tree) for name, tree in variants}, "load_average": load}
     print(f"wrote {write_json('voxelize_stage', record)}")
 
 

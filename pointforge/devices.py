@@ -242,7 +242,7 @@ def reuse_freed_memory() -> bool:
     glibc gives every large block (from 128 KiB up to a threshold that rises to 32 MiB) its
     own ``mmap`` and returns it to the system on free, so a network that makes the same
     large temporaries pass after pass pays page faults for every fresh page each time
-    (PVCNN2's paper forward at batch 5: 7.9 -> 6.2 s on 2 cores, docs/benchmarks.md). After
+    (PVCNN2's paper forward measured it: docs/experiments/benchmarks.md). After
     this call (glibc ``mallopt``: no ``mmap`` for blocks, no automatic trimming of the heap)
     they are served from the heap, which keeps its high-water mark for the rest of the
     process until :func:`release_freed_memory` hands the free part back (the implant

@@ -126,3 +126,27 @@ def test_a_typo_inside_an_optional_section_names_the_key():
         ConfigError, match=r"unknown config key 'task.synthetic.skulss'; did you mean 'task.synthetic.skulls'\?"
     ):
         load_train_config("pcdiff", None, ["task.synthetic.skulss=3"])
+
+
+# Knobs of experiments measured negative and removed (docs/experiments/): a config that
+# still names one gets the one-line unknown-key error, as for any other key.
+REMOVED_KNOBS = [
+    ("pcdiff", {"prior": {"condition": 256}}, "task.prior.condition"),
+    ("pcdiff", {"prior": {"correct": 0.5}}, "task.prior.correct"),
+    ("voxelizer", {"shrink_p": 0.5}, "task.shrink_p"),
+    ("voxelizer", {"shrink_min": 0.7}, "task.shrink_min"),
+    ("upsampler", {"model": {"gate_init": 0.1}}, "task.model.gate_init"),
+    ("upsampler", {"surface_loss": "absolute"}, "task.surface_loss"),
+]
+
+
+@pytest.mark.parametrize("task, section, key", REMOVED_KNOBS)
+def test_a_removed_knob_is_an_unknown_key(tmp_path, task, section, key):
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump({"task": section}))
+    with pytest.raises(ConfigError) as info:
+        load_train_config(task, path)
+    message = str(info.value)
+    assert message.startswith(f"unknown config key '{key}'; ") and "\n" not in message
+    with pytest.raises(ConfigError, match=f"^unknown config key '{key}'; "):
+        load_train_config(task, None, [f"{key}=1"])

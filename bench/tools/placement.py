@@ -17,7 +17,7 @@ pipeline runs as ``pointforge generate`` runs it (PCDiff proposals → voxelizer
 
 It prints a table (one row per case, then the means) and writes
 ``bench/results/placement.json``. Results for the demo data and the ablation
-of formulations are in docs/pcdiff.md.
+of formulations are in docs/experiments/pcdiff.md.
 """
 
 from __future__ import annotations

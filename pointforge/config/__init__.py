@@ -11,7 +11,7 @@ Why hand-written rather than OmegaConf structured configs or pydantic: both
 were tried on TrainConfig (issue 13). OmegaConf 2.4 matches most
 checks (Literal, did-you-mean, optional sections) but reads ``1e3`` as no
 integer, accepts ``nan`` for float options, names a bad key by its class
-rather than its dotted path, and loads a config 50x slower (43 ms vs 0.8 ms);
+rather than its dotted path, and loads a config about 50x slower;
 pydantic accepts unknown keys unless every class forbids them and its
 messages span several lines. Keeping this loader keeps every message and
 accepted value as they were; its only extra cost is this code.

@@ -137,7 +137,7 @@ def to_binary(data: np.ndarray, *, name: str = "volume") -> np.ndarray:
     if not np.issubdtype(data.dtype, np.number):
         raise DataError(f"{name}: voxel type {data.dtype} is not numeric")
     # Binary means every voxel is 0 or the maximum: two linear passes, where np.unique would
-    # sort all 512³ values (4 s). np.unique runs only to name the values of a volume that fails.
+    # sort all 512³ values. np.unique runs only to name the values of a volume that fails.
     low, high = data.min(), data.max()
     if low == high or (low == 0 and np.count_nonzero(data) == np.count_nonzero(data == high)):
         return data != 0
@@ -293,7 +293,7 @@ def _write_nrrd(tmp: str, data: np.ndarray, volume: Volume, compression_level: i
     header["space origin"] = np.asarray(volume.origin, dtype=np.float64)
     # NRRD stores the first axis fastest. Handing pynrrd the transposed array in C order writes the
     # same bytes as index_order="F" would, without its whole-volume transposing copy (tobytes("F"),
-    # 1.9 s for a 512³ uint8 volume, against 0.4 s for the blocked copy).
+    # several times slower than the blocked copy at 512³: docs/experiments/implant.md).
     nrrd.write(tmp, transposed_copy(data), header, index_order="C", compression_level=compression_level)
 
 

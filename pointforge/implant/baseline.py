@@ -39,7 +39,7 @@ the largest component only, i.e. one of the two defects (as upstream's chain).
 
 Its scores on the demo's data, the choices measured along the way (the
 clean-up's size, thickening, threshold, rotation, trimming) and its cost per
-case are in docs/implant.md ("The baseline").
+case are in docs/experiments/implant.md ("The baseline, measured").
 """
 
 from __future__ import annotations

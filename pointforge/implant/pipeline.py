@@ -235,7 +235,7 @@ def generate_memory_bytes(models: Models, options: GenerateOptions, shape: tuple
     voxels = math.prod(shape)
     res = normalize_resolution(options.voxel_resolution or models.voxelizer_config.task.network().dpsr_res)
     solve = dpsr_memory_bytes(res, models.voxelizer_config.task.n_points) + math.prod(res) * 4
-    sample = ensemble * _pvcnn_bytes_per_cloud(models.pcdiff.model, cfg.n_skull + cfg.n_hint + cfg.n_implant)
+    sample = ensemble * _pvcnn_bytes_per_cloud(models.pcdiff.model, cfg.n_skull + cfg.n_implant)
     host = ensemble * 3 * voxels + voxels * (2 + 4 + 4)
     return {"device": sample + solve, "host": host}
 

@@ -89,8 +89,6 @@ def _framed_condition(points, model, config, n_skull, spacing, generator):
     seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
     rng = np.random.default_rng(seed)
     chosen, norm = frame_condition(points, estimate.center, n_skull, config.frame, rng, half_extent=HALF_EXTENT)
-    if config.n_hint:  # the estimate's points as the marked hint, after the skull's (PCDiffDataset's layout)
-        chosen = np.concatenate([chosen, prior_points(estimate.points, config.n_hint, rng)])
     return chosen, norm, estimate.points, rng
 
 
@@ -172,7 +170,7 @@ def complete(
         chosen = points[_subsample_indices(points, int(n_skull), subsample, generator)]
         norm = bbox_normalization(chosen, HALF_EXTENT)
     device = next(model.parameters()).device
-    cond = torch.from_numpy(norm.apply(chosen)).to(device).T.contiguous()  # [3, n_skull (+ the hint's)]
+    cond = torch.from_numpy(norm.apply(chosen)).to(device).T.contiguous()  # [3, n_skull]
     was_training = model.training
     model.eval()
     try:

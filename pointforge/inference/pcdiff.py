@@ -28,10 +28,9 @@ __all__ = ["CPU_EVAL_CHUNK_POINTS", "LoadedPCDiff", "load_pcdiff"]
 log = get_logger("pcdiff")
 
 # PVCNN2's evaluation budget on CPU (``PVCNN2.eval_chunk_points``): two paper samples per
-# pass measured 1.31x faster at batch 5 and 8 than whole batches on 2 cores at load 2-3
-# (bench/pvcnn_chunks.py, docs/benchmarks.md); with freed blocks kept in the heap (below) the
-# two are about as fast (6.1 against 6.2 s at batch 5), and chunks bound the peak memory.
-# On other devices passes stay whole.
+# pass measured faster than whole batches at batch 5 and 8 on 2 cores (bench/pvcnn_chunks.py,
+# docs/experiments/benchmarks.md); with freed blocks kept in the heap (below) the two are
+# about as fast, and chunks bound the peak memory. On other devices passes stay whole.
 CPU_EVAL_CHUNK_POINTS = 61440
 
 

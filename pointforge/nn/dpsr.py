@@ -1,10 +1,10 @@
 """Differentiable Poisson surface reconstruction (DPSR), as in Shape-as-Points.
 
 Oriented points in the unit cube become an indicator grid in three steps (the grid
-and its rasterisation are :mod:`pointforge.nn.dpsr_grid`, the spectral filter and the FFT
-backends :mod:`pointforge.nn.dpsr_spectrum`, the forward solve on a CPU that transforms
-only the lines holding data :mod:`pointforge.nn.dpsr_pruned`; this module is the solve,
-its backward pass, its memory estimate and the entry points):
+and its rasterisation are :mod:`pointforge.nn.dpsr_grid`, the spectral filter and the
+torch FFTs :mod:`pointforge.nn.dpsr_spectrum`, the compiled CPU path (ducc0's FFTs and a
+forward solve that transforms only the lines holding data) :mod:`pointforge.nn.dpsr_pruned`;
+this module is the solve, its backward pass, its memory estimate and the entry points):
 
 1. Rasterise: each normal is splatted onto the 8 surrounding grid nodes with
    trilinear weights. Grid node ``(i, j, k)`` sits at ``(i/r0, j/r1, k/r2)`` and
@@ -36,12 +36,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from types import ModuleType
 
 import torch
 from torch import Tensor, nn
 
 from pointforge.devices import available_memory_bytes
 from pointforge.errors import ConfigError, DataError
+from pointforge.nn import backends, dpsr_spectrum
 from pointforge.nn.dpsr_grid import (
     DEFAULT_POINT_CHUNK,
     KEEP_CORNERS_UP_TO,
@@ -49,15 +51,7 @@ from pointforge.nn.dpsr_grid import (
     check_oriented_points,
     normalize_resolution,
 )
-from pointforge.nn.dpsr_pruned import pruned_raw_solve
-from pointforge.nn.dpsr_spectrum import (
-    FFT_BACKENDS,
-    SLAB_ELEMENTS,
-    Spectrum,
-    irfftn_consuming,
-    resolve_fft_backend,
-    rfftn,
-)
+from pointforge.nn.dpsr_spectrum import SLAB_ELEMENTS, Spectrum
 
 __all__ = ["DPSR", "dpsr", "dpsr_memory_bytes", "psr_tanh_mse_loss"]
 
@@ -77,10 +71,10 @@ def _check_sigma(sigma: float) -> float:
 # The solve and its backward pass.
 
 
-def _raw_solve(corners: PointCorners, normals: Tensor, spectrum: Spectrum, backend: str) -> Tensor:
-    """Unnormalised Poisson solution (*res) of one item."""
-    if backend == "ducc":
-        return pruned_raw_solve(corners, normals, spectrum, torch.get_num_threads())
+def _raw_solve(corners: PointCorners, normals: Tensor, spectrum: Spectrum, compiled: ModuleType | None) -> Tensor:
+    """Unnormalised Poisson solution (*res) of one item (the compiled path's when given)."""
+    if compiled is not None:
+        return compiled.pruned_raw_solve(corners, normals, spectrum, torch.get_num_threads())
     res = spectrum.res
     grid = torch.zeros(math.prod(res), dtype=normals.dtype, device=normals.device)
     spec = None
@@ -88,7 +82,7 @@ def _raw_solve(corners: PointCorners, normals: Tensor, spectrum: Spectrum, backe
         if axis:
             grid.zero_()
         corners.splat(grid, normals[:, axis])
-        part = rfftn(grid.view(res), backend)
+        part = dpsr_spectrum.rfftn(grid.view(res))
         part.mul_(spectrum.derivative(axis, -1.0))
         if spec is None:
             spec = part
@@ -99,12 +93,17 @@ def _raw_solve(corners: PointCorners, normals: Tensor, spectrum: Spectrum, backe
     assert spec is not None  # the loop ran for three axes
     spectrum.apply_filter_(spec)
     # A fresh grid: torch's irfftn(out=...) would compute into a temporary and copy.
-    return irfftn_consuming(spec, res, backend)
+    return dpsr_spectrum.irfftn_consuming(spec, res)
+
+
+def _ffts(compiled: ModuleType | None) -> ModuleType:
+    """The module whose ``rfftn`` and ``irfftn_consuming`` the backward pass uses."""
+    return dpsr_spectrum if compiled is None else compiled
 
 
 class _DPSRFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, points, normals, res, sigma, shift, scale, chunk, backend):
+    def forward(ctx, points, normals, res, sigma, shift, scale, chunk, compiled):
         batch = points.shape[0]
         spectrum = Spectrum(res, sigma, points.dtype, points.device)
         out = None
@@ -113,7 +112,7 @@ class _DPSRFunction(torch.autograd.Function):
         ctx.corners = []
         for i in range(batch):
             corners = PointCorners(points[i], res, chunk)
-            phi = _raw_solve(corners, normals[i], spectrum, backend)
+            phi = _raw_solve(corners, normals[i], spectrum, compiled)
             if shift:
                 at_points, _ = corners.gather(phi.view(-1), False)
                 phi.sub_(at_points.mean())
@@ -136,7 +135,7 @@ class _DPSRFunction(torch.autograd.Function):
             del phi
             if keep:
                 ctx.corners.append(corners)
-        ctx.res, ctx.sigma, ctx.shift, ctx.scale, ctx.backend = res, sigma, shift, scale, backend
+        ctx.res, ctx.sigma, ctx.shift, ctx.scale, ctx.ffts = res, sigma, shift, scale, _ffts(compiled)
         ctx.save_for_backward(points, normals, out, scales)
         return out
 
@@ -177,12 +176,12 @@ class _DPSRFunction(torch.autograd.Function):
                     grad_points[i] += spatial * (grad_mean * factor / n)
             # The raw solve is a real periodic convolution of each normal channel; its
             # adjoint multiplies the spectrum by the conjugate factor (+i omega G / lap).
-            spec = rfftn(grad_phi, ctx.backend)
+            spec = ctx.ffts.rfftn(grad_phi)
             del grad_phi
             spectrum.apply_filter_(spec)
             for axis in range(3):
                 channel = spec * spectrum.derivative(axis, 1.0)
-                grad_raster = irfftn_consuming(channel, res, ctx.backend).view(-1)
+                grad_raster = ctx.ffts.irfftn_consuming(channel, res).view(-1)
                 del channel
                 values, spatial = corners.gather(grad_raster, need_points)
                 del grad_raster
@@ -216,7 +215,7 @@ def dpsr_memory_bytes(
     result). The caller's own tensors (points,
     a loss's intermediates) are not included. Measured peaks (bench/dpsr.py)
     stay within a few percent of it at 256^3 and 512^3. The counts are torch.fft's;
-    the ducc0 backend's inverse FFTs work in the spectrum itself, so for it the
+    the compiled path's inverse FFTs (ducc0) work in the spectrum itself, so for it the
     backward figure is an upper bound.
     """
     res = normalize_resolution(res)
@@ -261,6 +260,10 @@ def _check_memory(res, n_points, batch, dtype, requires_grad, chunk, limit, devi
 # Public entry points.
 
 
+def _compiled_unsuited(device: torch.device) -> str | None:
+    return None if device.type == "cpu" else f"CPU tensors, got them on {device}"
+
+
 def dpsr(
     points: Tensor,
     normals: Tensor,
@@ -271,7 +274,7 @@ def dpsr(
     scale: bool = True,
     memory_limit: float | None = None,
     chunk: int = DEFAULT_POINT_CHUNK,
-    fft: str = "auto",
+    backend: str = "auto",
 ) -> Tensor:
     """Indicator grid (batch, *res) of oriented points (batch, n, 3) in ``[0, 1)``.
 
@@ -281,21 +284,24 @@ def dpsr(
     estimated (by :func:`dpsr_memory_bytes`) to need more raises
     :class:`ConfigError` before anything is allocated; ``None`` means the memory
     the device has available now, ``math.inf`` disables the check. ``chunk``
-    bounds the points handled at once when splatting. ``fft`` picks the FFT
-    backend (see :data:`FFT_BACKENDS`). Gradients flow to points and normals.
+    bounds the points handled at once when splatting. ``backend`` (:mod:`pointforge.nn.backends`):
+    ``"plain"`` solves with torch.fft (every device), ``"compiled"`` with the CPU path of
+    :mod:`pointforge.nn.dpsr_pruned` (ducc0's FFTs and the pruned solve, compiled with
+    Numba; one choice, both or neither), ``"auto"`` with the latter for CPU tensors where
+    ducc0 and Numba import. Gradients flow to points and normals.
     """
     res = normalize_resolution(res)
     sigma = _check_sigma(sigma)
     check_oriented_points(points, normals)
     if int(chunk) < 1:
         raise ConfigError(f"DPSR chunk must be a positive number of points, got {chunk}")
-    backend = resolve_fft_backend(fft, points.device)
+    compiled = backends.choose("dpsr", backend, math.prod(res), lambda: _compiled_unsuited(points.device))
     requires_grad = torch.is_grad_enabled() and (points.requires_grad or normals.requires_grad)
     _check_memory(
         res, points.shape[1], points.shape[0], points.dtype, requires_grad, int(chunk), memory_limit, points.device
     )
     return _DPSRFunction.apply(
-        points.contiguous(), normals.contiguous(), res, sigma, bool(shift), bool(scale), int(chunk), backend
+        points.contiguous(), normals.contiguous(), res, sigma, bool(shift), bool(scale), int(chunk), compiled
     )
 
 
@@ -311,7 +317,7 @@ class DPSR(nn.Module):
         scale: bool = True,
         memory_limit: float | None = None,
         chunk: int = DEFAULT_POINT_CHUNK,
-        fft: str = "auto",
+        backend: str = "auto",
     ):
         super().__init__()
         self.res = normalize_resolution(res)
@@ -319,9 +325,7 @@ class DPSR(nn.Module):
         self.shift, self.scale = bool(shift), bool(scale)
         self.memory_limit = memory_limit
         self.chunk = int(chunk)
-        if fft not in FFT_BACKENDS:
-            raise ConfigError(f"DPSR fft backend must be one of {', '.join(FFT_BACKENDS)}, got {fft!r}")
-        self.fft = fft
+        self.backend = backends.check_backend("DPSR", backend)
 
     def forward(self, points: Tensor, normals: Tensor) -> Tensor:
         return dpsr(
@@ -333,11 +337,11 @@ class DPSR(nn.Module):
             scale=self.scale,
             memory_limit=self.memory_limit,
             chunk=self.chunk,
-            fft=self.fft,
+            backend=self.backend,
         )
 
     def extra_repr(self) -> str:
-        return f"res={self.res}, sigma={self.sigma}, shift={self.shift}, scale={self.scale}, fft={self.fft!r}"
+        return f"res={self.res}, sigma={self.sigma}, shift={self.shift}, scale={self.scale}, backend={self.backend!r}"
 
 
 def psr_tanh_mse_loss(pred: Tensor, target: Tensor, *, target_is_tanh: bool = False) -> Tensor:

@@ -1,6 +1,13 @@
-"""DPSR's unnormalised forward solve on a CPU (ducc0): only the lines that hold data transformed.
+"""DPSR's compiled CPU path: ducc0's FFTs, and a forward solve that transforms only the lines holding data.
 
-The solve is linear in the three splatted normal grids ``N_a``:
+It is one row of :mod:`pointforge.nn.backends`' table (``backend="compiled"``, which
+``"auto"`` takes for CPU tensors where ducc0 and Numba import), imported only when it runs.
+ducc0 (the successor of the pocketfft that SciPy ships) writes into given arrays and
+inverts in the spectrum itself, with no internal copy (docs/experiments/implant.md);
+:func:`rfftn` and :func:`irfftn_consuming` have the signatures of
+:mod:`pointforge.nn.dpsr_spectrum`'s torch.fft ones, and serve the backward pass too.
+
+The forward solve is linear in the three splatted normal grids ``N_a``:
 ``Phi = F * sum_a (-i w_a) FFT(N_a)``, ``F`` the filter of :mod:`pointforge.nn.dpsr_spectrum`.
 Done as three whole 3-D transforms, it is ten passes of 1-D FFTs over a 512^3 grid and
 a few more of complex arithmetic. This module computes the same sum with less:
@@ -18,28 +25,24 @@ a few more of complex arithmetic. This module computes the same sum with less:
    spectrum (:func:`combine_and_filter`), the filter's factor formed in registers exactly
    as :meth:`Spectrum.apply_filter_` forms it.
 
-The inverse is ducc0's, working in the spectrum itself. Every step is the plain solve's
+The inverse is :func:`irfftn_consuming`. Every step is the plain solve's
 linear map; only the rounding of the sums differs (tests/nn/test_dpsr_pruned.py holds it
-to the plain solve, docs/implant.md has the measurements).
+to the plain solve, docs/experiments/implant.md has the measurements).
 """
 
 from __future__ import annotations
 
+import ducc0
 import numba
 import numpy as np
 import torch
 from torch import Tensor
 
 from pointforge.nn.dpsr_grid import PointCorners
-from pointforge.nn.dpsr_spectrum import LAPLACIAN_EPS, Spectrum, irfftn_consuming
+from pointforge.nn.dpsr_spectrum import LAPLACIAN_EPS, Spectrum
 from pointforge.nn.pvops.compiled_support import run_threaded
 
-try:
-    import ducc0 as _ducc0
-except ImportError:  # pragma: no cover - the "ducc" backend is only chosen when ducc0 imports
-    _ducc0 = None
-
-__all__ = ["combine_and_filter", "pruned_raw_solve"]
+__all__ = ["combine_and_filter", "irfftn_consuming", "pruned_raw_solve", "rfftn"]
 
 # Planes of the spectrum per piece of work of the compiled pass (two threads share them).
 _PLANES_PER_PIECE = 8
@@ -59,11 +62,11 @@ def _line_spectra(corners: PointCorners, normals: Tensor, axis: int, grid: Tenso
     corners.splat(grid.view(-1), normals[:, axis])
     out[:, :a1].zero_()
     out[:, b1:].zero_()
-    _ducc0.fft.r2c(inside.numpy(), axes=(2,), out=out[:, a1:b1].numpy(), nthreads=threads)
+    ducc0.fft.r2c(inside.numpy(), axes=(2,), out=out[:, a1:b1].numpy(), nthreads=threads)
 
 
 def _along(axis: int, spec: Tensor, threads: int) -> None:
-    _ducc0.fft.c2c(spec.numpy(), axes=(axis,), out=spec.numpy(), nthreads=threads)
+    ducc0.fft.c2c(spec.numpy(), axes=(axis,), out=spec.numpy(), nthreads=threads)
 
 
 def pruned_raw_solve(corners: PointCorners, normals: Tensor, spectrum: Spectrum, threads: int) -> Tensor:
@@ -92,7 +95,26 @@ def pruned_raw_solve(corners: PointCorners, normals: Tensor, spectrum: Spectrum,
         _along(0, full, threads)
     combine_and_filter(spec, axis0, spectrum, threads)
     del axis0
-    return irfftn_consuming(spec, res, "ducc")
+    return irfftn_consuming(spec, res)
+
+
+def rfftn(x: Tensor) -> Tensor:
+    return torch.from_numpy(ducc0.fft.r2c(x.detach().numpy(), nthreads=torch.get_num_threads()))
+
+
+def irfftn_consuming(spec: Tensor, res: tuple[int, int, int]) -> Tensor:
+    """Inverse real FFT of a spectrum the caller gives up: ducc0 works in the spectrum itself."""
+    out = torch.empty(res, dtype=spec.real.dtype)
+    ducc0.fft.c2r(
+        spec.detach().numpy(),
+        lastsize=res[-1],
+        forward=False,
+        inorm=2,
+        out=out.numpy(),
+        nthreads=torch.get_num_threads(),
+        allow_overwriting_input=True,
+    )
+    return out
 
 
 def combine_and_filter(spec: Tensor, axis0: Tensor, spectrum: Spectrum, threads: int) -> None:

@@ -1,13 +1,12 @@
-"""DPSR's frequency side: the spectral filter of the Poisson solve and the FFT backends.
+"""DPSR's frequency side: the spectral filter of the Poisson solve and the plain path's FFTs.
 
 With ``w = 2*pi*k`` (``k`` the integer frequency vector) the filter is
 ``G(k) / (-|w|^2 + 1e-6)``, ``G(k) = exp(-0.5 * (2 * sigma * |k| / r0)^2)`` a Gaussian
 smoothing (``r0`` on every axis, as upstream does), with the DC term set to zero; it is
 applied in place, slab by slab, to half spectra of real FFTs.
 
-Backends: ``torch`` (torch.fft, every device) and ``ducc`` (ducc0, the successor of the
-pocketfft that SciPy ships, CPU only): on 2 cores its 512^3 real FFTs take 0.6-0.8 of
-SciPy's time and its inverse needs no internal copy of the spectrum (docs/implant.md).
+The FFTs here are torch.fft's (every device); the compiled CPU path has its own, with the
+same signatures, in :mod:`pointforge.nn.dpsr_pruned`.
 """
 
 from __future__ import annotations
@@ -17,26 +16,7 @@ import math
 import torch
 from torch import Tensor
 
-from pointforge.errors import ConfigError
-
-try:  # on a CPU its real FFTs are markedly faster than torch's MKL ones (bench/dpsr.py)
-    import ducc0 as _ducc0
-except ImportError:  # pragma: no cover - ducc0 is a dependency, but DPSR does not need it
-    _ducc0 = None
-
-__all__ = [
-    "FFT_BACKENDS",
-    "LAPLACIAN_EPS",
-    "SLAB_ELEMENTS",
-    "Spectrum",
-    "irfftn_consuming",
-    "resolve_fft_backend",
-    "rfftn",
-]
-
-# "auto": ducc0 for CPU tensors when it is importable, torch.fft otherwise (CUDA).
-# Both compute the same transforms (tested equal).
-FFT_BACKENDS = ("auto", "torch", "ducc")
+__all__ = ["LAPLACIAN_EPS", "SLAB_ELEMENTS", "Spectrum", "irfftn_consuming", "rfftn"]
 
 # Half-spectrum elements filtered per step: the filter's temporaries (about 24
 # bytes an element) stay near 12 MB whatever the grid.
@@ -98,40 +78,14 @@ class Spectrum:
         spec[0, 0, 0] = 0
 
 
-def resolve_fft_backend(fft: str, device: torch.device | str) -> str:
-    """The backend ``fft`` (one of :data:`FFT_BACKENDS`) means for tensors on ``device``."""
-    if fft not in FFT_BACKENDS:
-        raise ConfigError(f"DPSR fft backend must be one of {', '.join(FFT_BACKENDS)}, got {fft!r}")
-    cpu_ducc = torch.device(device).type == "cpu" and _ducc0 is not None
-    if fft == "auto":
-        return "ducc" if cpu_ducc else "torch"
-    if fft == "ducc" and not cpu_ducc:
-        raise ConfigError("DPSR fft='ducc' needs the ducc0 package and CPU tensors; use fft='torch' or 'auto'")
-    return fft
-
-
-def rfftn(x: Tensor, backend: str) -> Tensor:
-    if backend == "ducc":
-        return torch.from_numpy(_ducc0.fft.r2c(x.detach().numpy(), nthreads=torch.get_num_threads()))
+def rfftn(x: Tensor) -> Tensor:
     return torch.fft.rfftn(x)
 
 
-def irfftn_consuming(spec: Tensor, res: tuple[int, int, int], backend: str) -> Tensor:
-    """Inverse real FFT of a spectrum the caller gives up (it may be overwritten).
+def irfftn_consuming(spec: Tensor, res: tuple[int, int, int]) -> Tensor:
+    """Inverse real FFT of a spectrum the caller gives up (the compiled path's overwrites it).
 
-    ducc0 works in the spectrum itself; torch.fft copies it internally for a
-    multi-axis inverse (measured), so its peak holds the spectrum twice plus the result.
+    torch.fft copies the spectrum internally for a multi-axis inverse (measured), so its
+    peak holds the spectrum twice plus the result.
     """
-    if backend == "ducc":
-        out = torch.empty(res, dtype=spec.real.dtype)
-        _ducc0.fft.c2r(
-            spec.detach().numpy(),
-            lastsize=res[-1],
-            forward=False,
-            inorm=2,
-            out=out.numpy(),
-            nthreads=torch.get_num_threads(),
-            allow_overwriting_input=True,
-        )
-        return out
     return torch.fft.irfftn(spec, s=res)

@@ -8,35 +8,19 @@ pass reads a channels-last grid as it is, takes float64 statistics, and overwrit
 the same layout: one read for the statistics, one read and write for the rest, no copies.
 
 It is an evaluation path: where autograd records (training), on other devices or dtypes,
-under ``torch.compile``, without Numba, or below ``COMPILED_MIN_ELEMENTS``, callers run
-their PyTorch code unchanged. The two agree to float32 rounding (tests/nn/test_fused_norm.py).
+under ``torch.compile``, without Numba, below its size in :mod:`pointforge.nn.backends`'
+table, or where the plain backend is chosen, callers run their PyTorch code unchanged. The
+two agree to float32 rounding (tests/nn/test_fused_norm.py).
 """
 
 from __future__ import annotations
 
-import functools
-from types import ModuleType
-
 import torch
 from torch import Tensor, nn
 
-__all__ = ["COMPILED_MIN_ELEMENTS", "applies", "group_norm_act_"]
+from pointforge.nn import backends
 
-# Elements from which the compiled pass runs. Measured (bench/fused_norm.py): 2.1-11x faster
-# on the paper preset's grids, 1.1-2.9x on its point features; on the tiny preset's shapes
-# (512-229,376 elements) 0.93-1.7x, calls of 20-200 us, so below this the gain is noise and
-# the tiny preset at batch 1 (one call above it) mostly never imports Numba.
-COMPILED_MIN_ELEMENTS = 1 << 16
-
-
-@functools.cache
-def _compiled() -> ModuleType | None:
-    """The compiled kernels' module, imported on first use; None without Numba."""
-    try:
-        from pointforge.nn import fused_norm_compiled
-    except ImportError:
-        return None
-    return fused_norm_compiled
+__all__ = ["applies", "group_norm_act_"]
 
 
 def _channels_last(x: Tensor) -> bool | None:
@@ -49,30 +33,39 @@ def _channels_last(x: Tensor) -> bool | None:
     return None
 
 
-def applies(x: Tensor, norm: nn.GroupNorm) -> bool:
-    """Whether :func:`group_norm_act_` runs ``norm`` on ``x``: CPU float32, autograd not
-    recording, an affine norm, a layout it reads, at least ``COMPILED_MIN_ELEMENTS``."""
+def _compiled_unsuited(x: Tensor, norm: nn.GroupNorm) -> str | None:
     weight, bias = norm.weight, norm.bias
-    if weight is None or bias is None or x.dim() < 3 or x.numel() < COMPILED_MIN_ELEMENTS:
-        return False
+    if weight is None or bias is None:
+        return "an affine GroupNorm"
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad):
-        return False
-    return (
-        x.device.type == "cpu"
+        return "autograd not recording (an evaluation pass)"
+    if torch.compiler.is_compiling():
+        return "eager mode, not torch.compile"
+    if not (
+        x.dim() >= 3
+        and x.device.type == "cpu"
         and x.dtype == torch.float32
         and weight.dtype == torch.float32
         and bias.dtype == torch.float32
-        and not torch.compiler.is_compiling()
         and _channels_last(x) is not None
-        and _compiled() is not None
-    )
+    ):
+        return f"CPU float32 features [B, C, ...] channels first or last, got {x.dtype} {tuple(x.shape)} on {x.device}"
+    return None
+
+
+def applies(x: Tensor, norm: nn.GroupNorm, backend: str = "auto") -> bool:
+    """Whether :func:`group_norm_act_` runs ``norm`` on ``x`` (``backend`` as in
+    :mod:`pointforge.nn.backends`): with ``"auto"`` where it applies (CPU float32, autograd not
+    recording, an affine norm, a layout it reads, Numba importable) and ``x`` has at least the
+    table's size; never with ``"plain"``; with ``"compiled"`` True, or a one-line error why not."""
+    return backends.choose("fused_norm", backend, x.numel(), lambda: _compiled_unsuited(x, norm)) is not None
 
 
 def group_norm_act_(x: Tensor, norm: nn.GroupNorm, silu: bool) -> Tensor:
     """``x`` overwritten with ``F.silu(norm(x))`` (``norm(x)`` when not ``silu``) in one
     compiled pass, in its own layout, and returned; only where :func:`applies` says so, and
     only on a tensor nothing else reads (a convolution's or product's fresh output)."""
-    compiled = _compiled()
+    compiled = backends.load("fused_norm")
     last = _channels_last(x)
     assert compiled is not None and last is not None and norm.weight is not None and norm.bias is not None
     b, c = x.shape[:2]

@@ -17,7 +17,7 @@ output): with a second array LLVM checks at run time that the two do not overlap
 fresh output costs a read of every line before it is written. It runs on the calling
 thread: on 2 cores a second thread (a pool kept for the process) was no faster at any of
 PVCNN2's shapes when the norm ran between torch's ops (whose worker, presumably, still
-holds the other core), only in isolation (docs/benchmarks.md). Compiled code is cached on disk (``cache=True``).
+holds the other core), only in isolation (docs/experiments/benchmarks.md). Compiled code is cached on disk (``cache=True``).
 """
 
 from __future__ import annotations

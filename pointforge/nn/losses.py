@@ -94,13 +94,10 @@ def point_to_plane_distance(
     num_clouds: Optional[int] = None,
     k: int = 10,
     backend: str = "auto",
-    squared: bool = True,
 ) -> Tensor:
     """Mean over clouds of the mean squared distance from each predicted point to the plane
     fitted to its ``k`` nearest target points (least squares: through their centroid, normal
-    along their covariance's smallest eigenvector); ``squared=False``: the mean absolute
-    distance, the point-to-surface metric's own (:mod:`pointforge.upsampling.metrics`), whose
-    pull does not fade as a point nears the plane.
+    along their covariance's smallest eigenvector).
 
     The across-surface part of the error alone, which the Chamfer distance sees only mixed
     with the distance *along* the surface to the nearest target point: where the target's
@@ -118,6 +115,5 @@ def point_to_plane_distance(
         centroid = neighbours.mean(dim=1)
         centred = neighbours - centroid.unsqueeze(1)
         normal = torch.linalg.eigh(centred.transpose(1, 2) @ centred).eigenvectors[:, :, 0]
-    across = ((pred - centroid) * normal).sum(-1)
-    distance = across**2 if squared else across.abs()
+    distance = ((pred - centroid) * normal).sum(-1) ** 2
     return _per_cloud_mean(distance, pred_batch, num_clouds).mean()

@@ -32,7 +32,7 @@ output is the whole batch's up to float rounding, and a chunk's activations may 
 the CPU's caches (the paper forward at batch 5 took more than 5x batch 1's time whole).
 None (the default) runs whole batches, which is what a GPU wants; on 2 CPU cores two paper
 samples per pass measured 1.3x faster at batch 5 and 8 (slower on a crowded machine;
-docs/benchmarks.md), and the PCDiff loader sets that budget for CPU.
+docs/experiments/benchmarks.md), and the PCDiff loader sets that budget for CPU.
 
 The network knows nothing about diffusion beyond taking ``t``, nor about devices or
 distributed training.

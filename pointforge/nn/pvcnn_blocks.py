@@ -45,7 +45,7 @@ def dropout(module: nn.Dropout, x: Tensor) -> Tensor:
     per element compared with ``1 - p``; drawing the uniforms with ``uniform_`` and
     comparing gives the same mask bit for bit and leaves the generator in the same state,
     in about half the time on large tensors (the classifier's dropout of the tiny PCDiff
-    step, 0.9M elements: 15 -> 8 ms). The scaling and product are dropout's own.
+    step; docs/experiments/benchmarks.md). The scaling and product are dropout's own.
     """
     if not module.training or module.p == 0 or module.inplace or x.device.type != "cpu" or not 0 < module.p < 1:
         return module(x)
@@ -163,7 +163,7 @@ def _conv3d(conv: nn.Conv3d, x: Tensor) -> Tensor:
 
     The input goes in channels-last: oneDNN's backward on
     plain NCDHW grids with few channels is slow (a conv, GroupNorm, conv, GroupNorm block
-    of the tiny preset at 16^3, 8 channels: 14 ms forward and backward against 10 ms).
+    of the tiny preset at 16^3, 8 channels: about 1.4x slower forward and backward).
     Under ``torch.compile`` the ordinary path runs: Dynamo cannot trace the direct call.
     """
     if not torch.compiler.is_compiling() and _use_mkldnn(x):

@@ -19,7 +19,7 @@ what skull surfaces at the presets' densities give (measured by ``bench/pvcnn_me
 How many bytes each element costs (how many tensors of that size autograd
 keeps) is not guessed: :data:`BYTES_PER_ELEMENT` is fitted by
 ``bench/pvcnn_memory.py`` to the peak memory of real training steps (forward,
-backward, Adam step) on the CPU, and the table there (docs/benchmarks.md,
+backward, Adam step) on the CPU, and the table there (docs/experiments/benchmarks.md,
 "Training memory") shows how close the model comes.
 
 With activation checkpointing (:class:`~pointforge.nn.pvcnn.PVCNN2`'s
@@ -51,13 +51,13 @@ __all__ = [
 SURFACE_HITS_PER_BALL = 16
 
 # Bytes per counted element of each kind, fitted by bench/pvcnn_memory.py (float32 training
-# steps on the CPU; docs/benchmarks.md, "Training memory").
+# steps on the CPU; docs/experiments/benchmarks.md, "Training memory").
 # The index slots fit to 0: they are freed before the step's peak.
 BYTES_PER_ELEMENT = {"point": 4.7, "voxel": 33.2, "pair": 3.2, "slot": 0.0}
 
 # The same with activation checkpointing on (bench/pvcnn_memory.py --checkpoint), fitted never
 # to fall below a measured per-sample slope (least squares left tiny's half below); pairs and
-# slots fit to 0. It errs high by up to 2.6x per sample on the paper preset (docs/benchmarks.md,
+# slots fit to 0. It errs high by up to 2.6x per sample on the paper preset (docs/experiments/benchmarks.md,
 # "Activation checkpointing").
 BYTES_PER_ELEMENT_CHECKPOINTED = {"point": 2.3, "voxel": 24.0, "pair": 0.0, "slot": 0.0}
 

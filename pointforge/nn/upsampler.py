@@ -37,15 +37,12 @@ margin is unchanged. ``plane_k``: the plane (and the children's distance) from
 the point and only its ``plane_k − 1`` nearest graph neighbours, as the
 baseline takes its ``k`` nearest points; the symmetrised graph also holds the
 points that count this one among *their* nearest, which on uneven real lidar
-(tree crowns, multiple returns) tilt the plane (measured in docs/upsampler.md).
+(tree crowns, multiple returns) tilt the plane (measured in docs/experiments/upsampler.md).
 
 ``gate``: each child's offset (coarse plus fine) is scaled by a sigmoid of
 its features, ``output = start + g · offset``, so where the network cannot
 improve on its geometric start it can keep it exactly (g → 0) instead of having
-to learn offsets that cancel; it adds ``C + 1`` weights. ``gate_init``: the
-gate's starting value, its bias set to the logit of it (None: PyTorch's default
-initialisation, about 0.5); a small value starts the gate nearly closed, so
-that leaving the geometric start is what must be learned.
+to learn offsets that cancel; it adds ``C + 1`` weights.
 
 ``heads``, ``concat``, ``beta`` and ``dropout`` configure both attention stages
 as in PyG's TransformerConv. Normalisation is LayerNorm (per point): batch
@@ -56,13 +53,12 @@ depend on its batch-mates. The module knows nothing about devices or ranks.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Literal, NamedTuple, Optional
 
 import torch
 from torch import Tensor, nn
-from torch_geometric.nn import PointTransformerConv, TransformerConv
 
 from pointforge.errors import ConfigError, DataError
 from pointforge.nn.knn import check_batch, knn_graph
@@ -102,17 +98,11 @@ class UpsamplerConfig:
     plane_k: Optional[int] = (
         None  # the plane start's points: the point and its plane_k - 1 nearest (None: all graph neighbours)
     )
-    gate_init: Optional[float] = None  # the gate's starting value in (0, 1) (module docs; None: about 0.5)
 
     def __post_init__(self):
         if self.plane_k is not None and (isinstance(self.plane_k, bool) or not 3 <= int(self.plane_k) <= self.k + 1):
             raise ConfigError(
                 f"upsampler plane_k must be an integer from 3 to k + 1 = {self.k + 1}, got {self.plane_k!r}"
-            )
-        if self.gate_init is not None and (not self.gate or not 0.0 < float(self.gate_init) < 1.0):
-            raise ConfigError(
-                f"upsampler gate_init must be in (0, 1) and needs gate: true, got {self.gate_init!r} "
-                f"with gate {self.gate}"
             )
         for name in ("ratio", "k", "hidden", "feature_layers", "heads"):
             value = getattr(self, name)
@@ -234,11 +224,21 @@ def _away_from_nearest(pos: Tensor, edge_index: Tensor) -> Tensor:
     return pos - pos[nearest]
 
 
+def _pyg_layers() -> ModuleType:
+    """PyG's graph layers, imported when an upsampler is built rather than with this module:
+    torch_geometric's import is slow and loads Numba (``torch_geometric.utils.ppr`` imports it
+    where installed), which a process that never builds an upsampler (generate without
+    upsampling, demo, serve) should not pay (:mod:`pointforge.nn.backends`)."""
+    from torch_geometric import nn as pyg_nn  # noqa: PLC0415 - deferred, see above
+
+    return pyg_nn
+
+
 class _PointTransformerBlock(nn.Module):
     def __init__(self, channels: int):
         super().__init__()
         self.norm = nn.LayerNorm(channels)
-        self.conv = PointTransformerConv(
+        self.conv = _pyg_layers().PointTransformerConv(
             channels,
             channels,
             pos_nn=_mlp([3, channels, channels]),
@@ -263,16 +263,14 @@ class NodeShuffleUpsampler(nn.Module):
         self.blocks = nn.ModuleList(_PointTransformerBlock(c) for _ in range(cfg.feature_layers))
         self.shuffle_norm = nn.LayerNorm(c)
         # Per-head width that makes the attention's output exactly r·C wide (C % heads == 0 under concat).
-        self.shuffle = TransformerConv(c, r * c // h if cfg.concat else r * c, **attention)
+        self.shuffle = _pyg_layers().TransformerConv(c, r * c // h if cfg.concat else r * c, **attention)
         self.child_norm = nn.LayerNorm(c)
         self.coarse = nn.Linear(c, 3)
         self.relpos = _mlp([4, c, c])
         self.refine_norm = nn.LayerNorm(c)
-        self.refine = TransformerConv(c, c // h if cfg.concat else c, edge_dim=c, **attention)
+        self.refine = _pyg_layers().TransformerConv(c, c // h if cfg.concat else c, edge_dim=c, **attention)
         self.decode = nn.Sequential(nn.LayerNorm(c), _mlp([c, c, 3]))
         self.gate = nn.Linear(c, 1) if cfg.gate else None
-        if self.gate is not None and cfg.gate_init is not None:
-            nn.init.constant_(self.gate.bias, math.log(cfg.gate_init / (1.0 - cfg.gate_init)))
         # Near-zero heads: the output starts at the children's start, so early training only learns offsets.
         for head in (self.coarse, self.decode[-1][-1]):  # type: ignore[index]  # decode[-1] is an _mlp Sequential
             nn.init.normal_(head.weight, std=1e-3)
@@ -329,7 +327,7 @@ class NodeShuffleUpsampler(nn.Module):
 
 
 # A training step's bytes per counted element (see training_step_bytes), fitted by
-# bench/pvcnn_memory.py to measured peaks (docs/benchmarks.md, "Training memory").
+# bench/pvcnn_memory.py to measured peaks (docs/experiments/benchmarks.md, "Training memory").
 _BYTES_PER_EDGE_ELEMENT = 6.0
 _BYTES_PER_NODE_ELEMENT = 0.0  # fitted to 0: the per-point layers are freed before the peak
 # Neighbours per point of the symmetrised k-NN graph (between k and 2k): bench/pvcnn_memory.py

@@ -18,8 +18,7 @@ What this task hands the engine (see :mod:`pointforge.train.task`):
   over the clouds of the micro-batch, always computed in float32 (outside
   autocast: nearest-neighbour search in bfloat16 would pick wrong neighbours),
   plus ``task.surface_weight`` times the point-to-plane distance to the dense
-  cloud (:func:`pointforge.nn.losses.point_to_plane_distance`; 0 turns it off),
-  squared or absolute by ``task.surface_loss``;
+  cloud (:func:`pointforge.nn.losses.point_to_plane_distance`; 0 turns it off);
 * evaluation: per-cloud mean Chamfer on the validation pairs in normalised
   units (``val_chamfer``, what ``best.pt`` is chosen by), in source units
   (``val_chamfer_src``: squared metres for metric lidar; a pair's normalised
@@ -98,8 +97,6 @@ class ModelOverrides:
     gate: Optional[bool] = None
     # The plane start from the point and its plane_k - 1 nearest neighbours only (pointforge.nn.upsampler).
     plane_k: Optional[int] = None
-    # The gate's starting value in (0, 1); small: nearly closed (pointforge.nn.upsampler).
-    gate_init: Optional[float] = None
 
 
 @dataclass
@@ -143,8 +140,6 @@ class UpsamplingConfig:
     max_points: int = 20_000
     # Weight of the point-to-plane term (pointforge.nn.losses.point_to_plane_distance) added to Chamfer; 0: off.
     surface_weight: float = 0.0
-    # The point-to-plane term squared (a pull that fades near the plane) or absolute (the P2S metric's own).
-    surface_loss: Literal["squared", "absolute"] = "squared"
     synthetic: SyntheticSection = field(default_factory=SyntheticSection)
 
     def validate(self, prefix: str) -> None:
@@ -348,7 +343,6 @@ class UpsamplerTask(Task):
                     out.batch,
                     batch.dense_batch,
                     num_clouds=batch.num_clouds,
-                    squared=self._cfg.surface_loss == "squared",
                 )
                 loss = loss + self._cfg.surface_weight * surface
                 extras["surface"] = float(surface.detach())

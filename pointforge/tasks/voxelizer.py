@@ -106,8 +106,6 @@ class VoxelizerTaskConfig:
     flip_axis: int = 0
     noise_p: float = 0.25
     noise_voxels: float = 1.0  # standard deviation, in voxels of the source volume
-    shrink_p: float = 0.0  # implant points pulled to their centroid (a generator's compact implants); 0: off
-    shrink_min: float = 0.7  # the smallest factor drawn
     eval_on: Literal["all", "rank0"] = "all"
 
     def validate(self, prefix: str) -> None:
@@ -151,8 +149,6 @@ class VoxelizerTaskConfig:
             flip_axis=self.flip_axis,
             noise_p=self.noise_p,
             noise_voxels=self.noise_voxels,
-            shrink_p=self.shrink_p,
-            shrink_min=self.shrink_min,
         )
 
 

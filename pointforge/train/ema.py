@@ -16,8 +16,8 @@ class EMA:
 
     The averaged module's floating-point parameters are views into one flat tensor per
     dtype and device, so an update is one ``cat`` of the model's parameters and one
-    ``lerp_``: the tiny PCDiff network's ~300 small tensors cost 4.9 ms per step as a
-    per-tensor ``_foreach_lerp_`` on CPU, 1.6 ms flat. The formula is the same; only
+    ``lerp_``: the tiny PCDiff network's ~300 small tensors cost about three times as
+    much per step as a per-tensor ``_foreach_lerp_`` on CPU (docs/experiments/benchmarks.md). The formula is the same; only
     which elements take the vectorised path changes, which can move a result by a
     rounding (float32 on the development machine: bit for bit; float64: within 1 ulp). Should something replace a parameter's
     storage (``module.to(...)``), the flat tensors are rebuilt from the parameters.
@@ -47,7 +47,7 @@ class EMA:
                 offset += n
             self._groups.append((indices, flat))
         # One parameter per group tells whether something gave the module new storage
-        # (``module.to`` replaces every parameter's); checking all would cost ~1 ms a step.
+        # (``module.to`` replaces every parameter's); checking all would loop over every parameter each step.
         self._anchors = [(params[indices[0]], params[indices[0]].data_ptr()) for indices, _ in self._groups]
 
     @torch.no_grad()

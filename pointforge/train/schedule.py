@@ -173,9 +173,9 @@ def _fusable(params: list) -> bool:
 
 def build_optimizer(params, optim_cfg, lr: float) -> torch.optim.Optimizer:
     """The configured optimizer. Adam and AdamW run fused (one kernel for all parameters)
-    where PyTorch can: the per-parameter loop dispatched ~10 small ops per tensor, 30 ms
-    of the tiny PCDiff step's 0.38 s on one CPU thread (fused: 4 ms); the update is the
-    same up to float rounding."""
+    where PyTorch can: the per-parameter loop dispatched ~10 small ops per tensor, a
+    visible share of the tiny PCDiff step on one CPU thread (docs/experiments/benchmarks.md);
+    the update is the same up to float rounding."""
     params = list(params)
     if optim_cfg.name in ("adam", "adamw"):
         adam = torch.optim.Adam if optim_cfg.name == "adam" else torch.optim.AdamW

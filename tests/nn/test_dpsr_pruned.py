@@ -52,7 +52,7 @@ def test_node_box_is_the_range_of_nodes_the_splat_touches(res, cloud):
 def test_pruned_solve_equals_the_plain_solve(res, cloud, dtype):
     points, normals = _cloud(400, *CLOUDS[cloud], seed=7 + sum(res), dtype=dtype)
     spectrum = Spectrum(res, 2.0, dtype, "cpu")
-    plain = _raw_solve(PointCorners(points, res, 128), normals, spectrum, "torch")
+    plain = _raw_solve(PointCorners(points, res, 128), normals, spectrum, None)
     pruned = pruned_raw_solve(PointCorners(points, res, 128), normals, spectrum, 1)
     assert pruned.shape == plain.shape and pruned.dtype == plain.dtype
     tol = 1e-12 if dtype == torch.float64 else 1e-6
@@ -63,7 +63,7 @@ def test_pruned_solve_on_two_threads_and_unsmoothed_equals_the_plain_solve():
     res = (24, 18, 20)
     points, normals = _cloud(900, *CLOUDS["inside"], seed=3)
     spectrum = Spectrum(res, 0.0, torch.float64, "cpu")
-    plain = _raw_solve(PointCorners(points, res, 128), normals, spectrum, "torch")
+    plain = _raw_solve(PointCorners(points, res, 128), normals, spectrum, None)
     pruned = pruned_raw_solve(PointCorners(points, res, 128), normals, spectrum, 2)
     assert (pruned - plain).abs().max().item() <= 1e-12 * plain.abs().max().item()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -9,7 +11,7 @@ from torch import nn
 
 pytest.importorskip("numba", reason="the fused norm needs Numba (a core dependency: pip install numba)")
 
-from pointforge.nn import fused_norm
+from pointforge.nn import backends, fused_norm
 from pointforge.nn.pvcnn import PVCNN2
 from tests.helpers import FIXTURES
 
@@ -23,6 +25,14 @@ def _norm(channels: int, eps: float = 1e-5, seed: int = 0) -> nn.GroupNorm:
         norm.weight.normal_()
         norm.bias.normal_()
     return norm
+
+
+MIN_ELEMENTS = backends.PATHS["fused_norm"].min_size
+
+
+def _every_size(monkeypatch) -> None:
+    """The compiled pass for every norm, whatever its size."""
+    monkeypatch.setitem(backends.PATHS, "fused_norm", dataclasses.replace(backends.PATHS["fused_norm"], min_size=1))
 
 
 def _channels_last(x: torch.Tensor) -> torch.Tensor:
@@ -79,7 +89,7 @@ def test_silu_extremes_are_finite_and_exact_where_saturated():
 
 def test_applies_only_where_no_gradient_is_recorded():
     norm = _norm(8)
-    x = torch.randn(1, 8, fused_norm.COMPILED_MIN_ELEMENTS // 8)
+    x = torch.randn(1, 8, MIN_ELEMENTS // 8)
     assert not fused_norm.applies(x, norm)  # the parameters need gradients: training
     with torch.no_grad():
         assert fused_norm.applies(x, norm)
@@ -94,9 +104,9 @@ def test_applies_only_where_no_gradient_is_recorded():
 
 def test_applies_not_without_numba(monkeypatch):
     norm = _norm(8)
-    monkeypatch.setattr(fused_norm, "_compiled", lambda: None)
+    monkeypatch.setattr(backends, "load", lambda name: None)
     with torch.no_grad():
-        assert not fused_norm.applies(torch.randn(1, 8, fused_norm.COMPILED_MIN_ELEMENTS), norm)
+        assert not fused_norm.applies(torch.randn(1, 8, MIN_ELEMENTS), norm)
 
 
 @pytest.fixture
@@ -123,7 +133,7 @@ def test_network_output_equals_the_torch_path_and_the_upstream_fixture(monkeypat
     model, data = tiny_upstream
     with torch.no_grad():
         torch_path = model(data["x"], data["t"])
-        monkeypatch.setattr(fused_norm, "COMPILED_MIN_ELEMENTS", 1)  # every norm of the tiny network
+        _every_size(monkeypatch)  # every norm of the tiny network
         calls = _calls(monkeypatch)
         fused = model(data["x"], data["t"])
     assert len(calls) > 20
@@ -133,7 +143,7 @@ def test_network_output_equals_the_torch_path_and_the_upstream_fixture(monkeypat
 
 def test_training_and_gradients_take_the_torch_path(monkeypatch, tiny_upstream):
     model, data = tiny_upstream
-    monkeypatch.setattr(fused_norm, "COMPILED_MIN_ELEMENTS", 1)
+    _every_size(monkeypatch)
     calls = _calls(monkeypatch)
     model.train()
     model(data["x"], data["t"]).square().mean().backward()

@@ -73,8 +73,6 @@ def test_configs_load_and_describe_their_networks():
         ("task.model.dpsr_ress=64", "unknown voxelizer config field"),
         ("task.model.dpsr_res=[32,32,64]", "one size for all axes"),
         ("task.flip_p=1.5", "flip_p must lie in"),
-        ("task.shrink_p=-0.1", "shrink_p must lie in"),
-        ("task.shrink_min=0", "shrink_min must lie in"),
         ("task.preset=huge", "valid choices: tiny, small, paper"),
         ("task.synthetic.skulls=0", "task.synthetic.skulls"),
         ("task.synthetic.family=blobs", "task.synthetic.family' must be one of domes, anatomical"),
@@ -138,25 +136,6 @@ def test_augmented_points_stay_on_the_augmented_target(trained):
         assert np.median(distance_to_surface(a)) <= 1.0
         assert np.percentile(distance_to_surface(a), 95) <= 2.0
         assert np.percentile(distance_to_surface(plain[index]), 95) <= 2.0
-
-
-def test_shrink_pulls_only_the_implant_points_towards_their_centroid(trained):
-    _, _, data_root = trained
-    data = PreparedDataset(data_root)
-
-    def items(**shrink):
-        augment = VoxelAugmentation(rotate_p=0.0, flip_p=0.0, noise_p=0.0, **shrink)
-        ds = VoxelizationDataset(data, "train", n_points=2000, resolution=32, seed=1, augment=augment)
-        return [ds[i]["points"].numpy().astype(np.float64) for i in range(3)]
-
-    n_implant = 200  # implant_fraction 0.1 of 2,000 points, after the skull's
-    for plain, shrunk in zip(items(), items(shrink_p=1.0, shrink_min=0.6)):
-        assert np.array_equal(plain[:-n_implant], shrunk[:-n_implant])
-        a, b = plain[-n_implant:], shrunk[-n_implant:]
-        assert np.allclose(a.mean(0), b.mean(0), atol=1e-5)
-        ratio = np.linalg.norm(b - b.mean(0), axis=1) / np.linalg.norm(a - a.mean(0), axis=1)
-        assert 0.6 - 1e-4 <= ratio.min() and ratio.max() <= 1.0 + 1e-4 and np.ptp(ratio) < 1e-3
-        assert ratio.mean() < 0.999
 
 
 def test_augmentation_is_per_epoch_and_reaches_the_dataset_through_batch_sampler(trained):

@@ -109,11 +109,6 @@ class VoxelAugmentation:
     along array axis ``flip_axis`` (upstream flips axis 0); both about the
     volume's centre. With probability ``noise_p`` Gaussian noise of
     ``noise_voxels`` voxels (standard deviation) on the implant points only.
-    With probability ``shrink_p`` (default 0, off; not upstream's) the implant
-    points are pulled towards their centroid by a factor drawn from
-    [``shrink_min``, 1]: the too-compact implants a generator makes, for the
-    voxelizer to learn to reach the defect's rim from them. Measured no better
-    than without it at the demo's 30 minutes (docs/pcdiff.md), so off.
     """
 
     rotate_degrees: float = 10.0
@@ -122,11 +117,9 @@ class VoxelAugmentation:
     flip_axis: int = 0
     noise_p: float = 0.25
     noise_voxels: float = 1.0
-    shrink_p: float = 0.0
-    shrink_min: float = 0.7
 
     def __post_init__(self) -> None:
-        for name in ("rotate_p", "flip_p", "noise_p", "shrink_p"):
+        for name in ("rotate_p", "flip_p", "noise_p"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ConfigError(f"augmentation {name} must lie in [0, 1], got {value}")
@@ -136,8 +129,6 @@ class VoxelAugmentation:
             raise ConfigError(f"augmentation noise_voxels must be 0 or more, got {self.noise_voxels}")
         if self.flip_axis not in (0, 1, 2):
             raise ConfigError(f"augmentation flip_axis must be 0, 1 or 2, got {self.flip_axis}")
-        if not 0.0 < self.shrink_min <= 1.0:
-            raise ConfigError(f"augmentation shrink_min must lie in (0, 1], got {self.shrink_min}")
 
     def draw(self, rng: np.random.Generator) -> tuple[np.ndarray, bool]:
         """(linear map M (3×3) for the points, whether to add noise), in a fixed order of draws."""
@@ -150,12 +141,6 @@ class VoxelAugmentation:
             linear = mirror @ linear
         noise = bool(rng.uniform() < self.noise_p) and self.noise_voxels > 0
         return linear, noise
-
-    def shrink(self, rng: np.random.Generator) -> float:
-        """The factor the implant points are pulled to their centroid by (1: none); draws nothing when off."""
-        if self.shrink_p <= 0.0 or rng.uniform() >= self.shrink_p:
-            return 1.0
-        return float(rng.uniform(self.shrink_min, 1.0))
 
 
 _BELOW_ONE = np.nextafter(np.float32(1), np.float32(0))
@@ -249,10 +234,6 @@ class VoxelizationDataset(_EpochSeeded):
             linear, noise = self.augment.draw(rng)
             if noise:
                 implant = implant + rng.normal(0.0, self.augment.noise_voxels, implant.shape).astype(np.float32)
-            factor = self.augment.shrink(rng)
-            if factor < 1.0:
-                centroid = implant.mean(axis=0)
-                implant = (centroid + factor * (implant - centroid)).astype(np.float32)
             # About the volume's centre, so a flip maps voxel i to shape-1-i as np.flip does.
             centre = (np.asarray(shape, dtype=np.float64) - 1.0) / 2.0 / scale
             transform = np.concatenate([linear, (centre - linear @ centre)[:, None]], axis=1)

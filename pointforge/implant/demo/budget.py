@@ -14,10 +14,9 @@ what makes the result, so every other stage is sized to cost little:
   sampler, then the oracle (true implant points through the chosen voxelizer,
   scored in memory) and the baseline.
 
-Measured on 2 cores (2026-11-25, see docs/implant.md#make-demo), the parts
-other than training take about 4 minutes at the default sizes (16 skulls, 20
-test and 10 validation cases); :data:`DEFAULT_MINUTES` of training fills the
-rest of the ten. :class:`TimeSplit` records where the wall time actually
+On 2 cores the parts other than training take about 4 minutes at the default
+sizes (16 skulls, 20 test and 10 validation cases; docs/experiments/implant.md);
+:data:`DEFAULT_MINUTES` of training fills the rest of the ten. :class:`TimeSplit` records where the wall time actually
 went (data, training, generating, scoring, report) for the report.
 """
 

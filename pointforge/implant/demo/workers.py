@@ -2,8 +2,8 @@
 
 Generating a case with the demo's tiny networks is dispatch-bound: a second
 torch thread does not make one case faster, and on a shared 2-core machine it
-made generation about ten times slower (threads waiting on each other; 64 s
-instead of 6.5 s per case at load 8, measured 2026-11-25). Two processes of
+made generation about ten times slower (threads waiting on each other;
+docs/experiments/implant.md). Two processes of
 one thread each generate two cases at once instead, which halves the wall
 time of every scoring stage on 2 cores.
 

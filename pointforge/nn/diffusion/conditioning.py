@@ -55,30 +55,21 @@ class MarkConditioning(torch.nn.Module):
     implant point from a skull point by where it lies; with the mark it need not.
     The wrapped network takes ``C + 1`` input channels (PVCNN2's
     ``extra_feature_channels = 1``).
-
-    ``n_hint > 0``: the last ``n_hint`` conditioning points (just before the
-    generated ones) are a hint of what to generate (e.g. an estimate of it),
-    told apart by a second channel (1 on them, 0 elsewhere; they keep the
-    first channel's 1: they are clean condition too); the network then takes
-    ``C + 2`` input channels.
     """
 
-    def __init__(self, net: torch.nn.Module, n_generated: int, n_hint: int = 0):
+    def __init__(self, net: torch.nn.Module, n_generated: int):
         super().__init__()
         self.net = net
         self.n_generated = check_int(n_generated, "n_generated", 1)
-        self.n_hint = check_int(n_hint, "n_hint", 0)
 
     def forward(self, x: Tensor, t: Tensor) -> Tensor:
         batch, channels, num_points = x.shape
         n_cond = num_points - self.n_generated
-        if n_cond < self.n_hint:
+        if n_cond < 0:
             raise ConfigError(
-                f"a cloud of {num_points} points has {n_cond} conditioning points, fewer than the "
-                f"{self.n_hint} hint points this network was built for; pass the skull's points, the hint's, then the generated ones"
+                f"a cloud of {num_points} points is smaller than the {self.n_generated} generated points "
+                "this network was built for; pass the skull's points, then the generated ones"
             )
-        mark = torch.zeros(batch, 2 if self.n_hint else 1, num_points, dtype=x.dtype, device=x.device)
+        mark = torch.zeros(batch, 1, num_points, dtype=x.dtype, device=x.device)
         mark[:, 0, :n_cond] = 1.0
-        if self.n_hint:
-            mark[:, 1, n_cond - self.n_hint : n_cond] = 1.0
         return self.net(torch.cat([x, mark], dim=1), t)[:, :channels]

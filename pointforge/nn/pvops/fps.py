@@ -3,19 +3,20 @@
 The plain loop runs over the samples and is vectorised over points and batch (torch on any
 device; NumPy on CPU, the same steps with the same IEEE arithmetic, only faster per step).
 On CPU, where Numba is installed, a compiled loop that skips the points a sample cannot
-reach (:mod:`.fps_compiled`) gives the same indices, ten times faster at the paper's sizes.
+reach (:mod:`.fps_compiled`, chosen by :mod:`pointforge.nn.backends`) gives the same indices,
+much faster at the paper's sizes.
 """
 
 from __future__ import annotations
 
-import functools
 from types import ModuleType
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from pointforge.errors import DataError
+from pointforge.errors import ConfigError, DataError
+from pointforge.nn import backends
 from pointforge.nn.pvops.common import FAR, expect_coords
 from pointforge.nn.pvops.grouping import gather
 
@@ -77,59 +78,41 @@ def _fps_numpy(pts: Tensor, num_samples: int) -> Tensor:
 
 _NUMPY_DTYPES = (torch.float16, torch.float32, torch.float64)
 _COMPILED_DTYPES = (torch.float32, torch.float64)
-BACKENDS = ("auto", "torch", "numpy", "numba")
-# "auto" takes the compiled loop from this many points up: measured 7-13x faster from
-# 10,240 points (bench/fps_compiled.py). Below, NumPy's loop costs milliseconds and a
-# process that only ever samples small clouds (the demo's tiny network, 1,792 points)
-# never pays Numba's import and first compilation (seconds; about a minute uncached).
-COMPILED_MIN_POINTS = 8192
+METHODS = ("auto", "torch", "numpy")
 
 
-@functools.cache
-def _compiled() -> ModuleType | None:
-    """The compiled loop's module, imported on first use (Numba's import costs a second); None without Numba."""
-    try:
-        from pointforge.nn.pvops import fps_compiled
-    except ImportError:
-        return None
-    return fps_compiled
-
-
-def _fps_compiled(pts: Tensor, num_samples: int) -> Tensor:
-    compiled = _compiled()
-    if compiled is None:
-        raise DataError(
-            "furthest_point_sample: the numba backend needs Numba; pip install numba, or use backend='auto'"
-        )
-    picked = compiled.bucketed_fps(pts.numpy(), num_samples, threads=torch.get_num_threads())
-    return torch.from_numpy(picked)
-
-
-def _pick_backend(pts: Tensor, backend: str) -> str:
-    """The backend that runs: ``backend`` itself once it is checked, or what ``"auto"`` stands for here."""
-    on_cpu = pts.device.type == "cpu"
-    if backend == "numpy" and not (on_cpu and pts.dtype in _NUMPY_DTYPES):
-        raise DataError(
-            f"furthest_point_sample: the numpy backend needs a CPU float16/32/64 tensor, got {pts.dtype} on {pts.device}"
-        )
+def _compiled_unsuited(pts: Tensor) -> str | None:
     # Finite coordinates only: with NaN or infinity the plain loop's distances are NaN,
     # which np.minimum spreads and argmax prefers; the compiled loop does not mimic that.
-    compiled_ok = (
-        backend in ("auto", "numba") and on_cpu and pts.dtype in _COMPILED_DTYPES and bool(torch.isfinite(pts).all())
-    )
-    if backend == "numba" and not compiled_ok:
-        raise DataError(
-            "furthest_point_sample: the numba backend needs a CPU float32/64 tensor of finite coordinates, "
-            f"got {pts.dtype} on {pts.device}; use backend='auto'"
+    if pts.device.type == "cpu" and pts.dtype in _COMPILED_DTYPES and bool(torch.isfinite(pts).all()):
+        return None
+    return f"a CPU float32/64 tensor of finite coordinates, got {pts.dtype} on {pts.device}"
+
+
+def _pick_loop(pts: Tensor, method: str, backend: str) -> tuple[str, ModuleType | None]:
+    """The loop that runs (``"torch"``, ``"numpy"`` or ``"compiled"``) and the compiled module for the last."""
+    if method not in METHODS:
+        raise DataError(f"furthest_point_sample: method must be one of {', '.join(METHODS)}, got {method!r}")
+    if method != "auto" and backend == "compiled":
+        raise ConfigError(
+            f"furthest_point_sample: method={method!r} picks a plain loop; use backend='plain' or 'auto' with it"
         )
-    if backend != "auto":
-        return backend
-    if compiled_ok and pts.shape[2] >= COMPILED_MIN_POINTS and _compiled() is not None:
-        return "numba"
-    return "numpy" if on_cpu and pts.dtype in _NUMPY_DTYPES else "torch"
+    on_cpu = pts.device.type == "cpu"
+    if method == "numpy" and not (on_cpu and pts.dtype in _NUMPY_DTYPES):
+        raise DataError(
+            f"furthest_point_sample: the numpy loop needs a CPU float16/32/64 tensor, got {pts.dtype} on {pts.device}"
+        )
+    if method != "auto":
+        return method, None
+    compiled = backends.choose("fps", backend, pts.shape[2], lambda: _compiled_unsuited(pts))
+    if compiled is not None:
+        return "compiled", compiled
+    return ("numpy" if on_cpu and pts.dtype in _NUMPY_DTYPES else "torch"), None
 
 
-def furthest_point_sample_indices(coords: Tensor, num_samples: int, backend: str = "auto") -> Tensor:
+def furthest_point_sample_indices(
+    coords: Tensor, num_samples: int, backend: str = "auto", method: str = "auto"
+) -> Tensor:
     """Indices ``[B, num_samples]`` of iterative furthest point sampling.
 
     Starts at index 0; each step takes the point whose squared distance to the chosen set
@@ -137,15 +120,14 @@ def furthest_point_sample_indices(coords: Tensor, num_samples: int, backend: str
     to the smallest index. Once every point is chosen the remaining picks are index 0, as
     in the kernel. The loop runs over the samples and is vectorised over points and batch.
 
-    ``backend``: ``"torch"`` (any device), ``"numpy"`` (CPU tensors; same result, faster
-    steps), ``"numba"`` (CPU float32/64 tensors of finite coordinates; the compiled loop
-    that skips points, same result) or ``"auto"`` (Numba for clouds of at least
-    ``COMPILED_MIN_POINTS`` points where it applies and is installed, else NumPy for
-    CPU tensors it can hold, else torch).
+    ``backend`` (:mod:`pointforge.nn.backends`): ``"compiled"`` is a loop compiled with Numba
+    that skips points (CPU float32/64 tensors of finite coordinates; same result), ``"plain"``
+    the loop below, ``"auto"`` the compiled loop from its table's size up where it applies.
+    ``method`` picks the plain loop: ``"torch"`` (any device), ``"numpy"`` (CPU tensors; the
+    same steps, faster) or ``"auto"`` (NumPy for CPU tensors it can hold, else torch).
     """
     expect_coords("furthest_point_sample", "coords", coords)
-    if backend not in BACKENDS:
-        raise DataError(f"furthest_point_sample: backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    backends.check_backend("furthest_point_sample", backend)
     num_samples = int(num_samples)
     b, _, n = coords.shape
     if num_samples < 1 or n < 1:
@@ -157,8 +139,11 @@ def furthest_point_sample_indices(coords: Tensor, num_samples: int, backend: str
     if order is not None:
         pts = pts.index_select(2, order)
     pts = pts.contiguous()
-    run = {"torch": _fps_torch, "numpy": _fps_numpy, "numba": _fps_compiled}[_pick_backend(pts, backend)]
-    picked = run(pts, num_samples)
+    loop, compiled = _pick_loop(pts, method, backend)
+    if compiled is not None:
+        picked = torch.from_numpy(compiled.bucketed_fps(pts.numpy(), num_samples, threads=torch.get_num_threads()))
+    else:
+        picked = {"torch": _fps_torch, "numpy": _fps_numpy}[loop](pts, num_samples)
     if order is not None:
         picked = order[picked]
     return picked.contiguous()

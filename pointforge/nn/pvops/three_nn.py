@@ -7,26 +7,19 @@ gradients of the interpolation reach the centre features only, as upstream's do.
 
 from __future__ import annotations
 
-import functools
 import math
 from types import ModuleType
 
 import torch
 from torch import Tensor
 
-from pointforge.errors import DataError
+from pointforge.errors import ConfigError, DataError
+from pointforge.nn import backends
 from pointforge.nn.pvops.bags import sum_bags, weighted_bags
 from pointforge.nn.pvops.cell_grid import CellGrid, block_squared_distance, flat_components
-from pointforge.nn.pvops.common import FAR, METHODS, PAIR_BUDGET, expect_coords, squared_distance
+from pointforge.nn.pvops.common import FAR, PAIR_BUDGET, expect_coords, expect_method, squared_distance
 
-__all__ = ["COMPILED_MIN_POINTS", "interpolate_from_neighbors", "three_nearest_neighbors", "three_nn_interpolate"]
-
-THREE_NN_METHODS = METHODS + ("numba",)
-# "auto" takes the compiled grid search from this many points up (CPU float32/64, finite,
-# Numba installed): measured 3.7-10x faster than the torch paths at 2,560 points among 640
-# and 8-13x from 10,240 points, even at 640 among 160 (bench/three_nn_compiled.py). The
-# tiny preset (1,024 points; the demo's 1,792) stays below it and never imports Numba.
-COMPILED_MIN_POINTS = 2048
+__all__ = ["interpolate_from_neighbors", "three_nearest_neighbors", "three_nn_interpolate"]
 
 
 def _finish_three_nn(d: Tensor, idx: Tensor) -> tuple[Tensor, Tensor]:
@@ -129,51 +122,39 @@ def _three_nn_grid(points: Tensor, centers: Tensor, cell: float, attempts: int =
     return out_d, out_i
 
 
-@functools.cache
-def _compiled() -> ModuleType | None:
-    """The compiled search's module, imported on first use; None without Numba."""
-    try:
-        from pointforge.nn.pvops import three_nn_compiled
-    except ImportError:
-        return None
-    return three_nn_compiled
-
-
-def _three_nn_compiled(points: Tensor, centers: Tensor) -> tuple[Tensor, Tensor]:
-    compiled = _compiled()
-    if compiled is None:
-        raise DataError(
-            "three_nearest_neighbors: the numba method needs Numba; pip install numba, or use method='auto'"
-        )
-    d, idx = compiled.three_nn_grid(points.detach().numpy(), centers.detach().numpy(), threads=torch.get_num_threads())
-    return torch.from_numpy(d).view(-1, 3), torch.from_numpy(idx).view(-1, 3)
-
-
-def _pick_method(points: Tensor, centers: Tensor, method: str) -> str:
-    """The method that runs: ``method`` itself once it is checked, or what ``"auto"`` stands for here."""
-    if method not in THREE_NN_METHODS:
-        raise DataError(f"three_nearest_neighbors: method must be one of {', '.join(THREE_NN_METHODS)}, got {method!r}")
-    compiled_ok = (
-        method in ("auto", "numba")
-        and points.device.type == "cpu"
+def _compiled_unsuited(points: Tensor, centers: Tensor) -> str | None:
+    if (
+        points.device.type == "cpu"
         and centers.device.type == "cpu"
         and points.dtype in (torch.float32, torch.float64)
         and centers.dtype == points.dtype
         and bool(torch.isfinite(points).all())
         and bool(torch.isfinite(centers).all())
+    ):
+        return None
+    return (
+        "CPU float32/64 points and centres of one dtype and finite coordinates, "
+        f"got {points.dtype} and {centers.dtype} on {points.device}"
     )
-    if method == "numba" and not compiled_ok:
-        raise DataError(
-            "three_nearest_neighbors: the numba method needs CPU float32/64 points and centres of one dtype "
-            f"and finite coordinates, got {points.dtype} and {centers.dtype} on {points.device}; use method='auto'"
-        )
+
+
+def _pick_method(points: Tensor, centers: Tensor, method: str, backend: str) -> tuple[str, ModuleType | None]:
+    """The search that runs (``"dense"``, ``"grid"`` or ``"compiled"``) and the compiled module for the last."""
+    expect_method("three_nearest_neighbors", method)
+    backends.check_backend("three_nearest_neighbors", backend)
     if method != "auto":
-        return method
+        if backend == "compiled":
+            raise ConfigError(
+                f"three_nearest_neighbors: method={method!r} picks a torch search; "
+                "use backend='plain' or 'auto' with it"
+            )
+        return method, None
     b, _, n = points.shape
     m = centers.shape[2]
-    if compiled_ok and n >= COMPILED_MIN_POINTS and _compiled() is not None:
-        return "numba"
-    return "grid" if m >= 3 and b * n * m >= (1 << 20) else "dense"
+    compiled = backends.choose("three_nn", backend, n, lambda: _compiled_unsuited(points, centers))
+    if compiled is not None:
+        return "compiled", compiled
+    return ("grid" if m >= 3 and b * n * m >= (1 << 20) else "dense"), None
 
 
 def _three_nn_cell(points: Tensor, centers: Tensor) -> float:
@@ -192,7 +173,7 @@ def _three_nn_cell(points: Tensor, centers: Tensor) -> float:
 
 
 def three_nearest_neighbors(
-    points_coords: Tensor, centers_coords: Tensor, method: str = "auto"
+    points_coords: Tensor, centers_coords: Tensor, method: str = "auto", backend: str = "auto"
 ) -> tuple[Tensor, Tensor]:
     """For each point, its three nearest centres: ``(indices [B, 3, N], weights [B, 3, N])``.
 
@@ -201,13 +182,13 @@ def three_nearest_neighbors(
     distances (distances clamped to [1e-10, 1e10]) normalised to sum 1, rounded as
     upstream's kernel rounds them.
 
-    ``method``: ``"dense"`` (every pair, in chunks), ``"grid"`` (torch's cell grid, with
-    cells sized from a sample of third-neighbour distances, falling back to the dense path
-    for the points it cannot settle), ``"numba"`` (the compiled grid search of
-    :mod:`.three_nn_compiled`, CPU float32/64 of finite coordinates) or ``"auto"`` (the
-    compiled search from ``COMPILED_MIN_POINTS`` points where it applies and Numba is
-    installed, else the torch grid for large inputs and dense for small). All give the
-    same indices and weights.
+    ``backend`` (:mod:`pointforge.nn.backends`): ``"compiled"`` is a grid search compiled
+    with Numba (:mod:`.three_nn_compiled`; CPU float32/64 of finite coordinates), ``"plain"``
+    the torch searches, ``"auto"`` the compiled search from its table's size up where it
+    applies. ``method`` picks the torch search: ``"dense"`` (every pair, in chunks),
+    ``"grid"`` (a cell grid, with cells sized from a sample of third-neighbour distances,
+    falling back to the dense path for the points it cannot settle) or ``"auto"`` (the grid
+    for large inputs, dense for small). All give the same indices and weights.
     """
     expect_coords("three_nearest_neighbors", "points_coords", points_coords)
     expect_coords("three_nearest_neighbors", "centers_coords", centers_coords, points_coords.shape[0])
@@ -215,9 +196,11 @@ def three_nearest_neighbors(
     m = centers_coords.shape[2]
     if m < 1:
         raise DataError("three_nearest_neighbors: centers_coords has no points; pass at least one centre")
-    chosen = _pick_method(points_coords, centers_coords, method)
-    if chosen == "numba":
-        d, idx = _three_nn_compiled(points_coords, centers_coords)
+    chosen, compiled = _pick_method(points_coords, centers_coords, method, backend)
+    if compiled is not None:
+        threads = torch.get_num_threads()
+        found = compiled.three_nn_grid(points_coords.detach().numpy(), centers_coords.detach().numpy(), threads=threads)
+        d, idx = (torch.from_numpy(a).view(-1, 3) for a in found)
     elif chosen == "grid" and m >= 3:
         d, idx = _three_nn_grid(points_coords, centers_coords, _three_nn_cell(points_coords, centers_coords))
     else:

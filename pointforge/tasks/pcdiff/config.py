@@ -77,7 +77,7 @@ class DiffusionSection:
 
     The defaults are upstream PCDiff's (Friedrich et al., MICCAI 2023: T = 1000,
     linear betas 1e-4 → 0.02, ε-prediction, plain MSE); the other values are the options measured in
-    docs/pcdiff.md.
+    docs/experiments/pcdiff.md.
     """
 
     schedule: Literal["linear", "warm0.1", "warm0.2", "warm0.5", "cosine"] = "linear"
@@ -129,7 +129,7 @@ class PCDiffConfig:
     val_split: Literal["train", "val", "test"] | None = "val"
     model: Literal["paper", "small", "tiny"] = "paper"  # PVCNN2 preset
     # Recompute PVCNN2's block activations in the backward pass instead of keeping them:
-    # a larger batch fits, each step costs more (docs/benchmarks.md, "Activation checkpointing").
+    # a larger batch fits, each step costs more (docs/experiments/benchmarks.md, "Activation checkpointing").
     checkpoint_activations: bool = False
     n_skull: int | None = None  # null: the preset's (PRESET_POINTS)
     n_implant: int | None = None
@@ -148,11 +148,6 @@ class PCDiffConfig:
             self.n_skull = skull
         if self.n_implant is None:
             self.n_implant = implant
-
-    @property
-    def n_hint(self) -> int:
-        """The estimate points shown to the network as a marked condition (``prior.condition``; 0 without a prior)."""
-        return self.prior.condition if self.prior is not None else 0
 
     @property
     def points(self) -> tuple[int, int]:
@@ -176,10 +171,6 @@ class PCDiffConfig:
                     f"config key '{prefix}.prior' needs '{prefix}.frame' (the prior is the frame's atlas estimate)"
                 )
             self.prior.check(f"{prefix}.prior", self.diffusion.timesteps)
-            if self.prior.condition and not self.condition_mark:
-                raise ConfigError(
-                    f"config key '{prefix}.prior.condition' needs '{prefix}.condition_mark: true' (the hint is a marked condition)"
-                )
             if self.eval.steps is not None and self.eval.steps > self.prior.start_step + 1:
                 raise ConfigError(
                     f"config key '{prefix}.eval.steps' = {self.eval.steps} exceeds the {self.prior.start_step + 1} steps "

@@ -2,8 +2,7 @@
 
 :func:`ensure_prepared_dataset` finds or builds the prepared dataset;
 :class:`PCDiffDataset` serves ``n_skull`` condition points (with ``task.frame``:
-those nearest the implant, in its local frame), the hint's estimate points
-(``task.prior.condition``) and ``n_implant`` implant points, normalised.
+those nearest the implant, in its local frame) and ``n_implant`` implant points, normalised.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from pointforge.data.skulls.datasets import CompletionDataset
 from pointforge.data.skulls.normalization import Normalization, bbox_normalization
 from pointforge.errors import DataError
 from pointforge.tasks.pcdiff.config import SyntheticSection
-from pointforge.tasks.pcdiff.correction import leave_one_out_estimate, start_item
 from pointforge.tasks.pcdiff.frame import (
     FrameSection,
     ImplantEstimate,
@@ -117,21 +115,16 @@ class PCDiffDataset(CompletionDataset):
         atlas: torch.Tensor | None = None,
         prior: PriorSection | None = None,
         mirror: bool = False,
-        own_estimates: tuple[torch.Tensor, list[str]] | None = None,
         **kwargs: Any,
     ):
         super().__init__(root, split, **kwargs)
         self.mirror = bool(mirror)
-        # Training with task.prior.correct or .condition: the atlas and its skull ids, for each
-        # case's leave-one-out estimate (:mod:`.correction`).
-        self.own_estimates = own_estimates
         if max_cases is not None:
             self.cases = self.cases[:max_cases]
         self._spacing: dict[str, torch.Tensor] = {}
         # With a frame: no atlas = the true implant centre, jittered (training);
         # an atlas = its estimate, as inference makes it (validation).
         # With an atlas and a prior: the atlas's implant points too ("prior"), to start sampling from.
-        # With prior.condition: that many estimate points between the skull's and the implant's (the hint).
         self.frame, self.atlas, self.prior = frame, atlas, prior
         self._estimates: dict[str, ImplantEstimate] = {}
         # Per case, what does not change between epochs (the skull's bounding box, the
@@ -155,10 +148,9 @@ class PCDiffDataset(CompletionDataset):
         item = super().__getitem__(index) if self.frame is None else self._framed(index)
         item["spacing"] = self.spacing(index)
         if self.mirror and np.random.default_rng([self.seed, self.epoch, index, 1]).uniform() < 0.5:
-            for key in ("points", "start") if "start" in item else ("points",):
-                points = item[key].clone()
-                points[:, 0] = -points[:, 0]
-                item[key] = points
+            points = item["points"].clone()
+            points[:, 0] = -points[:, 0]
+            item["points"] = points
         return item
 
     def _framed(self, index: int) -> dict:
@@ -193,10 +185,6 @@ class PCDiffDataset(CompletionDataset):
             jitter=self.atlas is None,
             box=self._boxes[case.defective],
         )
-        n_hint = self.prior.condition if self.prior is not None else 0
-        if n_hint:
-            assert estimate is not None  # a hint comes with an atlas or the own estimates (build_datasets)
-            cond = np.concatenate([cond, prior_points(estimate.points, n_hint, rng)])
         item = {
             "points": torch.from_numpy(norm.apply(np.concatenate([cond, implant]))),
             "center": torch.from_numpy(norm.center.astype(np.float32)),
@@ -205,24 +193,16 @@ class PCDiffDataset(CompletionDataset):
         }
         if estimate is not None and self.atlas is not None and self.prior is not None:
             item["prior"] = torch.from_numpy(norm.apply(prior_points(estimate.points, self.n_implant, rng)))
-        if estimate is not None and self.own_estimates is not None and self.prior is not None and self.prior.correct:
-            item.update(start_item(estimate, implant, norm, rng, self.prior.correct))
         return item
 
     def _estimate(self, index: int, skull: np.ndarray) -> ImplantEstimate | None:
-        """The case's atlas estimate (cached): from the atlas (validation) or leave-one-out from the
-        own estimates' atlas (training); None with neither."""
+        """The case's atlas estimate (cached) from the atlas (validation); None without one (training)."""
         assert self.frame is not None
+        if self.atlas is None:
+            return None
         case = self.cases[index]
         if case.case_id not in self._estimates:
             agree = self.prior.agree if self.prior is not None else 0.5
             spacing = self.spacing(index).numpy()
-            if self.atlas is not None:
-                found = atlas_estimate(self.atlas, skull, spacing, self.frame, agree)
-            elif self.own_estimates is not None:
-                atlas, skull_ids = self.own_estimates
-                found = leave_one_out_estimate(atlas, skull_ids, case.skull_id, skull, spacing, self.frame, agree)
-            else:
-                return None
-            self._estimates[case.case_id] = found
+            self._estimates[case.case_id] = atlas_estimate(self.atlas, skull, spacing, self.frame, agree)
         return self._estimates[case.case_id]

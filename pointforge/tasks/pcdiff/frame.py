@@ -130,7 +130,7 @@ def estimate_implant(
     Measured on the demo data (10 synthetic skulls at 64³, 3.6 mm voxels, 6
     atlas skulls, 20 validation and test cases): mean centre error 6.6 mm, median
     3.8 mm; the median of per-skull centroids gave 18 mm mean, the box centre
-    68 mm (docs/pcdiff.md).
+    68 mm (docs/experiments/pcdiff.md).
     """
     if not atlas_mm:
         raise DataError("the implant-frame atlas has no skulls; train with at least one complete training skull")
@@ -186,7 +186,7 @@ def main_pieces(points: np.ndarray, link: float, keep: float) -> np.ndarray:
     plate) agrees on bone missing there too; such a piece is small next to the
     defect's (measured on the demo's anatomical 30-minute run, seed 1: stray
     pieces 3-39 % of the defect's, 50-150 mm away from it; the two plates of a
-    bilateral defect 63-87 % of each other; docs/pcdiff.md).
+    bilateral defect 63-87 % of each other; docs/experiments/pcdiff.md).
     """
     if len(points) < 2 or keep <= 0:
         return np.ones(len(points), dtype=bool)
@@ -317,20 +317,11 @@ class PriorSection:
     ``start_step`` and denoised from there (SDEdit, Meng et al., ICLR 2022), so
     the network refines an estimate instead of drawing a shape from nothing;
     training then draws its steps from ``[0, start_step]`` only, the part of the
-    chain sampling uses. ``correct``: the fraction of training examples that
-    lie on the path sampling takes from the case's own (leave-one-out) estimate
-    (:mod:`pointforge.tasks.pcdiff.correction`; measured no better, so off by default).
-    ``condition``: that many of the estimate's points are also shown to the
-    network, clean, as a marked part of the condition (the *hint*: after the
-    skull points, before the implant's; needs ``task.condition_mark``), so it
-    can correct the estimate instead of only denoising from it. Training draws
-    them from the case's leave-one-out estimate, as for ``correct``.
+    chain sampling uses.
     """
 
     start_step: int = 200  # the noisiest step sampling starts from (of diffusion.timesteps)
     agree: float = 0.5  # missing atlas points kept: at least this fraction of the best-agreed vote count
-    correct: float = 0.0  # fraction of training examples on the path from the case's estimate (correction.py)
-    condition: int = 0  # estimate points given to the network as a marked condition (0: none)
 
     def check(self, prefix: str, timesteps: int) -> None:
         if not 1 <= self.start_step < timesteps:
@@ -339,10 +330,6 @@ class PriorSection:
             )
         if not 0.0 < self.agree <= 1.0:
             raise ConfigError(f"config key '{prefix}.agree' must lie in (0, 1], got {self.agree}")
-        if not 0.0 <= self.correct <= 1.0:
-            raise ConfigError(f"config key '{prefix}.correct' must lie in [0, 1], got {self.correct}")
-        if not 0 <= self.condition <= 100_000:
-            raise ConfigError(f"config key '{prefix}.condition' must be from 0 to 100000 points, got {self.condition}")
 
 
 class FramedDenoiser(nn.Module):

@@ -5,8 +5,7 @@ The task (``pointforge train pcdiff --config pointforge/configs/pcdiff/{tiny,sma
 * model: a :class:`~pointforge.nn.pvcnn.PVCNN2` preset (``task.model``);
 * data: a prepared dataset (``task.data_root``, written by ``pointforge data
   prepare``), served by :class:`~pointforge.tasks.pcdiff.dataset.PCDiffDataset`:
-  ``n_skull`` defective-skull points (and, with ``task.prior.condition``, the
-  hint's estimate points) then ``n_implant`` implant points, normalised. With
+  ``n_skull`` defective-skull points then ``n_implant`` implant points, normalised. With
   ``task.synthetic`` set and no dataset at ``data_root`` yet, a synthetic
   SkullBreak-style dataset is synthesised and prepared there once
   (:func:`~pointforge.tasks.pcdiff.dataset.ensure_prepared_dataset`);
@@ -49,9 +48,8 @@ from pointforge.nn.pvcnn import PVCNN2
 from pointforge.nn.pvcnn_config import get_preset
 from pointforge.nn.pvcnn_memory import training_step_bytes
 from pointforge.tasks.pcdiff.config import PCDiffConfig, build_eval_sampler, build_schedule
-from pointforge.tasks.pcdiff.correction import from_start
 from pointforge.tasks.pcdiff.dataset import HALF_EXTENT, PCDiffDataset, ensure_prepared_dataset
-from pointforge.tasks.pcdiff.frame import FramedDenoiser, atlas_cases, build_atlas
+from pointforge.tasks.pcdiff.frame import FramedDenoiser, build_atlas
 from pointforge.tasks.pcdiff.placement import condition_use, placement_metrics
 from pointforge.train.logs import get_logger
 from pointforge.train.task import EvalContext, StepContext, Task
@@ -67,11 +65,9 @@ def build_model(cfg: PCDiffConfig, atlas: torch.Tensor | None = None) -> nn.Modu
     preset = get_preset(cfg.model)
     checkpointed = cfg.checkpoint_activations
     if cfg.condition_mark:
-        marks = 2 if cfg.n_hint else 1
         net: nn.Module = MarkConditioning(
-            PVCNN2(replace(preset, extra_feature_channels=marks), checkpoint_activations=checkpointed),
+            PVCNN2(replace(preset, extra_feature_channels=1), checkpoint_activations=checkpointed),
             cfg.points[1],
-            cfg.n_hint,
         )
     else:
         net = PVCNN2(preset, checkpoint_activations=checkpointed)
@@ -158,18 +154,12 @@ class PCDiffTask(Task):
         common: dict[str, Any] = dict(
             n_skull=cfg.n_skull, n_implant=cfg.n_implant, half_extent=HALF_EXTENT, frame=cfg.frame, prior=cfg.prior
         )
-        own_estimates = None
-        if cfg.prior is not None and (cfg.prior.correct > 0 or cfg.prior.condition > 0):
-            atlas = self._atlas(cfg)
-            assert atlas is not None  # a prior needs a frame (checked with the config)
-            own_estimates = (atlas, list(atlas_cases(prepared, cfg.train_split)))
         train = PCDiffDataset(
             prepared,
             cfg.train_split,
             rotate_degrees=cfg.rotate_degrees,
             seed=cfg.data_seed,
             mirror=cfg.mirror,
-            own_estimates=own_estimates,
             **common,
         )
         val = None
@@ -198,19 +188,15 @@ class PCDiffTask(Task):
 
     def training_step(self, model: nn.Module, batch: Any, ctx: StepContext):
         x0 = batch["points"].transpose(1, 2)  # [B, 3, n_skull + n_implant]
-        t = noise = None
+        t = None
         if self.cfg.prior is not None:  # sampling starts at the prior's step: train on the steps it uses
             t = torch.randint(0, self.cfg.prior.start_step + 1, (x0.shape[0],)).to(x0.device)
-        if "start" in batch:  # task.prior.correct: some examples lie on the path from their estimate, as sampling
-            assert self.cfg.prior is not None and t is not None
-            noise = from_start(self.schedule, x0[:, :, -self.cfg.points[1] :], batch, t, self.cfg.prior.start_step)
         loss = diffusion_loss(
             model,
             self.schedule,
             x0,
             self.cfg.points[1],
             t=t,
-            noise=noise,
             weighting=self.cfg.diffusion.loss_weighting,
         )
         return loss
@@ -220,13 +206,12 @@ class PCDiffTask(Task):
         (:func:`~pointforge.nn.pvcnn_memory.training_step_bytes`: activations fitted to
         measured peaks, plus gradients and Adam's moments; lower with ``task.checkpoint_activations``,
         fitted the same way); AMP only lowers it."""
-        marks = (2 if cfg.n_hint else 1) if cfg.condition_mark else 0
-        preset = replace(get_preset(cfg.model), extra_feature_channels=marks)
+        preset = replace(get_preset(cfg.model), extra_feature_channels=1 if cfg.condition_mark else 0)
         with torch.device("meta"):
             parameters = sum(p.numel() for p in PVCNN2(preset).parameters())
         return training_step_bytes(
             preset,
-            sum(cfg.points) + cfg.n_hint,
+            sum(cfg.points),
             micro_batch,
             parameters=parameters,
             checkpointed=cfg.checkpoint_activations,
@@ -250,7 +235,7 @@ class PCDiffTask(Task):
         started = time.perf_counter()
         for batch in loader:
             points = batch["points"].to(ctx.device)
-            n_cond = points.shape[1] - n_implant  # the skull's points and the hint's
+            n_cond = points.shape[1] - n_implant
             cond = points[:, :n_cond].transpose(1, 2)
             init = batch["prior"].to(ctx.device).transpose(1, 2) if "prior" in batch else None
             out = denoise(model, self.sampler, cond, n_implant, generator=generator, init=init)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from pointforge.errors import DataError
+from pointforge.errors import ConfigError, DataError
+from pointforge.nn import backends
 from pointforge.nn.pvops import fps
 from pointforge.nn.pvops.fps import furthest_point_sample_indices
 
@@ -16,11 +19,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _plain(coords: torch.Tensor, samples: int) -> torch.Tensor:
-    return furthest_point_sample_indices(coords, samples, backend="numpy")
+    return furthest_point_sample_indices(coords, samples, method="numpy")
 
 
 def _compiled(coords: torch.Tensor, samples: int) -> torch.Tensor:
-    return furthest_point_sample_indices(coords, samples, backend="numba")
+    return furthest_point_sample_indices(coords, samples, backend="compiled")
 
 
 def _lattice(side: int) -> torch.Tensor:
@@ -101,19 +104,29 @@ def test_any_leaf_size_gives_the_plain_indices(leaf_size):
     assert torch.equal(order[got], _plain(coords, 800))
 
 
+def _loop(coords: torch.Tensor, backend: str = "auto", method: str = "auto") -> str:
+    return fps._pick_loop(coords, method, backend)[0]
+
+
 def test_auto_takes_the_compiled_loop_on_cpu_and_falls_back_without_numba(monkeypatch):
-    monkeypatch.setattr(fps, "COMPILED_MIN_POINTS", 50)
+    monkeypatch.setitem(backends.PATHS, "fps", dataclasses.replace(backends.PATHS["fps"], min_size=50))
     coords = torch.rand(1, 3, 50)
-    assert fps._pick_backend(coords, "auto") == "numba"
-    assert fps._pick_backend(coords[:, :, :49], "auto") == "numpy"  # small clouds: no compilation to pay
-    assert fps._pick_backend(coords.half(), "auto") == "numpy"
+    assert _loop(coords) == "compiled"
+    assert _loop(coords[:, :, :49]) == "numpy"  # small clouds: no compilation to pay
+    assert _loop(coords.half()) == "numpy"
+    assert _loop(coords, backend="plain") == "numpy"
+    assert _loop(coords, method="torch") == "torch"  # a plain loop named: no compiled one
     broken = coords.clone()
     broken[0, 0, 3] = float("nan")
-    assert fps._pick_backend(broken, "auto") == "numpy"  # NaN distances: only the plain loop's rule
+    assert _loop(broken) == "numpy"  # NaN distances: only the plain loop's rule
     with pytest.raises(DataError, match="finite"):
-        furthest_point_sample_indices(broken, 5, backend="numba")
-    monkeypatch.setattr(fps, "_compiled", lambda: None)
-    assert fps._pick_backend(coords, "auto") == "numpy"
+        furthest_point_sample_indices(broken, 5, backend="compiled")
+    with pytest.raises(ConfigError, match="plain loop"):
+        furthest_point_sample_indices(coords, 5, backend="compiled", method="numpy")
+    with pytest.raises(DataError, match="method must be one of"):
+        furthest_point_sample_indices(coords, 5, method="numba")
+    monkeypatch.setattr(backends, "load", lambda name: None)
+    assert _loop(coords) == "numpy"
     assert torch.equal(furthest_point_sample_indices(coords, 20), _plain(coords, 20))
-    with pytest.raises(DataError, match="pip install numba"):
-        furthest_point_sample_indices(coords, 5, backend="numba")
+    with pytest.raises(ConfigError, match="pip install numba"):
+        furthest_point_sample_indices(coords, 5, backend="compiled")

@@ -11,12 +11,16 @@ from tests.nn.pvops.cases import close, cloud
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.mark.parametrize("method", ["dense", "grid", "numba"])
+@pytest.mark.parametrize(
+    ("backend", "method"),
+    [("plain", "dense"), ("plain", "grid"), ("compiled", "auto")],
+    ids=["dense", "grid", "compiled"],
+)
 @pytest.mark.parametrize("case", ["three_nn_random", "three_nn_ties", "three_nn_many_ties", "three_nn_m2"])
-def test_three_nn_matches_upstream(ops, case, method):
+def test_three_nn_matches_upstream(ops, case, backend, method):
     entry = ops[case]
     i = entry["inputs"]
-    indices, weights = three_nearest_neighbors(i["points_coords"], i["centers_coords"], method=method)
+    indices, weights = three_nearest_neighbors(i["points_coords"], i["centers_coords"], method=method, backend=backend)
     assert torch.equal(indices, entry["indices"].long())
     assert torch.equal(weights, entry["weights"])  # rounded exactly like the kernel
     features = i["centers_features"].clone().requires_grad_()

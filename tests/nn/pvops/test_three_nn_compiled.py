@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from pointforge.errors import DataError
+from pointforge.errors import ConfigError, DataError
+from pointforge.nn import backends
 from pointforge.nn.pvops import three_nn
 from pointforge.nn.pvops.three_nn import three_nearest_neighbors
 
@@ -18,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def _same(points: torch.Tensor, centers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Both paths' (indices, weights), checked identical; returns the dense path's."""
     dense = three_nearest_neighbors(points, centers, method="dense")
-    compiled = three_nearest_neighbors(points, centers, method="numba")
+    compiled = three_nearest_neighbors(points, centers, backend="compiled")
     assert torch.equal(compiled[0], dense[0])
     assert torch.equal(compiled[1], dense[1])
     return dense
@@ -95,24 +98,32 @@ def test_a_batch_of_different_clouds_on_threads(threads):
         assert torch.equal(torch.from_numpy(idx[e]), alone[1])
 
 
+def _search(points: torch.Tensor, centers: torch.Tensor, backend: str = "auto", method: str = "auto") -> str:
+    return three_nn._pick_method(points, centers, method, backend)[0]
+
+
 def test_auto_takes_the_compiled_search_on_cpu_and_falls_back_without_numba(monkeypatch):
-    monkeypatch.setattr(three_nn, "COMPILED_MIN_POINTS", 50)
+    monkeypatch.setitem(backends.PATHS, "three_nn", dataclasses.replace(backends.PATHS["three_nn"], min_size=50))
     points = torch.rand(1, 3, 50)
     centers = points[:, :, :10]
-    assert three_nn._pick_method(points, centers, "auto") == "numba"
-    assert three_nn._pick_method(points[:, :, :49], centers, "auto") == "dense"  # small: no Numba import
-    assert three_nn._pick_method(points.half(), centers.half(), "auto") == "dense"
+    assert _search(points, centers) == "compiled"
+    assert _search(points[:, :, :49], centers) == "dense"  # small: no Numba import
+    assert _search(points.half(), centers.half()) == "dense"
+    assert _search(points, centers, backend="plain") == "dense"
+    assert _search(points, centers, method="grid") == "grid"  # a torch search named: no compiled one
     broken = points.clone()
     broken[0, 0, 3] = float("nan")
-    assert three_nn._pick_method(broken, centers, "auto") == "dense"
+    assert _search(broken, centers) == "dense"
     with pytest.raises(DataError, match="finite"):
-        three_nearest_neighbors(broken, centers, method="numba")
+        three_nearest_neighbors(broken, centers, backend="compiled")
     with pytest.raises(DataError, match="method must be one of"):
         three_nearest_neighbors(points, centers, method="kd")
-    monkeypatch.setattr(three_nn, "_compiled", lambda: None)
-    assert three_nn._pick_method(points, centers, "auto") == "dense"
-    with pytest.raises(DataError, match="pip install numba"):
-        three_nearest_neighbors(points, centers, method="numba")
+    with pytest.raises(ConfigError, match="torch search"):
+        three_nearest_neighbors(points, centers, method="dense", backend="compiled")
+    monkeypatch.setattr(backends, "load", lambda name: None)
+    assert _search(points, centers) == "dense"
+    with pytest.raises(ConfigError, match="pip install numba"):
+        three_nearest_neighbors(points, centers, backend="compiled")
 
 
 def test_a_centre_tied_with_the_third_exactly_at_the_ring_bound_is_found():

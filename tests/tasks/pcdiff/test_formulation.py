@@ -128,12 +128,16 @@ def test_condition_mark_feeds_one_extra_channel():
 
     def net(x, t):
         seen["x"] = x
-        return torch.ones(x.shape[0], x.shape[1], x.shape[2])
+        return x * 2
 
-    out = MarkConditioning(net_module(net), 3)(torch.zeros(2, 3, 7), torch.zeros(2, dtype=torch.long))
-    assert out.shape == (2, 3, 7)
+    marked = MarkConditioning(net_module(net), 3)
+    x = torch.randn(2, 3, 7)
+    out = marked(x, torch.zeros(2, dtype=torch.long))
+    torch.testing.assert_close(out, x * 2)  # the network's first C output channels
     assert seen["x"].shape == (2, 4, 7)
     assert seen["x"][:, 3, :4].eq(1).all() and seen["x"][:, 3, 4:].eq(0).all()
+    with pytest.raises(ConfigError, match="smaller than the 3 generated points"):
+        marked(torch.randn(2, 3, 2), torch.zeros(2, dtype=torch.long))
 
 
 def net_module(fn):
