@@ -58,6 +58,7 @@ from pointforge.formats import json_safe
 from pointforge.implant.export import Layer, render_preview
 from pointforge.implant.pipeline import Generated, GenerateOptions, Models, generate_implant
 from pointforge.implant.proposals import proposal_sampler
+from pointforge.implant.timing import timed
 from pointforge.implant.view import PLOTLY_JS, ViewLayers, view_html, write_plotly_js
 from pointforge.implant.voxelize import field_to_mesh
 
@@ -172,12 +173,6 @@ def _write_view(result: Generated, folder: Path, files: dict, title: str, js_src
     atomic_write_text(folder / files["view"], view_html(layers, js_src))
 
 
-def _timed(job: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    job()
-    return time.perf_counter() - start
-
-
 def write_case(
     result: Generated,
     folder: Path,
@@ -213,9 +208,9 @@ def write_case(
     title = report.get("title", "")
     with ThreadPoolExecutor(max_workers=available_cores()) as pool:
         jobs = {
-            "view": [pool.submit(_timed, partial(_write_view, result, folder, files, title, js_src))],
-            "preview": [pool.submit(_timed, partial(_write_preview, result, folder, files, title))] if preview else [],
-            "volumes": [pool.submit(_timed, job) for job in _volume_jobs(result, folder, files, label)],
+            "view": [pool.submit(timed, partial(_write_view, result, folder, files, title, js_src))],
+            "preview": [pool.submit(timed, partial(_write_preview, result, folder, files, title))] if preview else [],
+            "volumes": [pool.submit(timed, job) for job in _volume_jobs(result, folder, files, label)],
         }
         mesh_start = time.perf_counter()
         # A printable mesh must be a closed 2-manifold: implant voxels that touch only
@@ -229,7 +224,7 @@ def write_case(
         if js_src == PLOTLY_JS:
             write_plotly_js(folder / PLOTLY_JS)
         parts = {"mesh": time.perf_counter() - mesh_start}
-        parts.update({name: sum(job.result() for job in group) for name, group in jobs.items()})
+        parts.update({name: sum(job.result()[1] for job in group) for name, group in jobs.items()})
     result.timings["write_s"] = time.perf_counter() - t
     # Each part's own seconds; they ran side by side, so they add up to more than write_s.
     result.timings.update({f"write_{name}_s": seconds for name, seconds in parts.items()})
