@@ -213,7 +213,8 @@ def generate_implant(
     if not defective.data.any():
         raise DataError("the defective skull volume is empty (no bone voxel)")
     check_generate_memory(models, options, _work_shape(defective))
-    sampler = sampler or build_sampler(models, options)
+    if sampler is None:
+        sampler = build_sampler(models, options)
     say = log or (lambda _msg: None)
     timings: dict[str, float] = {}
     notes: list[str] = []
