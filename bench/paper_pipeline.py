@@ -1,6 +1,6 @@
 """One paper-config implant, stage by stage: seconds and peak memory of `pointforge generate` on one case.
 
-What runs is :func:`pointforge.implant.generate.generate_case` (everything
+What runs is :func:`pointforge.implant.case.generate_case` (everything
 `pointforge generate` does for one case: read the NRRD, surface, sample,
 voxelize, post-process, write every output) on a synthetic 512³ SkullBreak-like
 case (0.45 mm voxels, a ``random_1`` defect, drawn from ``--seed``) with the
@@ -63,8 +63,9 @@ from pointforge.data.synthetic.defects import make_defect
 from pointforge.data.synthetic.domes import make_skull
 from pointforge.data.volumes import Volume, write_volume
 from pointforge.devices import use_threads
-from pointforge.implant.pipeline import GenerateOptions, Models, load_models
-from pointforge.implant.writer import generate_case
+from pointforge.implant.case import generate_case
+from pointforge.implant.models import Models, load_models
+from pointforge.implant.options import GenerateOptions
 from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config
 from pointforge.tasks.pcdiff.dataset import HALF_EXTENT
@@ -200,16 +201,16 @@ class StageClock:
 
 def _timed_read(clock: StageClock):
     """generate_case's reader, recording the read stage's end."""
-    from pointforge.implant import writer
+    from pointforge.implant import case as case_module
 
-    original = writer.read_binary_volume
+    original = case_module.read_binary_volume
 
     def read(path, **kwargs):
         volume = original(path, **kwargs)
         clock.boundary("read")
         return volume
 
-    writer.read_binary_volume = read  # type: ignore[assignment]
+    case_module.read_binary_volume = read  # type: ignore[assignment]
 
 
 def run_case(models: Models, case: Path, out: Path, options: GenerateOptions) -> dict:

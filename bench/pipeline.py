@@ -1,6 +1,6 @@
 """The implant pipeline end to end: seconds per stage and per implant, and quality per sampler and ensemble size.
 
-Every measurement calls :func:`pointforge.implant.generate.generate_implant` (what
+Every measurement calls :func:`pointforge.implant.pipeline.generate_implant` (what
 ``pointforge generate`` runs, minus writing files) on the held-out (test split)
 cases of a prepared dataset, with one seed for every configuration:
 
@@ -103,7 +103,9 @@ from pointforge.data.volumes import Volume, read_binary_volume  # noqa: E402
 from pointforge.errors import DataError, UserError  # noqa: E402
 from pointforge.formats import json_safe  # noqa: E402
 from pointforge.implant.metrics import evaluate_case  # noqa: E402
-from pointforge.implant.pipeline import GenerateOptions, Models, generate_implant, load_models  # noqa: E402
+from pointforge.implant.models import Models, load_models  # noqa: E402
+from pointforge.implant.options import GenerateOptions  # noqa: E402
+from pointforge.implant.pipeline import generate_implant  # noqa: E402
 from pointforge.implant.proposals import GENERATE_STEPS  # noqa: E402
 from pointforge.nn.diffusion.samplers.registry import make_sampler  # noqa: E402
 

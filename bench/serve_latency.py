@@ -74,8 +74,9 @@ def main() -> None:
 
     import torch
 
-    from pointforge.implant.pipeline import GenerateOptions, load_models
-    from pointforge.implant.writer import generate_case
+    from pointforge.implant.case import generate_case
+    from pointforge.implant.models import load_models
+    from pointforge.implant.options import GenerateOptions
 
     torch.set_num_threads(args.threads)
     models = load_models(args.pcdiff, args.voxelizer, device="cpu")

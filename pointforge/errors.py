@@ -9,6 +9,7 @@ catch it like any other exception.
 from __future__ import annotations
 
 import errno
+from typing import Sequence
 
 
 class UserError(Exception):
@@ -58,3 +59,19 @@ def disk_full_cause(err: BaseException) -> OSError | None:
             return seen
         seen = seen.__cause__ or seen.__context__
     return None
+
+
+def raise_problems(problems: Sequence[UserError], refused: str) -> None:
+    """Raise every problem a planner collected at once, or nothing when there is none.
+
+    One problem is raised as itself; several as one line, ``refused`` (what did
+    not happen, e.g. "plan refused, nothing started") followed by each problem's
+    own line, of their common type when they share one (else ConfigError).
+    """
+    if not problems:
+        return
+    if len(problems) == 1:
+        raise problems[0]
+    kinds = {type(p) for p in problems}
+    cls = kinds.pop() if len(kinds) == 1 else ConfigError
+    raise cls(f"{refused} ({len(problems)} problems): " + "; ".join(str(p) for p in problems))

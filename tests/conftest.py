@@ -44,7 +44,7 @@ def synthetic_skulls(tmp_path_factory) -> Path:
 
     Shared by the PCDiff tests and :func:`tiny_implant_models` (building it takes seconds); under pytest-xdist
     the workers share one copy (``ensure_prepared_dataset`` builds it once when several processes ask)."""
-    from pointforge.tasks.pcdiff.config import SyntheticSection
+    from pointforge.data.cache import SyntheticSection
     from pointforge.tasks.pcdiff.dataset import ensure_prepared_dataset
 
     return ensure_prepared_dataset(session_shared_dir(tmp_path_factory) / "pcdiff-synthetic", SyntheticSection())

@@ -36,7 +36,8 @@ from _common import machine, print_table, write_json
 from pointforge.data.skulls.prepared import PreparedDataset
 from pointforge.implant.demo.scoring import placement_rows
 from pointforge.implant.folder import generate_folder
-from pointforge.implant.pipeline import GenerateOptions, load_models
+from pointforge.implant.models import load_models
+from pointforge.implant.options import GenerateOptions
 from pointforge.tasks.pcdiff.dataset import HALF_EXTENT, PCDiffDataset
 from pointforge.tasks.pcdiff.placement import condition_use
 

@@ -49,10 +49,10 @@ def generate(
 ) -> None:
     """Design an implant: PCDiff proposals → voxelizer → vote → clean-up → NRRD/NIfTI, STL, uncertainty, preview, 3-D view, report."""
     from pointforge.devices import use_threads
-    from pointforge.implant.pipeline import GenerateOptions, load_models
+    from pointforge.implant.models import load_models
+    from pointforge.implant.options import GenerateOptions
 
     options = GenerateOptions(ensemble=ensemble, sampler=sampler, steps=steps, seed=seed, components=components)
-    options.validate()
     use_threads(threads)
     if defective.is_dir():
         from pointforge.implant.folder import cases_of
@@ -94,7 +94,7 @@ def _generate_folder(defective: Path, out: Path, models, options, *, split: str,
 
 
 def _generate_case(defective: Path, out: Path, models, options, *, overwrite: bool, label) -> None:
-    from pointforge.implant.writer import generate_case
+    from pointforge.implant.case import generate_case
 
     with Bars() as bars:
         report = generate_case(

@@ -15,7 +15,9 @@ removes: a folder under the final name is always complete.
 
 The prepared folder (what :class:`~pointforge.data.skulls.prepared.PreparedDataset`
 reads) also holds the raw volumes under ``raw/`` (useful as reference volumes
-for inference) and ``synthetic.json``, the recipe it was made with.
+for inference) and ``synthetic.json``, the recipe it was made with. The recipe
+as a config writes it, ``task.synthetic`` of the PCDiff and voxelizer tasks, is
+:class:`SyntheticSection`.
 """
 
 from __future__ import annotations
@@ -25,14 +27,53 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from pointforge.data.skulls.splits import check_split
+from pointforge.data.synthetic.dataset import FAMILIES
+from pointforge.data.synthetic.grid import MAX_SIZE, MIN_SIZE
 from pointforge.errors import ConfigError, DataError
 from pointforge.flock import exclusive_lock
 
+__all__ = ["RECIPE_FILE", "RAW_DIR", "SyntheticSection", "ensure_synthetic_prepared"]
+
 RECIPE_FILE = "synthetic.json"
 RAW_DIR = "raw"
+
+
+@dataclass
+class SyntheticSection:
+    """A config's ``task.synthetic``: synthetic skulls made and prepared into ``data_root`` when none is there."""
+
+    skulls: int = 4
+    size: int = 64  # voxels per side
+    seed: int = 0
+    points: int = 4096  # surface points kept per volume when preparing
+    split: str = "0.5,0.25,0.25"  # train, val, test ratios, grouped by skull
+    family: str = "domes"  # the skull family (pointforge.data.synthetic.dataset.FAMILIES)
+
+    # Called by the enclosing section's validate: an error raised while the config
+    # loader tries the `SyntheticSection | None` union would be replaced by a generic one.
+    def check(self, prefix: str, *, min_skulls: int = 1, why: str = "") -> None:
+        """ConfigError for the first wrong key; ``min_skulls`` (and ``why``) as the task needs."""
+        if self.family not in FAMILIES:
+            raise ConfigError(f"config key '{prefix}.family' must be one of {', '.join(FAMILIES)}, got {self.family!r}")
+        if not min_skulls <= self.skulls <= 1000:
+            raise ConfigError(f"config key '{prefix}.skulls' must be from {min_skulls} to 1000{why}, got {self.skulls}")
+        if not MIN_SIZE <= self.size <= MAX_SIZE:
+            raise ConfigError(
+                f"config key '{prefix}.size' must be from {MIN_SIZE} to {MAX_SIZE} voxels, got {self.size}"
+            )
+        if self.seed < 0:
+            raise ConfigError(f"config key '{prefix}.seed' must be 0 or more, got {self.seed}")
+        if self.points < 1000:
+            raise ConfigError(f"config key '{prefix}.points' must be at least 1000, got {self.points}")
+        try:
+            check_split(self.split)
+        except ConfigError as err:
+            raise ConfigError(f"config key '{prefix}.split': {err}") from None
 
 
 def _recipe(skulls: int, size: int, seed: int, n_points: int, split: str, layout: str, family: str) -> dict:

@@ -83,23 +83,9 @@ def _shade(verts: np.ndarray, faces: np.ndarray, base: np.ndarray) -> np.ndarray
     return np.clip(base * lam[:, None], 0, 1)
 
 
-def render_preview(
-    path: str | os.PathLike,
-    layers: list[Layer],
-    *,
-    spacing: tuple[float, float, float] = (1.0, 1.0, 1.0),
-    views=SURGICAL_VIEWS,
-    title: str = "",
-    max_grid: int = 128,
-    dpi: int = 90,
-) -> Path:
-    """Write a PNG with one panel per view showing every layer's surface. Atomic."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+def _layer_meshes(layers: list[Layer], spacing, max_grid: int) -> tuple[list, np.ndarray, np.ndarray]:
+    """Each non-empty layer's triangles (mm) with shaded RGBA colours, and the bounds of all their vertices."""
     from matplotlib import colormaps
-    from mpl_toolkits.mplot3d.art3d import Poly3DCollection
 
     meshes = []
     lo, hi = np.full(3, np.inf), np.full(3, -np.inf)
@@ -126,9 +112,13 @@ def render_preview(
         lo, hi = np.minimum(lo, verts.min(0)), np.maximum(hi, verts.max(0))
     if not meshes:
         raise ValueError("nothing to render: every layer is empty")
-    centre, half = (lo + hi) / 2, (hi - lo).max() / 2 * 1.05
+    return meshes, lo, hi
 
-    fig = plt.figure(figsize=(4 * len(views), 4.4), dpi=dpi)
+
+def _draw_views(fig, meshes: list, views, centre: np.ndarray, half: float) -> None:
+    """One 3-D panel per view, every mesh in each, all on the same cube around ``centre``."""
+    from mpl_toolkits.mplot3d.art3d import Poly3DCollection
+
     for k, (elev, azim, name) in enumerate(views):
         ax = fig.add_subplot(1, len(views), k + 1, projection="3d")
         for tris, colors, _ in meshes:
@@ -139,6 +129,27 @@ def render_preview(
         ax.view_init(elev=elev, azim=azim)
         ax.set_axis_off()
         ax.set_title(name, fontsize=10)
+
+
+def render_preview(
+    path: str | os.PathLike,
+    layers: list[Layer],
+    *,
+    spacing: tuple[float, float, float] = (1.0, 1.0, 1.0),
+    views=SURGICAL_VIEWS,
+    title: str = "",
+    max_grid: int = 128,
+    dpi: int = 90,
+) -> Path:
+    """Write a PNG with one panel per view showing every layer's surface. Atomic."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    meshes, lo, hi = _layer_meshes(layers, spacing, max_grid)
+    fig = plt.figure(figsize=(4 * len(views), 4.4), dpi=dpi)
+    _draw_views(fig, meshes, views, (lo + hi) / 2, (hi - lo).max() / 2 * 1.05)
     handles = [plt.Rectangle((0, 0), 1, 1, color=layer.color) for _, _, layer in meshes if layer.label]
     if handles:
         fig.legend(

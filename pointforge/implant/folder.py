@@ -14,9 +14,11 @@ from pointforge.atomic import atomic_write_text
 from pointforge.data.skulls.layouts import list_cases
 from pointforge.data.skulls.prepared import PreparedDataset
 from pointforge.errors import ConfigError, DataError, UserError, disk_full_cause
-from pointforge.implant.pipeline import GenerateOptions, Models
+from pointforge.implant.case import generate_case
+from pointforge.implant.models import Models
+from pointforge.implant.options import GenerateOptions
 from pointforge.implant.view import PLOTLY_JS
-from pointforge.implant.writer import case_done, generate_case
+from pointforge.implant.writer import case_done
 
 __all__ = ["FolderCase", "FolderResult", "cases_of", "generate_folder"]
 
@@ -91,7 +93,7 @@ def generate_folder(
     logged and recorded and never stops the others. ``out/summary.json`` lists
     what was done, skipped and failed (with the error). ``progress(done, total)``
     counts cases, ``step_progress(stage, done, total)`` the steps within one
-    (:func:`~pointforge.implant.writer.generate_case`'s ``progress``). Every
+    (:func:`~pointforge.implant.case.generate_case`'s ``progress``). Every
     case's view.html loads one plotly.js, ``viewer_js`` (default ``out/plotly.min.js``).
     """
     say = log or (lambda _msg: None)

@@ -46,7 +46,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable
 
 import numpy as np
 from scipy import ndimage
@@ -54,6 +53,7 @@ from scipy import ndimage
 from pointforge.data.surface import bounding_box
 from pointforge.devices import available_cores
 from pointforge.errors import DataError
+from pointforge.implant.timing import timed
 
 _CUBE = np.ones((3, 3, 3), dtype=bool)
 _MARGIN = 6
@@ -285,9 +285,9 @@ def implant_and_agreement(
     """
     chain = partial(implant_from_proposals, defective=defective, spacing=spacing, components=components)
     with ThreadPoolExecutor(max_workers=available_cores()) as pool:
-        voted = pool.submit(_timed, partial(chain, completed, implant_points_vox=np.reshape(points_vox, (-1, 3))))
+        voted = pool.submit(timed, partial(chain, completed, implant_points_vox=np.reshape(points_vox, (-1, 3))))
         alone = [
-            pool.submit(_timed, partial(chain, [c], implant_points_vox=p, dilate=0))
+            pool.submit(timed, partial(chain, [c], implant_points_vox=p, dilate=0))
             for c, p in zip(completed, points_vox)
         ]
         (implant, _), vote_s = voted.result()
@@ -298,8 +298,3 @@ def implant_and_agreement(
         timings["vote_s"] = vote_s
         timings["agreement_s"] = sum(job.result()[1] for job in alone) + time.perf_counter() - start
     return implant, own, agreement
-
-
-def _timed(job: Callable[[], Any]) -> tuple[Any, float]:
-    start = time.perf_counter()
-    return job(), time.perf_counter() - start

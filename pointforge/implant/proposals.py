@@ -104,6 +104,30 @@ def _prior_start(config: PCDiffConfig, sampler: Sampler, estimate, norm, n: int,
     return torch.from_numpy(draws).transpose(1, 2).contiguous()
 
 
+def _point_counts(
+    config: PCDiffConfig | None, sampler: Sampler, n: int, n_skull: int | None, n_implant: int | None, subsample: str
+) -> tuple[int, int]:
+    """``complete``'s arguments checked (ConfigError naming the wrong one); the point counts, ``config``'s by default."""
+    if config is not None:
+        n_skull = config.n_skull if n_skull is None else n_skull
+        n_implant = config.n_implant if n_implant is None else n_implant
+        if sampler.schedule.num_timesteps != config.diffusion.timesteps:
+            raise ConfigError(
+                f"the sampler runs a {sampler.schedule.num_timesteps}-step schedule but the model was trained with "
+                f"{config.diffusion.timesteps} steps; build it with make_sampler(..., schedule=<load_pcdiff's schedule>)"
+            )
+    if n_skull is None or n_implant is None:
+        raise ConfigError(
+            "complete() needs the model's point counts: pass config= (from load_pcdiff) or n_skull= and n_implant="
+        )
+    for name, value in (("n", n), ("n_skull", n_skull), ("n_implant", n_implant)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    if subsample not in ("random", "fps"):
+        raise ConfigError(f"subsample must be 'random' or 'fps', got {subsample!r}")
+    return int(n_skull), int(n_implant)
+
+
 def complete(
     skull_points: Any,
     model: nn.Module,
@@ -142,32 +166,14 @@ def complete(
 
     Returns a NumPy float32 array for NumPy input, a CPU float32 tensor for a tensor.
     """
-    if config is not None:
-        n_skull = config.n_skull if n_skull is None else n_skull
-        n_implant = config.n_implant if n_implant is None else n_implant
-        if sampler.schedule.num_timesteps != config.diffusion.timesteps:
-            raise ConfigError(
-                f"the sampler runs a {sampler.schedule.num_timesteps}-step schedule but the model was trained with "
-                f"{config.diffusion.timesteps} steps; build it with make_sampler(..., schedule=<load_pcdiff's schedule>)"
-            )
-    if n_skull is None or n_implant is None:
-        raise ConfigError(
-            "complete() needs the model's point counts: pass config= (from load_pcdiff) or n_skull= and n_implant="
-        )
-    for name, value in (("n", n), ("n_skull", n_skull), ("n_implant", n_implant)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-    if subsample not in ("random", "fps"):
-        raise ConfigError(f"subsample must be 'random' or 'fps', got {subsample!r}")
+    n_skull, n_implant = _point_counts(config, sampler, n, n_skull, n_implant, subsample)
     points, as_torch = _as_points(skull_points)
     init = None
     if config is not None and config.frame is not None:
-        chosen, norm, estimate, rng = _framed_condition(points, model, config, int(n_skull), spacing, generator)
-        init = (
-            None if config.prior is None else _prior_start(config, sampler, estimate, norm, int(n), int(n_implant), rng)
-        )
+        chosen, norm, estimate, rng = _framed_condition(points, model, config, n_skull, spacing, generator)
+        init = None if config.prior is None else _prior_start(config, sampler, estimate, norm, int(n), n_implant, rng)
     else:
-        chosen = points[_subsample_indices(points, int(n_skull), subsample, generator)]
+        chosen = points[_subsample_indices(points, n_skull, subsample, generator)]
         norm = bbox_normalization(chosen, HALF_EXTENT)
     device = next(model.parameters()).device
     cond = torch.from_numpy(norm.apply(chosen)).to(device).T.contiguous()  # [3, n_skull]
@@ -177,7 +183,7 @@ def complete(
         with torch.no_grad():
             start = None if init is None else init.to(device)
             out = sample_ensemble(
-                model, sampler, cond, int(n_implant), int(n), generator=generator, init=start, progress=progress
+                model, sampler, cond, n_implant, int(n), generator=generator, init=start, progress=progress
             )
     finally:
         model.train(was_training)

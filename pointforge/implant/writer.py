@@ -1,7 +1,8 @@
 """One case's folder: the pipeline's results written, atomically, beside a report.
 
 Everything goes into a temporary sibling folder renamed into place at the end, so
-a folder under the final name is always complete (:func:`generate_case`).
+a folder under the final name is always complete (:func:`write_case_folder`; a
+case from its input file on is :func:`pointforge.implant.case.generate_case`).
 
 Outputs of one case (``EXT`` is the input's: NRRD in → NRRD out, NIfTI → NIfTI):
 
@@ -40,7 +41,6 @@ import platform
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
@@ -51,22 +51,23 @@ import torch
 from pointforge import __version__
 from pointforge.atomic import atomic_write_text
 from pointforge.data.surface import make_well_composed
-from pointforge.data.volumes import Volume, read_binary_volume, volume_format, write_volume
+from pointforge.data.volumes import Volume, volume_format, write_volume
 from pointforge.devices import available_cores
 from pointforge.errors import UserError
 from pointforge.formats import json_safe
 from pointforge.implant.export import Layer, render_preview
-from pointforge.implant.pipeline import Generated, GenerateOptions, Models, generate_implant
-from pointforge.implant.proposals import proposal_sampler
+from pointforge.implant.pipeline import Generated
+from pointforge.implant.timing import timed
 from pointforge.implant.view import PLOTLY_JS, ViewLayers, view_html, write_plotly_js
 from pointforge.implant.voxelize import field_to_mesh
 
-__all__ = ["REPORT", "write_case", "case_done", "generate_case"]
+__all__ = ["REPORT", "suffix_of", "check_label", "labelled", "write_case", "write_case_folder", "case_done"]
 
 REPORT = "report.json"
 
 
-def _suffix_of(path: Path) -> str:
+def suffix_of(path: Path) -> str:
+    """The outputs' extension: the input's volume format (NRRD in, NRRD out; NIfTI in, NIfTI out)."""
     return (
         ".nii.gz" if str(path).lower().endswith(".nii.gz") else (".nii" if volume_format(path) == "nifti" else ".nrrd")
     )
@@ -172,12 +173,6 @@ def _write_view(result: Generated, folder: Path, files: dict, title: str, js_src
     atomic_write_text(folder / files["view"], view_html(layers, js_src))
 
 
-def _timed(job: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    job()
-    return time.perf_counter() - start
-
-
 def write_case(
     result: Generated,
     folder: Path,
@@ -213,9 +208,9 @@ def write_case(
     title = report.get("title", "")
     with ThreadPoolExecutor(max_workers=available_cores()) as pool:
         jobs = {
-            "view": [pool.submit(_timed, partial(_write_view, result, folder, files, title, js_src))],
-            "preview": [pool.submit(_timed, partial(_write_preview, result, folder, files, title))] if preview else [],
-            "volumes": [pool.submit(_timed, job) for job in _volume_jobs(result, folder, files, label)],
+            "view": [pool.submit(timed, partial(_write_view, result, folder, files, title, js_src))],
+            "preview": [pool.submit(timed, partial(_write_preview, result, folder, files, title))] if preview else [],
+            "volumes": [pool.submit(timed, job) for job in _volume_jobs(result, folder, files, label)],
         }
         mesh_start = time.perf_counter()
         # A printable mesh must be a closed 2-manifold: implant voxels that touch only
@@ -229,7 +224,7 @@ def write_case(
         if js_src == PLOTLY_JS:
             write_plotly_js(folder / PLOTLY_JS)
         parts = {"mesh": time.perf_counter() - mesh_start}
-        parts.update({name: sum(job.result() for job in group) for name, group in jobs.items()})
+        parts.update({name: sum(job.result()[1] for job in group) for name, group in jobs.items()})
     result.timings["write_s"] = time.perf_counter() - t
     # Each part's own seconds; they ran side by side, so they add up to more than write_s.
     result.timings.update({f"write_{name}_s": seconds for name, seconds in parts.items()})
@@ -277,55 +272,26 @@ def case_done(out: Path) -> bool:
     return (out / REPORT).is_file()
 
 
-def generate_case(
-    input_path: str | os.PathLike,
-    out: str | os.PathLike,
-    models: Models,
-    options: GenerateOptions | None = None,
+def write_case_folder(
+    result: Generated,
+    out: Path,
+    report: dict,
     *,
-    overwrite: bool = False,
-    log: Callable[[str], None] | None = None,
-    progress: Callable[[str, int, int], None] | None = None,
-    title: str = "",
-    proposals_mm: np.ndarray | None = None,
+    input_path: Path,
+    started: float,
     label: float | None = None,
     viewer_js: str | os.PathLike | None = None,
     preview: bool = True,
 ) -> dict:
-    """Generate the implant for the defective skull at ``input_path`` into the folder ``out``.
+    """Every output of one case, report.json last, into a hidden sibling of ``out`` renamed to ``out`` once
+    complete; a failure leaves ``out`` as it was. Returns ``report`` completed.
 
-    All outputs are written into a hidden sibling folder that is renamed to
-    ``out`` only once complete; a failure leaves ``out`` as it was. An existing
-    ``out`` is refused unless ``overwrite``. Masks are written with ``label``
-    as foreground, by default the input's own foreground value. view.html loads
-    plotly.js from ``viewer_js`` (written there if missing; default: inside
-    ``out``). ``preview=False`` skips preview.png. Returns the report.
+    Outputs take ``input_path``'s format; masks are written with ``label`` as
+    foreground, by default the input's own. view.html loads plotly.js from
+    ``viewer_js`` (written there if missing; default: inside ``out``).
+    ``started`` (``time.perf_counter()`` when the case began) gives ``total_s``.
     """
-    options = options or GenerateOptions()
-    options.validate()
-    _check_label(label)
-    input_path, out = Path(input_path), Path(out)
-    # A sampler/steps mismatch fails before any work.
-    steps = proposal_sampler(
-        options.sampler, options.steps, models.pcdiff.schedule, models.pcdiff.config.prior
-    ).num_steps
-    if out.exists() and not overwrite:
-        raise UserError(f"{out} already exists; pass --overwrite to replace it, or choose another --out")
-    suffix = _suffix_of(input_path)
-    t0 = time.perf_counter()
-    defective = read_binary_volume(input_path)
-    load_s = time.perf_counter() - t0
-    result = generate_implant(defective, models, options, log=log, progress=progress, proposals_mm=proposals_mm)
-    result.timings = {"read_s": load_s, **result.timings}
-    report: dict[str, Any] = {
-        "input": str(input_path),
-        "title": title or f"{input_path.name}: generated implant",
-        "parameters": {**asdict(options), "sampler_steps": steps, "device": str(models.device)},
-        "seed": options.seed,
-        "models": models.describe(),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "label": _label_record(label, defective.foreground),
-    }
+    report["label"] = _label_record(label, result.defective.foreground)
     out.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_partials(out)
     partial = _partial_dir(out)
@@ -336,13 +302,13 @@ def generate_case(
         write_case(
             result,
             partial,
-            suffix=suffix,
+            suffix=suffix_of(input_path),
             report=report,
             label=report["label"]["value"],
             js_src=js_src,
             preview=preview,
         )
-        report["timings_s"]["total_s"] = round(time.perf_counter() - t0, 3)
+        report["timings_s"]["total_s"] = round(time.perf_counter() - started, 3)
         (partial / REPORT).write_text(json.dumps(json_safe(report), indent=1))
         _move_into_place(partial, out)
     finally:
@@ -361,7 +327,8 @@ def _move_into_place(partial: Path, out: Path) -> None:
         os.replace(partial, out)
 
 
-def _check_label(label: float | None) -> None:
+def check_label(label: float | None) -> None:
+    """UserError unless ``label`` is None (the input's own) or a positive number."""
     if label is not None and not (isinstance(label, (int, float)) and math.isfinite(label) and label > 0):
         raise UserError(f"--label must be a positive number (the value of implant voxels), got {label!r}")
 

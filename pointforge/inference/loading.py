@@ -29,6 +29,7 @@ from pointforge.train.checkpoint.format import is_pointforge_checkpoint, load_ch
 __all__ = [
     "Weights",
     "LoadedModel",
+    "WrongTaskCheckpoint",
     "check_weights",
     "open_checkpoint",
     "choose_weights",
@@ -65,6 +66,15 @@ class LoadedModel:
         return {}
 
 
+class WrongTaskCheckpoint(CheckpointError):
+    """A checkpoint written by another task than the one asked for; ``written_by`` names that task,
+    so a caller can say where the file belongs without reading it again."""
+
+    def __init__(self, message: str, written_by: str | None = None):
+        super().__init__(message)
+        self.written_by = written_by
+
+
 def _not_ours_hint(path: Path, task: str | None) -> str:
     if task == "pcdiff":
         return (
@@ -84,9 +94,10 @@ def open_checkpoint(path: str | os.PathLike, task: str | None = None) -> tuple[d
         raise CheckpointError(f"{path} is not a pointforge training checkpoint; {_not_ours_hint(path, task)}")
     written_by = ckpt.get("task")
     if task is not None and written_by != task:
-        raise CheckpointError(
+        raise WrongTaskCheckpoint(
             f"{path} is a checkpoint of task '{written_by}', not of task '{task}'; "
-            f"give one written by `pointforge train {task}` (pointforge.inference.load takes any task's)"
+            f"give one written by `pointforge train {task}` (pointforge.inference.load takes any task's)",
+            written_by,
         )
     try:
         cfg = train_config_from_dict(ckpt["config"])

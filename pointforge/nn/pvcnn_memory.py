@@ -1,4 +1,4 @@
-"""How much memory a PVCNN2 training step holds, from its config alone.
+"""How much memory a PVCNN2 training step (or a sampling pass) holds, from its config alone.
 
 A training step keeps, per sample, the tensors its backward pass needs. They come
 in three kinds, each counted here from the :class:`~pointforge.nn.pvcnn_config.PVCNN2Config`:
@@ -27,6 +27,9 @@ With activation checkpointing (:class:`~pointforge.nn.pvcnn.PVCNN2`'s
 the rest block by block in the backward pass; the same counts then cost other
 bytes per element, :data:`BYTES_PER_ELEMENT_CHECKPOINTED`, fitted the same way
 (``bench/pvcnn_memory.py --checkpoint``).
+
+A sampling pass (no gradients) is bounded by the same count at the same bytes
+per element, :func:`sampling_bytes`: it keeps no more than a training step does.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ __all__ = [
     "ActivationCounts",
     "activation_counts",
     "training_step_bytes",
+    "sampling_bytes",
 ]
 
 # Mean distinct points per ball on skull-like surfaces (capped by a level's neighbour
@@ -145,3 +149,15 @@ def training_step_bytes(
     per_element = BYTES_PER_ELEMENT_CHECKPOINTED if checkpointed else BYTES_PER_ELEMENT
     per_sample = activation_counts(config, n_points, hits_per_ball=hits_per_ball).bytes(per_element)
     return int(micro_batch * per_sample + _ADAM_COPIES * 4 * parameters)
+
+
+def sampling_bytes(
+    config: PVCNN2Config | str,
+    n_points: int,
+    batch: int,
+    *,
+    hits_per_ball: float | Sequence[float] = SURFACE_HITS_PER_BALL,
+) -> int:
+    """Bytes a float32 forward pass on ``batch`` clouds of ``n_points`` needs at most (sampling, no gradients):
+    what a training step keeps of its activations, the fitted :data:`BYTES_PER_ELEMENT`; no optimizer state."""
+    return int(batch * activation_counts(config, n_points, hits_per_ball=hits_per_ball).bytes(BYTES_PER_ELEMENT))

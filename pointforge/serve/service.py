@@ -14,7 +14,8 @@ from typing import Callable
 
 from pointforge.errors import UserError
 from pointforge.flock import exclusive_lock
-from pointforge.implant.pipeline import GenerateOptions, load_models
+from pointforge.implant.models import load_models
+from pointforge.implant.options import GenerateOptions
 from pointforge.serve.app import create_app
 from pointforge.serve.settings import ServeSettings
 from pointforge.serve.store import JobStore
@@ -49,7 +50,6 @@ def serve(
 
     settings.validate()
     options = GenerateOptions(ensemble=settings.ensemble, sampler=settings.sampler, steps=settings.steps)
-    options.validate()
     layout = DataLayout(Path(settings.data_dir))
     with exclusive_lock(
         layout.root / "serve.lock",

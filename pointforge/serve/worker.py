@@ -1,6 +1,6 @@
 """Worker threads: each takes the oldest queued job, runs `generate` on it, records how it ended.
 
-A case is written by :func:`pointforge.implant.writer.generate_case` into a
+A case is written by :func:`pointforge.implant.case.generate_case` into a
 hidden folder renamed to ``cases/<id>`` only when complete, so a job re-run
 after a crash replaces a half-written attempt and never leaves two outputs.
 After every job the finished cases are kept within ``--max-disk-gb``: the
@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 
 from pointforge.errors import UserError
-from pointforge.implant.pipeline import GenerateOptions, Models
-from pointforge.implant.writer import generate_case
+from pointforge.implant.case import generate_case
+from pointforge.implant.models import Models
+from pointforge.implant.options import GenerateOptions
 from pointforge.serve.store import Job, JobStore
 
 __all__ = ["DataLayout", "WorkerPool", "folder_bytes", "keep_within"]

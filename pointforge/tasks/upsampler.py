@@ -66,7 +66,7 @@ from pointforge.train.task import EvalContext, StepContext, Task
 __all__ = [
     "UpsamplingConfig",
     "ModelOverrides",
-    "SyntheticSection",
+    "SyntheticPairsSection",
     "UpsamplerTask",
     "ensure_synthetic_pairs",
     "model_config",
@@ -100,7 +100,7 @@ class ModelOverrides:
 
 
 @dataclass
-class SyntheticSection:
+class SyntheticPairsSection:
     """A synthetic pair set written into ``data_root`` when it is missing (``pairs: 0`` = never)."""
 
     pairs: int = 0
@@ -140,7 +140,7 @@ class UpsamplingConfig:
     max_points: int = 20_000
     # Weight of the point-to-plane term (pointforge.nn.losses.point_to_plane_distance) added to Chamfer; 0: off.
     surface_weight: float = 0.0
-    synthetic: SyntheticSection = field(default_factory=SyntheticSection)
+    synthetic: SyntheticPairsSection = field(default_factory=SyntheticPairsSection)
 
     def validate(self, prefix: str) -> None:
         if self.max_points < 1:
@@ -176,7 +176,7 @@ def model_config(cfg: UpsamplingConfig) -> UpsamplerConfig:
 # --------------------------------------------------------------------------- synthetic data
 
 
-def _synthetic_recipe(section: SyntheticSection) -> dict[str, Any]:
+def _synthetic_recipe(section: SyntheticPairsSection) -> dict[str, Any]:
     sizes = spread_sizes(section.pairs, section.min_points, section.max_points, seed=section.seed)
     return {
         "pairs": section.pairs, "min_points": section.min_points, "max_points": section.max_points,
@@ -184,7 +184,7 @@ def _synthetic_recipe(section: SyntheticSection) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def ensure_synthetic_pairs(data_root: str | os.PathLike, section: SyntheticSection) -> bool:
+def ensure_synthetic_pairs(data_root: str | os.PathLike, section: SyntheticPairsSection) -> bool:
     """Write ``section.pairs`` synthetic pairs into ``data_root`` unless it already holds a pair set.
 
     Safe when many processes call it at once (module docs). Returns True if this

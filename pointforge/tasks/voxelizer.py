@@ -38,13 +38,10 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from pointforge.data.cache import ensure_synthetic_prepared
+from pointforge.data.cache import SyntheticSection, ensure_synthetic_prepared
 from pointforge.data.skulls.datasets import VoxelAugmentation, VoxelizationDataset
 from pointforge.data.skulls.grids import transform_inside
 from pointforge.data.skulls.prepared import PreparedDataset
-from pointforge.data.skulls.splits import check_split
-from pointforge.data.synthetic.dataset import FAMILIES
-from pointforge.data.synthetic.grid import MAX_SIZE, MIN_SIZE
 from pointforge.errors import ConfigError
 from pointforge.nn.dpsr import dpsr_memory_bytes
 from pointforge.nn.voxelizer import VoxelizerConfig, VoxelizerNet, indicator_target, psr_tanh_mse_loss
@@ -53,36 +50,6 @@ from pointforge.train.logs import get_logger
 from pointforge.train.task import EvalContext, StepContext, Task
 
 PRESET_NAMES = ("tiny", "small", "paper")
-
-
-@dataclass
-class SyntheticSection:
-    """Synthetic skulls to make when ``data_root`` does not exist yet."""
-
-    skulls: int = 4
-    size: int = 64  # voxels per side
-    seed: int = 0
-    n_points: int = 20_000  # surface points per prepared volume
-    split: str = "0.7,0.1,0.2"  # train, val, test by skull
-    family: str = "domes"  # the skull family (pointforge.data.synthetic.dataset.FAMILIES)
-
-    # Checked by the enclosing section: an error raised while the config loader
-    # tries the `SyntheticSection | None` union would be replaced by a generic one.
-    def check(self, prefix: str) -> None:
-        if self.family not in FAMILIES:
-            raise ConfigError(f"config key '{prefix}.family' must be one of {', '.join(FAMILIES)}, got {self.family!r}")
-        if not 1 <= self.skulls <= 1000:
-            raise ConfigError(f"config key '{prefix}.skulls' must be from 1 to 1000, got {self.skulls}")
-        if not MIN_SIZE <= self.size <= MAX_SIZE:
-            raise ConfigError(f"config key '{prefix}.size' must be from {MIN_SIZE} to {MAX_SIZE}, got {self.size}")
-        if self.n_points < 1000:
-            raise ConfigError(f"config key '{prefix}.n_points' must be at least 1000, got {self.n_points}")
-        if self.seed < 0:
-            raise ConfigError(f"config key '{prefix}.seed' must be 0 or more, got {self.seed}")
-        try:
-            check_split(self.split)
-        except ConfigError as err:
-            raise ConfigError(f"config key '{prefix}.split': {err}") from None
 
 
 @dataclass
@@ -184,7 +151,7 @@ class VoxelizerTask(Task):
                 s.skulls,
                 s.size,
                 s.seed,
-                s.n_points,
+                s.points,
                 log=get_logger("voxelizer").info,
                 split=s.split,
                 family=s.family,

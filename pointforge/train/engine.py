@@ -4,6 +4,8 @@ Entry point: :func:`train` (``--dry-run``'s plan is
 :func:`pointforge.train.run_plan.dry_run_plan`). The trainer is assembled from
 parts with their own state, as torchtitan assembles its trainer:
 
+* :func:`~pointforge.train.assembly.assemble`: the model, datasets and run
+  plan, built in the order the ranks agree on;
 * :class:`~pointforge.train.state.TrainState`: progress and the best metric
   (a checkpoint's ``progress``);
 * :class:`~pointforge.train.checkpoint.manager.Trainables`: the model with its
@@ -14,6 +16,8 @@ parts with their own state, as torchtitan assembles its trainer:
   (micro-batches, the ranks' vote, the update);
 * :class:`~pointforge.train.evaluation.Evaluator`: the task's evaluation,
   combined across ranks;
+* :class:`~pointforge.train.stopping.RunClock`: the time budget and stop
+  signals, and what the ranks agreed about them;
 * :class:`~pointforge.train.metrics_logger.MetricsLogger`: log lines, metric files, ``run.json``;
 * :mod:`~pointforge.train.preflight`: the checks that can refuse the run.
 
@@ -32,16 +36,13 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
-
-import torch
-from torch import nn
+from typing import Any
 
 from pointforge.config.training import TrainConfig
 from pointforge.errors import ConfigError, UserError
+from pointforge.train.assembly import assemble
 from pointforge.train.checkpoint import format as ckpt_io
-from pointforge.train.checkpoint.manager import CheckpointManager, Trainables
-from pointforge.train.data import derive_seed, seed_everything
+from pointforge.train.checkpoint.manager import CheckpointManager
 from pointforge.train.dist import (
     DistEnv,
     DistributedFailure,
@@ -53,18 +54,17 @@ from pointforge.train.dist import (
     shutdown_distributed,
     stop_signals,
 )
-from pointforge.train.ema import EMA
 from pointforge.train.epochs import EpochFeed
 from pointforge.train.evaluation import Evaluator
 from pointforge.train.logs import LogSetup, get_logger
 from pointforge.train.metrics_logger import MetricsLogger
-from pointforge.train.parallelize import set_precision, to_channels_last, wrap_model
+from pointforge.train.parallelize import set_precision, wrap_model
 from pointforge.train.preflight import FAILURE, WARNING, Finding, check_datasets, check_disk, check_memory
 from pointforge.train.run_dir_lock import lock_run_dir
-from pointforge.train.run_plan import best_rule, make_plan
-from pointforge.train.schedule import build_optimizer, build_scheduler
+from pointforge.train.run_plan import best_rule
 from pointforge.train.state import BestMetric, TrainState
-from pointforge.train.step import LocalFlags, TrainingDiverged, TrainStep, Vote
+from pointforge.train.step import TrainingDiverged, TrainStep
+from pointforge.train.stopping import RunClock
 from pointforge.train.task import Task
 from pointforge.train.torchrun import write_rank_record
 
@@ -205,8 +205,10 @@ class _Trainer:
         """Build everything a step needs, in the order the ranks must agree on."""
         self.doing = "setting up"
         dtype = set_precision(self.cfg, self.device)
-        self._build_model_and_data()
-        self._plan_run()
+        built = assemble(self.task, self.cfg, self.env, self.state)
+        self.model, self.train_ds, self.val_ds, self.parts = built.model, built.train_ds, built.val_ds, built.parts
+        self.plan, self.batch = built.plan, built.plan.batch
+        self.total_steps, self.peak_lr = built.plan.total_steps, built.plan.lr_scaled
         if self.env.is_main:
             for line in self.plan.lines():
                 log.info(line)
@@ -245,63 +247,6 @@ class _Trainer:
                 resumed_from=ckpts.resumed_from,
                 last_checkpoint=ckpts.last_checkpoint,
             )
-
-    def _build_model_and_data(self) -> None:
-        cfg, task = self.cfg, self.task
-        # Same seed on every rank for the weights and the data; per-rank seeds after.
-        seed_everything(derive_seed(cfg.train.seed, "init"))
-        model = task.build_model(cfg.task)
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"task {task.name!r} build_model returned {type(model).__name__}, not an nn.Module")
-        if cfg.perf.channels_last:
-            to_channels_last(model)
-        self.model = model.to(self.device)
-        self.train_ds, self.val_ds = task.build_datasets(cfg.task)
-        seed_everything(derive_seed(cfg.train.seed, "rank", self.env.rank))
-
-    def _plan_run(self) -> None:
-        """The run plan, and the optimizer, schedule, scaler and EMA it implies."""
-        cfg, env, task = self.cfg, self.env, self.task
-        devices = [str(self.device)] * env.world_size if env.world_size > 1 else [str(self.device)]
-        backend = env.backend or "single process"
-        self.plan = make_plan(
-            task,
-            cfg,
-            world_size=env.world_size,
-            backend=backend,
-            devices=devices,
-            train_ds=self.train_ds,
-            val_ds=self.val_ds,
-            rank=env.rank,
-        )
-        if env.world_size > 1:
-            # The plan each rank prints must agree; a rank whose view differs is
-            # caught here rather than mid-epoch.
-            check_equal(
-                env,
-                self.plan.steps_per_epoch,
-                "the number of steps per epoch",
-                "the task's batch_sampler must give every rank the same number of batches",
-            )
-        self.batch = self.plan.batch
-        self.total_steps = self.plan.total_steps
-        self.peak_lr = self.plan.lr_scaled
-        self.state.rebatch(self.batch.global_batch, env.world_size, self.plan.steps_per_epoch)
-        optimizer = build_optimizer(task.parameters(self.model), cfg.optim, self.peak_lr)
-        self.parts = Trainables(
-            model=self.model,
-            optimizer=optimizer,
-            scheduler=build_scheduler(optimizer, cfg.sched, self.total_steps, self._time_progress()),
-            scaler=torch.amp.GradScaler("cuda") if cfg.perf.amp == "fp16" else None,
-            ema=EMA(self.model, cfg.train.ema_decay) if cfg.train.ema_decay else None,
-        )
-
-    def _time_progress(self) -> Callable[[int], float] | None:
-        """With ``sched.horizon_minutes``: the schedule's progress is training time, the same on every rank."""
-        horizon = self.cfg.sched.horizon_minutes
-        if horizon is None:
-            return None
-        return lambda _step: self.state.train_seconds / (horizon * 60)
 
     def _preflight(self) -> None:
         """Faults found before the first step, not hours into the run: a dataset file gone, a disk too small.
@@ -356,13 +301,10 @@ class _Trainer:
         self.metrics.window.reset(self.step.lr())
         self.checkpoints.last_save_time = time.monotonic()
         self.step.train_model.train()
-        self.stop_noted = False
-        self.budget_start = time.monotonic()
-        self.seconds_before = state.train_seconds  # the training clock of earlier launches
-        self.out_of_time = False
+        clock = self.clock = RunClock(self.env, cfg.train.max_minutes, state.train_seconds)
 
         for epoch in range(state.epoch, cfg.train.epochs):
-            if state.global_step >= self.total_steps or self.out_of_time:
+            if state.global_step >= self.total_steps or clock.out_of_time:
                 break
             self.doing = f"preparing epoch {epoch}"
             start, n_steps = feed.start(epoch, state)
@@ -397,10 +339,12 @@ class _Trainer:
             if state.global_step >= self.total_steps:
                 break
             self.doing = f"training (epoch {epoch}, step {state.global_step})"
-            vote = self.step.run(epoch, feed.batches(), lambda: self._local_flags(stopper))
+            vote = self.step.run(
+                epoch, feed.batches(), lambda: self.clock.flags(stopper, self.checkpoints.due_by_time())
+            )
             ran += 1
             state.step_in_epoch = step_in_epoch + 1
-            self._note_vote(vote, stopper)
+            self.clock.note(vote, stopper, state.global_step)
             if state.global_step % cfg.log.every_steps == 0:
                 self.metrics.log_window(
                     epoch=epoch,
@@ -415,39 +359,9 @@ class _Trainer:
                 self._save(end_of_epoch=False)
             if vote.stop:
                 return ran, True
-            if self.out_of_time:
+            if self.clock.out_of_time:
                 break
         return ran, False
-
-    def _local_flags(self, stopper: StopSignal) -> LocalFlags:
-        """What this rank would decide alone; the step's vote makes it every rank's decision."""
-        max_minutes, is_main = self.cfg.train.max_minutes, self.env.is_main
-        now = time.monotonic()
-        # The budget is rank 0's clock; the reduction carries its decision to every rank.
-        time_up = is_main and max_minutes is not None and now - self.budget_start >= max_minutes * 60
-        return LocalFlags(
-            stop=bool(stopper.requested),
-            ckpt_due=self.checkpoints.due_by_time(),
-            time_up=time_up,
-            # Rank 0's training clock; the sum hands it to every rank, so a
-            # time-based schedule sets the same LR everywhere.
-            train_seconds=self.seconds_before + now - self.budget_start if is_main else 0.0,
-        )
-
-    def _note_vote(self, vote: Vote, stopper: StopSignal) -> None:
-        """Act on (and say once) what the ranks agreed: out of time, or stop requested."""
-        if vote.time_up and not vote.stop:
-            self.out_of_time = True
-            if self.env.is_main:
-                log.info(
-                    f"time budget of {self.cfg.train.max_minutes:g} min (train.max_minutes) reached at step "
-                    f"{self.state.global_step}: saving and finishing"
-                )
-        if vote.stop and not self.stop_noted and self.env.is_main:
-            self.stop_noted = True
-            log.info(
-                f"stop requested ({stopper.requested or 'signal on another rank'}): saving a checkpoint and exiting"
-            )
 
     def _evaluate(self, epoch: int) -> dict[str, float]:
         self.doing = f"evaluating epoch {epoch}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -25,9 +26,11 @@ from pointforge.cli.main import app
 from pointforge.data.skulls.prepared import PreparedDataset
 from pointforge.data.volumes import read_volume, write_volume
 from pointforge.errors import UserError
+from pointforge.implant.case import generate_case
 from pointforge.implant.folder import generate_folder
-from pointforge.implant.pipeline import GenerateOptions, load_models
-from pointforge.implant.writer import case_done, generate_case
+from pointforge.implant.models import load_models
+from pointforge.implant.options import GenerateOptions
+from pointforge.implant.writer import case_done
 from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config
 from pointforge.train.engine import train
@@ -281,14 +284,51 @@ def test_wrong_options_are_config_errors(models, tmp_path):
     from pointforge.errors import ConfigError
 
     for options, message in (
-        (GenerateOptions(ensemble=0), "--ensemble"),
-        (GenerateOptions(sampler="euler"), "unknown sampler"),
-        (GenerateOptions(sampler="ddpm", steps=10), "ddpm runs all"),
-        (GenerateOptions(components=1.5), "--components must be a fraction"),
+        ({"ensemble": 0}, "--ensemble"),
+        ({"sampler": "euler"}, "unknown sampler"),
+        ({"sampler": "ddpm", "steps": 10}, "ddpm runs all"),
+        ({"components": 1.5}, "--components must be a fraction"),
     ):
-        with pytest.raises(ConfigError, match=message):
-            generate_case(tmp_path / "nothing.nrrd", tmp_path / "out", models, options)
+        with pytest.raises(ConfigError, match=message):  # when the options are made, or before the input is read
+            generate_case(tmp_path / "nothing.nrrd", tmp_path / "out", models, GenerateOptions(**options))
+    with pytest.raises(ConfigError, match="--ensemble"):  # changed options are checked again
+        replace(FAST, ensemble=0)
     assert not (tmp_path / "out").exists()
+
+
+def test_generate_checks_options_once_builds_one_sampler_and_reads_each_checkpoint_once(trained, tmp_path, monkeypatch):
+    """CLI → case → pipeline → writer, one way: the options are checked when made and never again, the
+    sampler is built once, and a checkpoint given to the wrong flag is not read a second time to say so."""
+    from collections import Counter
+
+    from pointforge.errors import CheckpointError
+    from pointforge.implant import proposals
+
+    root, _, pc, vox = trained
+    _, source = a_test_case(root)
+    calls: Counter[str] = Counter()
+    validate, make_sampler, load = GenerateOptions.validate, proposals.make_sampler, torch.load
+
+    def counted(name, function):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return function(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(GenerateOptions, "validate", counted("validate", validate))
+    monkeypatch.setattr(proposals, "make_sampler", counted("sampler", make_sampler))
+    monkeypatch.setattr(torch, "load", lambda path, *a, **k: counted(str(path), load)(path, *a, **k))
+    out = tmp_path / "case"
+    result = run_cli("generate", source, "--pcdiff", pc, "--voxelizer", vox, "--out", out, "-n", 1, "--sampler", "ddpm")
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert case_done(out)
+    assert calls == {"validate": 1, "sampler": 1, str(pc): 1, str(vox): 1}, calls
+
+    calls.clear()
+    with pytest.raises(CheckpointError, match="is a voxelizer checkpoint, given as --pcdiff; give it as --voxelizer"):
+        load_models(vox, vox, device="cpu")
+    assert calls == {str(vox): 1}, calls
 
 
 def test_an_upsampler_densifies_each_proposal_before_voxelising(trained, tmp_path):
@@ -316,7 +356,7 @@ def test_an_upsampler_densifies_each_proposal_before_voxelising(trained, tmp_pat
 
 def test_too_many_proposals_for_memory_are_refused_up_front_with_the_largest_that_fits(trained, models, tmp_path):
     from pointforge.errors import ConfigError
-    from pointforge.implant.pipeline import check_generate_memory, generate_memory_bytes
+    from pointforge.implant.memory import check_generate_memory, generate_memory_bytes
 
     root, _, pc, vox = trained
     _, source = a_test_case(root)
@@ -330,7 +370,7 @@ def test_too_many_proposals_for_memory_are_refused_up_front_with_the_largest_tha
     with pytest.raises(ConfigError) as caught:
         check_generate_memory(models, options, shape, budget=budget)
     assert str(caught.value).endswith("; use --ensemble 4 or fewer") and "50 proposals of a" in str(caught.value)
-    options.ensemble = 4
+    options = replace(options, ensemble=4)
     check_generate_memory(models, options, shape, budget=budget)  # fits: no error
     with pytest.raises(ConfigError, match="even for one proposal"):
         check_generate_memory(models, options, shape, budget={"device": 0, "host": 1000})
@@ -349,17 +389,17 @@ def test_too_many_proposals_for_memory_are_refused_up_front_with_the_largest_tha
 
 def test_the_memory_check_hands_freed_memory_back_before_measuring(trained, models, monkeypatch):
     # A CPU-loaded PCDiff keeps freed blocks in the heap; the check must count them as free.
-    from pointforge.implant import pipeline
+    from pointforge.implant import memory
 
     order: list[str] = []
-    monkeypatch.setattr(pipeline, "release_freed_memory", lambda: order.append("release") or True)
-    monkeypatch.setattr(pipeline, "available_memory_bytes", lambda device: order.append("measure") or 2**50)
+    monkeypatch.setattr(memory, "release_freed_memory", lambda: order.append("release") or True)
+    monkeypatch.setattr(memory, "available_memory_bytes", lambda device: order.append("measure") or 2**50)
     _, source = a_test_case(trained[0])
     shape = read_volume(source).shape
-    pipeline.check_generate_memory(models, GenerateOptions(ensemble=1), shape)
+    memory.check_generate_memory(models, GenerateOptions(ensemble=1), shape)
     assert order[:2] == ["release", "measure"]
     order.clear()
-    pipeline.check_generate_memory(models, GenerateOptions(ensemble=1), shape, budget={"device": 0, "host": 2**50})
+    memory.check_generate_memory(models, GenerateOptions(ensemble=1), shape, budget={"device": 0, "host": 2**50})
     assert order == []  # a given budget is not measured
 
 

@@ -17,7 +17,7 @@ from pointforge.data.volumes import Volume, read_volume, write_volume
 from pointforge.errors import DataError, UserError
 from pointforge.implant import view
 from pointforge.implant.pipeline import Generated
-from pointforge.implant.writer import REPORT, _check_label, labelled, write_case
+from pointforge.implant.writer import REPORT, check_label, labelled, write_case
 from tests.helpers import run_cli, shell_mask
 
 SPACING = (3.5, 3.5, 3.5)
@@ -104,7 +104,7 @@ def test_outputs_carry_the_label_and_a_bad_label_is_refused(case):
     assert labelled(np.array([True]), 0.5).dtype == np.float32
     for bad in (0, -1, float("nan")):
         with pytest.raises(UserError, match="--label must be a positive number"):
-            _check_label(bad)
+            check_label(bad)
 
 
 def test_view_command_for_a_case_folder_and_for_an_implant_file(case, tmp_path):

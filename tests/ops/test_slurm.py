@@ -117,6 +117,15 @@ def test_mistakes_are_refused_in_one_line_before_submission(tmp_path, capsys, ar
     assert not (tmp_path / "t").exists()
 
 
+def test_every_problem_is_refused_at_once_in_one_line(tmp_path, capsys):
+    """As ``pointforge launch`` refuses a plan: all problems collected, then one line naming each."""
+    command = ["slurm", "--job", f"t:toy:cpu1:{TOY_TINY}", "--nodes", "2", "--runs-dir", str(tmp_path), "--dry-run"]
+    assert run(app, [*command, "data.global_batch=9"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "plan refused, nothing submitted (2 problems)" in err and "\n" not in err, err
+    assert "cannot be split evenly over 2 devices" in err and "not a shared filesystem" in err, err
+
+
 def test_no_sbatch_on_path_is_refused(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     assert run(app, ["slurm", "--job", "t:toy:cpu1", "--runs-dir", str(tmp_path), "--allow-local-run-dir"]) == 2

@@ -25,7 +25,7 @@ from pointforge.inference.upsampler import load_upsampler
 from pointforge.nn.losses import chamfer_distance, point_to_plane_distance
 from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config
-from pointforge.tasks.upsampler import SyntheticSection, ensure_synthetic_pairs, model_config, select_clouds
+from pointforge.tasks.upsampler import SyntheticPairsSection, ensure_synthetic_pairs, model_config, select_clouds
 from pointforge.train.checkpoint import format as ck
 from pointforge.train.data import derive_seed, seed_everything
 from pointforge.train.engine import train
@@ -78,7 +78,7 @@ def test_tiny_config_trains_from_nothing_and_keeps_the_best_by_validation_chamfe
 
 
 def test_synthetic_set_is_written_once_when_several_ranks_start_together(tmp_path):
-    section = SyntheticSection(pairs=3, min_points=40, max_points=120, seed=3)
+    section = SyntheticPairsSection(pairs=3, min_points=40, max_points=120, seed=3)
     root = tmp_path / "shared" / "set"
     (tmp_path / "shared" / ".set.crashed.tmp" / "sparse").mkdir(parents=True)  # left by a builder that was killed
     start = threading.Barrier(3)
@@ -101,7 +101,7 @@ def test_synthetic_set_is_written_once_when_several_ranks_start_together(tmp_pat
     assert sorted(p.name for p in root.parent.iterdir()) == [".set.lock", "set"]  # no temporary folder left
     assert ensure_synthetic_pairs(root, section) is False
     with pytest.raises(ConfigError, match="other task.synthetic settings"):
-        ensure_synthetic_pairs(root, SyntheticSection(pairs=3, min_points=40, max_points=120, seed=4))
+        ensure_synthetic_pairs(root, SyntheticPairsSection(pairs=3, min_points=40, max_points=120, seed=4))
     (tmp_path / "foreign").mkdir()
     with pytest.raises(DataError, match="holds no pairs.csv"):
         ensure_synthetic_pairs(tmp_path / "foreign", section)

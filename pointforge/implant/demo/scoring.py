@@ -34,7 +34,7 @@ from pointforge.implant.demo.workers import (
     write_case,
 )
 from pointforge.implant.evaluate import Evaluation, evaluate_predictions, summarise, write_reports
-from pointforge.implant.pipeline import GenerateOptions
+from pointforge.implant.options import GenerateOptions
 from pointforge.implant.view import PLOTLY_JS, write_plotly_js
 
 

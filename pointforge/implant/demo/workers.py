@@ -35,9 +35,12 @@ from pointforge.data.volumes import read_binary_volume, write_volume
 from pointforge.devices import use_threads
 from pointforge.errors import DataError, UserError, disk_full_cause
 from pointforge.implant.baseline import Atlas, mean_skull_implant
+from pointforge.implant.case import generate_case
 from pointforge.implant.metrics import evaluate_case
-from pointforge.implant.pipeline import Generated, GenerateOptions, Models, generate_implant, load_models
-from pointforge.implant.writer import case_done, generate_case
+from pointforge.implant.models import Models, load_models
+from pointforge.implant.options import GenerateOptions
+from pointforge.implant.pipeline import Generated, generate_implant
+from pointforge.implant.writer import case_done
 from pointforge.tasks.pcdiff.frame import atlas_estimate, prior_points
 from pointforge.tasks.pcdiff.placement import placement_metrics
 
@@ -199,7 +202,7 @@ def atlas_points(defective, models: Models, options: GenerateOptions, rng: np.ra
 
 
 def write_case(job: CaseJob, checkpoints: Checkpoints, options: GenerateOptions, out: str, viewer_js: str) -> dict:
-    """Generate one case with every output into ``out/<case_id>`` (:func:`~pointforge.implant.writer.generate_case`).
+    """Generate one case with every output into ``out/<case_id>`` (:func:`~pointforge.implant.case.generate_case`).
 
     ``{"case_id", "failed": None or the one-line reason, "generating_s"}``; a
     case already complete there is kept. A full disk is raised, not recorded.

@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from pointforge.errors import CheckpointError, ConfigError, DeviceError, UserError
+from pointforge.errors import CheckpointError, ConfigError, DeviceError, UserError, raise_problems
 from pointforge.ops.host import (
     FAKE_GPUS_ENV,
     GpuInventory,
@@ -124,16 +124,7 @@ class LaunchPlan:
 
     def check(self) -> None:
         """Raise when the plan has problems: one problem as itself, several as one line."""
-        if not self.problems:
-            return
-        if len(self.problems) == 1:
-            raise self.problems[0]
-        kinds = {type(p) for p in self.problems}
-        cls = kinds.pop() if len(kinds) == 1 else ConfigError
-        raise cls(
-            f"plan refused, nothing started ({len(self.problems)} problems): "
-            + "; ".join(str(p) for p in self.problems)
-        )
+        raise_problems(self.problems, "plan refused, nothing started")
 
     def text(self) -> str:
         return "\n".join(self.lines())
@@ -351,7 +342,7 @@ def _check_config(
             notes.append("faked GPUs: the job's processes run on the CPU (run.device=cpu, gloo)")
     config_path = None
     try:
-        config_path = _config_path(job, ctx.cwd)
+        config_path = job_config_path(job, ctx.cwd)
         cfg = load_train_config(job.task, config_path, [*overrides, f"run.dir={run_dir}"])
     except UserError as err:
         ctx.problems.append(_as(err, where))
@@ -390,7 +381,7 @@ def _check_memory(job: JobSpec, cfg: Any, micro_batch: int, device: str) -> Find
     return check_memory(get_task(job.task), cfg.task, micro_batch, target, global_batch=cfg.data.global_batch)
 
 
-def _config_path(job: JobSpec, cwd: Path) -> Path | None:
+def job_config_path(job: JobSpec, cwd: Path) -> Path | None:
     """The job's config as an absolute file: a file under ``cwd`` as it is, a bare preset name as the packaged YAML."""
     if not job.config:
         return None

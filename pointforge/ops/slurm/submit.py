@@ -3,11 +3,12 @@
 The same plan as ``pointforge launch`` (a plan file or ``--job`` flags, parsed
 by :mod:`pointforge.ops.launch.spec`), read per node: a job's ``gpus`` are
 counted (``0-3``: four GPUs on every node; Slurm picks which) and ``cpu: N``
-runs N CPU processes per node. Refused before anything is submitted, one
-line each: no ``sbatch``; a config that does not load (a typo); a global
-batch that nodes × processes per node does not divide; a run dir that is not
-on a shared filesystem (every node must read and write it); a run dir in use
-or with an earlier run's checkpoints that were not asked to be continued.
+runs N CPU processes per node. Refused before anything is submitted, every
+problem at once (one line each, as ``pointforge launch`` refuses a plan): no
+``sbatch``; a config that does not load (a typo); a global batch that nodes ×
+processes per node does not divide; a run dir that is not on a shared
+filesystem (every node must read and write it); a run dir in use or with an
+earlier run's checkpoints that were not asked to be continued.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from pathlib import Path
 from typing import Sequence
 
 from pointforge.atomic import atomic_write_json, atomic_write_text
-from pointforge.errors import CheckpointError, ConfigError, UserError
-from pointforge.ops.launch.spec import JobSpec, PlanSpec, absolute, job_run_dir
+from pointforge.errors import CheckpointError, ConfigError, UserError, raise_problems
+from pointforge.ops.launch.plan import job_config_path
+from pointforge.ops.launch.spec import JobSpec, PlanSpec, job_run_dir
 from pointforge.ops.slurm.queue import JOB_PREFIX, RECORD_NAME
 from pointforge.ops.slurm.script import ENDPOINT, NNODES, RUN_ID, SlurmScript, sbatch_script
-from pointforge.tasks.configs import load_train_config, resolve_config_path
+from pointforge.tasks.configs import load_train_config
 from pointforge.train.preflight import check_existing_checkpoints, check_run_dir_lock
 from pointforge.train.schedule import BatchPlan, plan_batches, scale_lr
 from pointforge.train.torchrun import torchrun_command, worker_args, worker_pythonpath
@@ -133,42 +135,88 @@ def plan_slurm(
     cwd: str | os.PathLike | None = None,
     require_sbatch: bool = True,
 ) -> list[SlurmJob]:
-    """Every job of ``spec`` checked and scripted; the first problem raised as one line (nothing submitted).
+    """Every job of ``spec`` checked and scripted; every problem found raised at once, one line each
+    (:func:`~pointforge.errors.raise_problems`, as ``pointforge launch`` refuses a plan), nothing submitted.
 
     ``require_sbatch=False`` (a dry run) scripts a plan where Slurm is not installed.
     """
+    problems: list[UserError] = []
     if require_sbatch and shutil.which("sbatch") is None:
-        raise ConfigError("sbatch is not on PATH: submit from a Slurm login node (or load the cluster's slurm module)")
+        problems.append(
+            ConfigError("sbatch is not on PATH: submit from a Slurm login node (or load the cluster's slurm module)")
+        )
+    jobs: list[SlurmJob | None] = []
     if options.nodes < 1:
-        raise ConfigError(f"--nodes must be at least 1, got {options.nodes}")
-    base = Path(cwd or os.getcwd()).resolve()
-    return [_plan_job(job, spec, options, list(extra_overrides), base) for job in spec.jobs]
+        problems.append(ConfigError(f"--nodes must be at least 1, got {options.nodes}"))
+    else:
+        base = Path(cwd or os.getcwd()).resolve()
+        jobs = [_plan_job(job, spec, options, list(extra_overrides), base, problems) for job in spec.jobs]
+    raise_problems(problems, "plan refused, nothing submitted")
+    return [job for job in jobs if job is not None]
 
 
-def _plan_job(job: JobSpec, spec: PlanSpec, options: SlurmOptions, extra: list[str], cwd: Path) -> SlurmJob:
-    where = f"job {job.name}"
+def _plan_job(
+    job: JobSpec, spec: PlanSpec, options: SlurmOptions, extra: list[str], cwd: Path, problems: list[UserError]
+) -> SlurmJob | None:
+    """One job through every check; its problems go to ``problems`` (None: the job has some)."""
+    where, found = f"job {job.name}", len(problems)
     per_node = job.nproc or (len(job.gpus) if job.gpus else int(job.cpu or 1))
-    device = "cuda" if job.gpus else "cpu"
     overrides = [*job.overrides, *extra, *([] if job.gpus else ["run.device=cpu"])]
     if any(o.split("=", 1)[0].strip() == "run.dir" for o in overrides):
-        raise ConfigError(f"{where}: set the run directory with run_dir in the plan (or --runs-dir), not run.dir")
+        problems.append(
+            ConfigError(f"{where}: set the run directory with run_dir in the plan (or --runs-dir), not run.dir")
+        )
     run_dir = job_run_dir(job, spec.runs_dir, cwd)
-    config = _config_path(job, cwd)
+    overrides = [*overrides, f"run.dir={run_dir}"]
     try:
-        cfg = load_train_config(job.task, config, [*overrides, f"run.dir={run_dir}"])
+        config = job_config_path(job, cwd)
+        cfg = load_train_config(job.task, config, overrides)
         batch = plan_batches(cfg.data.global_batch, options.nodes * per_node, cfg.data.micro_batch)
     except UserError as err:
-        raise type(err)(f"{where}: {err}") from None
-    filesystem = check_shared(run_dir, options.allow_local_run_dir)
+        problems.append(type(err)(f"{where}: {err}"))
+    filesystem = _check_run_dir(where, run_dir, job.resume, options.allow_local_run_dir, problems)
+    if len(problems) > found:
+        return None
+    worker = worker_args(job.task, config=config, overrides=overrides, resume="auto")
+    return SlurmJob(
+        job.name,
+        job.task,
+        run_dir,
+        per_node,
+        "cuda" if job.gpus else "cpu",
+        batch,
+        cfg.optim.lr,
+        scale_lr(cfg.optim.lr, cfg.optim.lr_scaling, batch.global_batch, cfg.optim.base_batch),
+        cfg.optim.lr_scaling,
+        sbatch_script(_script(job, spec, options, worker, per_node, run_dir)),
+        filesystem,
+    )
+
+
+def _check_run_dir(where: str, run_dir: Path, resume: str | None, allow_local: bool, problems: list[UserError]) -> str:
+    """The run dir every node must see: shared, not in use, no earlier checkpoints unless resumed; its filesystem."""
+    filesystem = ""
+    try:
+        filesystem = check_shared(run_dir, allow_local)
+    except ConfigError as err:
+        problems.append(err)
     locked = check_run_dir_lock(run_dir)
     if not locked.ok:
-        raise locked.error(f"{where}: {locked.problem}")
-    earlier = check_existing_checkpoints(run_dir, job.resume)
+        problems.append(locked.error(f"{where}: {locked.problem}"))
+    earlier = check_existing_checkpoints(run_dir, resume)
     if not earlier.ok:
-        raise CheckpointError(
-            f"{where}: {earlier.detail}; add --resume auto (or resume: auto in the plan) to continue it, or choose a new run_dir"
+        problems.append(
+            CheckpointError(
+                f"{where}: {earlier.detail}; add --resume auto (or resume: auto in the plan) to continue it, or choose a new run_dir"
+            )
         )
-    worker = worker_args(job.task, config=config, overrides=[*overrides, f"run.dir={run_dir}"], resume="auto")
+    return filesystem
+
+
+def _script(
+    job: JobSpec, spec: PlanSpec, options: SlurmOptions, worker: list[str], per_node: int, run_dir: Path
+) -> SlurmScript:
+    """The sbatch script's settings: one torchrun agent per node running ``worker``."""
     torchrun = torchrun_command(
         worker, nproc=per_node, max_restarts=job.max_restarts, endpoint=ENDPOINT, run_id=RUN_ID, nnodes=NNODES
     )
@@ -178,7 +226,7 @@ def _plan_job(job: JobSpec, spec: PlanSpec, options: SlurmOptions, extra: list[s
         **spec.env,
         **job.env,
     }
-    script = SlurmScript(
+    return SlurmScript(
         name=f"{JOB_PREFIX}{job.name}",
         run_dir=str(run_dir),
         python=sys.executable,
@@ -195,27 +243,6 @@ def _plan_job(job: JobSpec, spec: PlanSpec, options: SlurmOptions, extra: list[s
         env=env,
         extra_sbatch=list(options.extra_sbatch),
     )
-    lr_scaled = scale_lr(cfg.optim.lr, cfg.optim.lr_scaling, batch.global_batch, cfg.optim.base_batch)
-    return SlurmJob(
-        job.name,
-        job.task,
-        run_dir,
-        per_node,
-        device,
-        batch,
-        cfg.optim.lr,
-        lr_scaled,
-        cfg.optim.lr_scaling,
-        sbatch_script(script),
-        filesystem,
-    )
-
-
-def _config_path(job: JobSpec, cwd: Path) -> Path | None:
-    if not job.config:
-        return None
-    path = absolute(job.config, cwd)
-    return path if path.is_file() else absolute(resolve_config_path(job.task, job.config), cwd)
 
 
 def submit(job: SlurmJob, *, env: dict[str, str] | None = None) -> str:

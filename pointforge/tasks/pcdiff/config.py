@@ -2,7 +2,7 @@
 
 :class:`PCDiffConfig` (data, model preset and its activation checkpointing, point
 counts, formulation options)
-with its sections :class:`SyntheticSection`, :class:`DiffusionSection` and
+with its sections :class:`~pointforge.data.cache.SyntheticSection`, :class:`DiffusionSection` and
 :class:`EvalSection`; :func:`build_schedule` and :func:`build_eval_sampler`
 turn the last two into a noise schedule and a sampler.
 """
@@ -12,8 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pointforge.data.skulls.splits import check_split
-from pointforge.data.synthetic.dataset import FAMILIES
+from pointforge.data.cache import SyntheticSection
 from pointforge.errors import ConfigError
 from pointforge.nn.diffusion.samplers.base import Sampler
 from pointforge.nn.diffusion.samplers.registry import make_sampler
@@ -23,7 +22,6 @@ from pointforge.tasks.pcdiff.frame import FrameSection, PriorSection
 
 __all__ = [
     "PRESET_POINTS",
-    "SyntheticSection",
     "DiffusionSection",
     "EvalSection",
     "PCDiffConfig",
@@ -37,38 +35,6 @@ PRESET_POINTS: dict[str, tuple[int, int]] = {
     "small": (3_456, 384),
     "tiny": (896, 128),
 }
-
-
-@dataclass
-class SyntheticSection:
-    """A synthetic SkullBreak-style dataset built into ``data_root`` when none is there."""
-
-    skulls: int = 4
-    size: int = 64  # voxels per side (64 .. 512)
-    seed: int = 0
-    points: int = 4096  # surface points kept per volume when preparing
-    split: str = "0.5,0.25,0.25"  # train, val, test ratios, grouped by skull
-    family: str = "domes"  # the skull family (pointforge.data.synthetic.dataset.FAMILIES)
-
-    # Called by PCDiffConfig.validate, which checks the optional sections
-    # together with the keys that depend on them.
-    def check(self, prefix: str) -> None:
-        if self.family not in FAMILIES:
-            raise ConfigError(f"config key '{prefix}.family' must be one of {', '.join(FAMILIES)}, got {self.family!r}")
-        if not 2 <= self.skulls <= 1000:
-            raise ConfigError(
-                f"config key '{prefix}.skulls' must be from 2 to 1000 (a training and a validation skull at least), got {self.skulls}"
-            )
-        if not 64 <= self.size <= 512:
-            raise ConfigError(f"config key '{prefix}.size' must be from 64 to 512 voxels, got {self.size}")
-        if self.seed < 0:
-            raise ConfigError(f"config key '{prefix}.seed' must be 0 or more, got {self.seed}")
-        if self.points < 1000:
-            raise ConfigError(f"config key '{prefix}.points' must be at least 1000, got {self.points}")
-        try:
-            check_split(self.split)
-        except ConfigError as err:
-            raise ConfigError(f"config key '{prefix}.split': {err}") from None
 
 
 @dataclass
@@ -158,7 +124,9 @@ class PCDiffConfig:
     def validate(self, prefix: str) -> None:
         n_skull, n_implant = self.points
         if self.synthetic is not None:
-            self.synthetic.check(f"{prefix}.synthetic")
+            self.synthetic.check(
+                f"{prefix}.synthetic", min_skulls=2, why=" (a training and a validation skull at least)"
+            )
         if self.frame is not None:
             self.frame.check(f"{prefix}.frame")
             if self.rotate_degrees:

@@ -15,11 +15,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from pointforge.data.cache import ensure_synthetic_prepared
+from pointforge.data.cache import SyntheticSection, ensure_synthetic_prepared
 from pointforge.data.skulls.datasets import CompletionDataset
 from pointforge.data.skulls.normalization import Normalization, bbox_normalization
 from pointforge.errors import DataError
-from pointforge.tasks.pcdiff.config import SyntheticSection
 from pointforge.tasks.pcdiff.frame import (
     FrameSection,
     ImplantEstimate,

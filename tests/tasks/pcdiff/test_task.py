@@ -13,6 +13,7 @@ import torch
 import typer
 from typer.testing import CliRunner
 
+from pointforge.data.cache import SyntheticSection
 from pointforge.data.skulls.prepared import PreparedDataset
 from pointforge.errors import CheckpointError, ConfigError, DataError, UserError
 from pointforge.implant.proposals import complete
@@ -25,7 +26,6 @@ from pointforge.ops.pcdiff_import import import_pcdiff_checkpoint
 from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config
 from pointforge.tasks.pcdiff import task as pc
-from pointforge.tasks.pcdiff.config import SyntheticSection
 from pointforge.tasks.pcdiff.dataset import PCDiffDataset, ensure_prepared_dataset
 from pointforge.tasks.pcdiff.task import PCDiffTask
 from pointforge.train.checkpoint import format as ck
