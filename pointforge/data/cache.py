@@ -188,7 +188,9 @@ def ensure_synthetic_prepared(
             result = prepare_dataset(build / RAW_DIR, build, n_points=n_points, split=split, seed=seed, workers=1)
             if not result.ok:
                 raise DataError(f"preparing synthetic data failed: {result.failures[0]}")
-            _relocate_sources(build, build / RAW_DIR, root / RAW_DIR)
+            # Resolved: prepare records absolute sources, and a relative data_root must not leave them pointing
+            # into the temporary folder.
+            _relocate_sources(build, (build / RAW_DIR).resolve(), (root / RAW_DIR).resolve())
             atomic_write_text(build / RECIPE_FILE, json.dumps(wanted, indent=1))
             os.replace(build, root)
         except BaseException:
