@@ -133,6 +133,41 @@ def write_raw_dataset(
     return root
 
 
+def physical_skull(
+    spacing=(1.0, 1.0, 1.0),
+    *,
+    extent_mm: float = 72.0,
+    direction=None,
+    radii_mm=(30.0, 26.0, 24.0),
+    thickness_mm: float = 4.0,
+    cut_mm=((12.0, 40.0), (-12.0, 12.0), (-10.0, 14.0)),
+):
+    """A defective ellipsoidal shell and its implant (a box cut out of it), defined in millimetres and sampled
+    on a grid of ``spacing`` and ``direction``, centred on physical (0, 0, 0): ``(defective, implant)`` Volumes.
+
+    The same physical skull on any grid, for checks that a result does not depend on the grid.
+    """
+    from pointforge.data.volumes import Volume
+
+    spacing = np.asarray(spacing, dtype=np.float64)
+    direction = np.eye(3) if direction is None else np.asarray(direction, dtype=np.float64)
+    shape = np.floor(extent_mm / spacing).astype(int) + 1
+    origin = -direction @ (spacing * (shape - 1) / 2)
+    ijk = np.stack(np.meshgrid(*[np.arange(n) for n in shape], indexing="ij"), axis=-1).reshape(-1, 3)
+    xyz = (ijk * spacing) @ direction.T + origin
+    r = np.sqrt(((xyz / np.asarray(radii_mm)) ** 2).sum(-1))
+    shell = (r <= 1.0) & (r > 1.0 - thickness_mm / min(radii_mm))
+    cut = np.all([(xyz[:, a] >= lo) & (xyz[:, a] <= hi) for a, (lo, hi) in enumerate(cut_mm)], axis=0)
+    grid = tuple(int(n) for n in shape)
+
+    def volume(mask):
+        return Volume(
+            data=mask.reshape(grid), spacing=tuple(spacing), origin=tuple(origin), direction=direction.copy()
+        )
+
+    return volume(shell & ~cut), volume(shell & cut)
+
+
 # --------------------------------------------------------------------------- tiny trained implant models
 
 

@@ -16,9 +16,15 @@ def generate(
         "a prepared dataset (its --split is processed) or a raw SkullBreak/SkullFix one.",
     ),
     pcdiff: Path = typer.Option(
-        ..., "--pcdiff", help="PCDiff checkpoint (pointforge train pcdiff, or ckpt import-pcdiff)."
+        None, "--pcdiff", help="PCDiff checkpoint (pointforge train pcdiff, or ckpt import-pcdiff)."
     ),
-    voxelizer: Path = typer.Option(..., "--voxelizer", help="Voxelizer checkpoint (pointforge train voxelizer)."),
+    voxelizer: Path = typer.Option(None, "--voxelizer", help="Voxelizer checkpoint (pointforge train voxelizer)."),
+    unet: Path = typer.Option(
+        None,
+        "--unet",
+        help="Instead of --pcdiff and --voxelizer: a volumetric U-Net checkpoint (pointforge train unet); "
+        "one defective skull file, no ensemble.",
+    ),
     out: Path = typer.Option(..., "--out", help="Output folder (one case), or the root of one folder per case."),
     ensemble: int = typer.Option(5, "--ensemble", "-n", help="Number of implant proposals, sampled in one batch."),
     sampler: str = typer.Option("ddim", "--sampler", help="ddpm (all T steps, as upstream), ddim or dpm++2m."),
@@ -47,11 +53,25 @@ def generate(
         help="Foreground value of the written masks (default: the input's own, e.g. 255 for a 0/255 skull).",
     ),
 ) -> None:
-    """Design an implant: PCDiff proposals → voxelizer → vote → clean-up → NRRD/NIfTI, STL, uncertainty, preview, 3-D view, report."""
+    """Design an implant: PCDiff proposals → voxelizer → vote → clean-up → NRRD/NIfTI, STL, uncertainty, preview, 3-D view, report.
+
+    With --unet instead: the volumetric U-Net peer's implant, the same files.
+    """
     from pointforge.devices import use_threads
     from pointforge.implant.models import load_models
     from pointforge.implant.options import GenerateOptions
 
+    if unet is not None:
+        if pcdiff is not None or voxelizer is not None:
+            raise typer.BadParameter("give either --unet, or --pcdiff with --voxelizer, not both", param_hint="--unet")
+        use_threads(threads)
+        _generate_unet(defective, out, unet, device=device, components=components, overwrite=overwrite, label=label)
+        return
+    if pcdiff is None or voxelizer is None:
+        raise typer.BadParameter(
+            "give --pcdiff and --voxelizer (the PCDiff pipeline), or --unet (the U-Net peer)",
+            param_hint="--pcdiff" if pcdiff is None else "--voxelizer",
+        )
     options = GenerateOptions(ensemble=ensemble, sampler=sampler, steps=steps, seed=seed, components=components)
     use_threads(threads)
     if defective.is_dir():
@@ -65,6 +85,24 @@ def generate(
         _generate_folder(defective, out, models, options, split=split, label=label)
     else:
         _generate_case(defective, out, models, options, overwrite=overwrite, label=label)
+
+
+def _generate_unet(defective: Path, out: Path, checkpoint: Path, *, device: str, components: float, overwrite, label):
+    from pointforge.errors import UserError
+    from pointforge.implant.unet import generate_unet_case
+    from pointforge.inference.unet import load_unet
+
+    if defective.is_dir():
+        raise UserError(f"{defective}: --unet takes one defective skull file, not a folder")
+    if not defective.exists():
+        raise typer.BadParameter(f"{defective}: no such file", param_hint="DEFECTIVE")
+    if not checkpoint.is_file():
+        raise UserError(f"{checkpoint}: no such file; give a checkpoint written by `pointforge train unet`")
+    loaded = load_unet(checkpoint, device)
+    report = generate_unet_case(
+        defective, out, loaded, components=components, overwrite=overwrite, label=label, log=typer.echo
+    )
+    _say_case(report, out)
 
 
 def _stage_bars(bars: Bars):
@@ -107,6 +145,10 @@ def _generate_case(defective: Path, out: Path, models, options, *, overwrite: bo
             progress=_stage_bars(bars),
             label=label,
         )
+    _say_case(report, out)
+
+
+def _say_case(report: dict, out: Path) -> None:
     mesh = report["mesh"]
     typer.echo(
         f"implant: {report['implant']['volume_cm3']:.2f} cm³, mesh {'watertight' if mesh['watertight'] else 'NOT watertight'}"

@@ -10,10 +10,11 @@
 :func:`load` reads the checkpoint once, sees which task wrote it and builds
 that task's result (:class:`~pointforge.inference.pcdiff.LoadedPCDiff`,
 :class:`~pointforge.inference.voxelizer.LoadedVoxelizer`,
-:class:`~pointforge.inference.upsampler.LoadedUpsampler`, or the plain
+:class:`~pointforge.inference.upsampler.LoadedUpsampler`,
+:class:`~pointforge.inference.unet.LoadedUNet`, or the plain
 :class:`~pointforge.inference.loading.LoadedModel` for any other registered
 task). The per-task loaders (``load_pcdiff``, ``load_voxelizer``,
-``load_upsampler``) do the same and insist on their task. All share one EMA
+``load_upsampler``, ``load_unet``) do the same and insist on their task. All share one EMA
 rule (``weights="auto"``: EMA when the checkpoint has it) and one device
 resolver (:func:`pointforge.devices.resolve_device`).
 
@@ -32,6 +33,7 @@ import torch
 from pointforge.devices import resolve_device
 from pointforge.inference.loading import LoadedModel, Weights, check_weights, from_checkpoint, open_checkpoint
 from pointforge.inference.pcdiff import LoadedPCDiff
+from pointforge.inference.unet import LoadedUNet
 from pointforge.inference.upsampler import LoadedUpsampler
 from pointforge.inference.voxelizer import LoadedVoxelizer
 
@@ -42,6 +44,7 @@ RESULT_TYPES: dict[str, type[LoadedModel]] = {
     "pcdiff": LoadedPCDiff,
     "voxelizer": LoadedVoxelizer,
     "upsampler": LoadedUpsampler,
+    "unet": LoadedUNet,
 }
 
 

@@ -47,12 +47,19 @@ def _upsampler() -> TaskFactory:
     return UpsamplerTask
 
 
+def _unet() -> TaskFactory:
+    from pointforge.tasks.unet import UNetTask
+
+    return UNetTask
+
+
 # name -> a function importing the task's class: each module is imported only when its task is asked for.
 _BUILTIN: dict[str, Callable[[], TaskFactory]] = {
     "toy": _toy,
     "pcdiff": _pcdiff,
     "voxelizer": _voxelizer,
     "upsampler": _upsampler,
+    "unet": _unet,
 }
 _REGISTERED: dict[str, TaskFactory] = {}
 
