@@ -206,6 +206,15 @@ def test_synthetic_data_is_built_once_when_two_processes_ask_at_once(tmp_path):
     assert ensure_synthetic_prepared(root, 1, 64, 3, 1000, log=lambda m: None) == root
 
 
+def test_synthetic_data_under_a_relative_path_records_where_its_raw_volumes_ended_up(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    root = ensure_synthetic_prepared(Path("data") / "syn", 1, 64, 0, 1000, log=lambda m: None)
+    data = PreparedDataset(root)
+    sources = [Path(data.meta(c.defective)["source"]) for c in data.cases]
+    assert sources and all(s.is_absolute() and s.is_file() for s in sources)  # not into the deleted build folder
+    assert json.loads((root / "dataset.json").read_text())["source_root"] == str((tmp_path / root / "raw").resolve())
+
+
 # --------------------------------------------------------------------------- training for real
 
 
