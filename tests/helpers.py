@@ -161,9 +161,7 @@ def physical_skull(
     grid = tuple(int(n) for n in shape)
 
     def volume(mask):
-        return Volume(
-            data=mask.reshape(grid), spacing=tuple(spacing), origin=tuple(origin), direction=direction.copy()
-        )
+        return Volume(data=mask.reshape(grid), spacing=tuple(spacing), origin=tuple(origin), direction=direction.copy())
 
     return volume(shell & ~cut), volume(shell & cut)
 

@@ -89,16 +89,13 @@ def generate(
 
 def _generate_unet(defective: Path, out: Path, checkpoint: Path, *, device: str, components: float, overwrite, label):
     from pointforge.errors import UserError
-    from pointforge.implant.unet import generate_unet_case
-    from pointforge.inference.unet import load_unet
+    from pointforge.implant.unet import generate_unet_case, load_generator
 
     if defective.is_dir():
         raise UserError(f"{defective}: --unet takes one defective skull file, not a folder")
     if not defective.exists():
         raise typer.BadParameter(f"{defective}: no such file", param_hint="DEFECTIVE")
-    if not checkpoint.is_file():
-        raise UserError(f"{checkpoint}: no such file; give a checkpoint written by `pointforge train unet`")
-    loaded = load_unet(checkpoint, device)
+    loaded = load_generator(checkpoint, device)
     report = generate_unet_case(
         defective, out, loaded, components=components, overwrite=overwrite, label=label, log=typer.echo
     )

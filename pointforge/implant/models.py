@@ -23,10 +23,10 @@ from pointforge.inference.pcdiff import LoadedPCDiff, load_pcdiff
 from pointforge.inference.upsampler import load_upsampler
 from pointforge.inference.voxelizer import load_voxelizer
 
-__all__ = ["FLAGS", "Models", "load_models"]
+__all__ = ["FLAGS", "Models", "load_models", "named_flag"]
 
 # The command-line flag that takes each task's checkpoint.
-FLAGS = {"pcdiff": "--pcdiff", "voxelizer": "--voxelizer", "upsampler": "--upsample"}
+FLAGS = {"pcdiff": "--pcdiff", "voxelizer": "--voxelizer", "upsampler": "--upsample", "unet": "--unet"}
 
 
 @dataclass
@@ -80,13 +80,13 @@ def load_models(
     for task, path in (("pcdiff", pcdiff), ("voxelizer", voxelizer), ("upsampler", upsample)):
         if path is not None and not Path(path).is_file():
             raise UserError(f"{path}: no such file; give a checkpoint written by `pointforge train {task}`")
-    with _named_flag(pcdiff, "pcdiff"):
+    with named_flag(pcdiff, "pcdiff"):
         loaded = load_pcdiff(pcdiff, dev)
-    with _named_flag(voxelizer, "voxelizer"):
+    with named_flag(voxelizer, "voxelizer"):
         vox = load_voxelizer(voxelizer, dev)
     ups = None
     if upsample is not None:
-        with _named_flag(upsample, "upsampler"):
+        with named_flag(upsample, "upsampler"):
             ups = load_upsampler(upsample, dev)
     return Models(
         pcdiff=loaded,
@@ -101,7 +101,7 @@ def load_models(
 
 
 @contextmanager
-def _named_flag(path: str | os.PathLike, task: str) -> Iterator[None]:
+def named_flag(path: str | os.PathLike, task: str) -> Iterator[None]:
     """A checkpoint of another of the pipeline's tasks, given in the wrong place: name the flag it belongs to."""
     try:
         yield

@@ -28,9 +28,7 @@ itself: one network pass is one proposal).
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,24 +41,22 @@ from pointforge.data.skulls.coarse_grids import CubeFrame, box_around, field_on_
 from pointforge.data.skulls.prepared import PreparedCase, PreparedDataset
 from pointforge.data.volumes import Volume, read_binary_volume
 from pointforge.errors import ConfigError, DataError, UserError
-from pointforge.formats import json_safe
 from pointforge.implant.metrics import evaluate_case
+from pointforge.implant.models import named_flag
 from pointforge.implant.pipeline import Generated
 from pointforge.implant.postprocess import largest_component
-from pointforge.implant.view import PLOTLY_JS, write_plotly_js
-from pointforge.implant.writer import (
-    REPORT,
-    _check_label,
-    _label_record,
-    _move_into_place,
-    _partial_dir,
-    _remove_stale_partials,
-    _suffix_of,
-    write_case,
-)
-from pointforge.inference.unet import LoadedUNet
+from pointforge.implant.writer import check_label, write_case_folder
+from pointforge.inference.unet import LoadedUNet, load_unet
 
-__all__ = ["UNetPrediction", "predict", "predict_implant", "predict_case", "score_case", "generate_unet_case"]
+__all__ = [
+    "UNetPrediction",
+    "load_generator",
+    "predict",
+    "predict_implant",
+    "predict_case",
+    "score_case",
+    "generate_unet_case",
+]
 
 THRESHOLD = 0.5
 
@@ -81,6 +77,15 @@ class UNetPrediction:
         if self.box is not None:
             out[self.box] = self.probability
         return out
+
+
+def load_generator(checkpoint: str | os.PathLike, device: str = "auto") -> LoadedUNet:
+    """:func:`~pointforge.inference.unet.load_unet` for ``generate --unet``: a missing file, or a checkpoint of
+    another of generate's tasks, is one line naming the flag it belongs to."""
+    if not Path(checkpoint).is_file():
+        raise UserError(f"{checkpoint}: no such file; give a checkpoint written by `pointforge train unet`")
+    with named_flag(checkpoint, "unet"):
+        return load_unet(checkpoint, device)
 
 
 def _check_components(components: float) -> None:
@@ -185,14 +190,14 @@ def generate_unet_case(
 ) -> dict:
     """The U-Net's implant for the defective skull at ``input_path``, every output written into the folder ``out``.
 
-    As :func:`pointforge.implant.writer.generate_case` for PCDiff: everything is
-    written into a hidden sibling folder renamed to ``out`` once complete (a
+    As :func:`pointforge.implant.case.generate_case` for PCDiff (the same
+    :func:`~pointforge.implant.writer.write_case_folder`): everything is written into a hidden sibling folder renamed to ``out`` once complete (a
     failure leaves ``out`` as it was); an existing ``out`` is refused unless
     ``overwrite``; masks carry ``label``, by default the input's own foreground
     value. Returns the report. Raises DataError when no implant is predicted.
     """
     say = log or (lambda _msg: None)
-    _check_label(label)
+    check_label(label)
     _check_components(components)
     input_path, out = Path(input_path), Path(out)
     if out.exists() and not overwrite:
@@ -218,7 +223,10 @@ def generate_unet_case(
         agreement=found.full_probability(),
         implant_points=np.zeros((1, 0, 3), dtype=np.float32),
         timings={"read_s": read_s, **found.timings},
-        notes=[f"U-Net on a {frame.size}³ cube of {frame.cell_mm:.3g} mm cells, probability mapped to the input grid"],
+        notes=[
+            f"U-Net on a {frame.size}³ cube of {frame.cell_mm:.3g} mm cells, its probability mapped to the input grid",
+            "uncertainty and 'agreement' hold the U-Net's probability of implant (one pass: one proposal)",
+        ],
     )
     report: dict[str, Any] = {
         "input": str(input_path),
@@ -232,33 +240,8 @@ def generate_unet_case(
         },
         "models": describe(loaded),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "label": _label_record(label, defective.foreground),
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_partials(out)
-    partial = _partial_dir(out)
-    js_src = PLOTLY_JS
-    if viewer_js is not None:
-        js_src = Path(os.path.relpath(write_plotly_js(viewer_js).resolve(), out.resolve())).as_posix()
-    try:
-        write_case(
-            result,
-            partial,
-            suffix=_suffix_of(input_path),
-            report=report,
-            label=report["label"]["value"],
-            js_src=js_src,
-            preview=preview,
-        )
-        inside = result.agreement[result.implant]
-        report["agreement"] = {
-            "meaning": "the U-Net's probability of implant at the voxel (uncertainty file); one pass, one proposal",
-            "mean_in_implant": round(float(inside.mean()), 4),
-        }
-        report["timings_s"]["total_s"] = round(time.perf_counter() - started, 3)
-        (partial / REPORT).write_text(json.dumps(json_safe(report), indent=1))
-        _move_into_place(partial, out)
-    finally:
-        if partial.exists():
-            shutil.rmtree(partial, ignore_errors=True)
+    write_case_folder(
+        result, out, report, input_path=input_path, started=started, label=label, viewer_js=viewer_js, preview=preview
+    )
     return report

@@ -44,12 +44,11 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from pointforge.data.cache import ensure_synthetic_prepared
+from pointforge.data.cache import SyntheticSection, ensure_synthetic_prepared
 from pointforge.data.skulls.coarse_cache import GridRecipe, ensure_case_grids, load_case_grids
 from pointforge.data.skulls.datasets import _EpochSeeded
 from pointforge.data.skulls.prepared import PreparedDataset
 from pointforge.errors import ConfigError, DataError
-from pointforge.tasks.pcdiff.config import SyntheticSection
 from pointforge.train.data import global_batches
 from pointforge.train.logs import get_logger
 from pointforge.train.task import EvalContext, StepContext, Task
