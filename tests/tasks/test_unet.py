@@ -13,7 +13,7 @@ from pointforge import inference
 from pointforge.data.prepare import prepare_dataset
 from pointforge.data.skulls.coarse_cache import GridRecipe, case_grids, ensure_case_grids, load_case_grids
 from pointforge.data.skulls.prepared import PreparedDataset
-from pointforge.errors import ConfigError
+from pointforge.errors import ConfigError, DataError
 from pointforge.inference.unet import LoadedUNet
 from pointforge.tasks import available_tasks, get_task
 from pointforge.tasks.unet import CubeGridDataset
@@ -50,7 +50,7 @@ def test_presets_load_and_the_task_is_registered():
     tiny = quiet_config("unet", "tiny")
     assert (tiny.task.grid, tiny.task.channels, tiny.task.strides) == (32, (4, 8, 16), (2, 2))
     real = quiet_config("unet", "skullfix")
-    assert (real.task.grid, real.task.channels, real.task.num_res_units) == (64, (16, 32, 64, 128, 256), 1)
+    assert (real.task.grid, real.task.channels, real.task.num_res_units) == (64, (24, 48, 96, 192, 384), 1)
     assert real.task.synthetic is None and real.train.max_minutes == 80
     task = get_task("unet")
     assert task.best_metric == "val_dice" and task.best_mode == "max"
@@ -107,6 +107,12 @@ def test_the_cube_cache_is_built_once_reused_and_remade_when_a_source_changes(ra
     assert any("putting 1 of 3 cases" in line for line in said)
     changed = {name for name, ns in stamps.items() if (folder / name).stat().st_mtime_ns != ns}
     assert changed == {"001.npz"}
+    moved = source.rename(tmp_path / "001.nrrd")
+    try:
+        with pytest.raises(DataError, match="the raw volume of case 001 is gone"):
+            ensure_case_grids(data, cases, recipe)
+    finally:
+        moved.rename(source)
 
 
 def test_the_training_set_mirrors_input_and_target_together(raw_and_prepared, tmp_path):

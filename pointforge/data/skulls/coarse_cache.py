@@ -16,8 +16,10 @@ processes that build the same folder at once take turns on a lock file.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -28,6 +30,7 @@ from pointforge.atomic import atomic_writer
 from pointforge.data.skulls.coarse_grids import CubeFrame, frame_around, occupancy
 from pointforge.data.skulls.prepared import PreparedCase, PreparedDataset
 from pointforge.data.volumes import read_binary_volume
+from pointforge.devices import available_cores
 from pointforge.errors import DataError
 from pointforge.flock import exclusive_lock
 
@@ -102,6 +105,21 @@ def _current(path: Path, sources: dict) -> bool:
         return False
 
 
+def _build(dataset: PreparedDataset, case: PreparedCase, recipe: GridRecipe, sources: dict, path: Path) -> None:
+    """Put one case on the cube and write its file, atomically."""
+    grids = case_grids(dataset, case, recipe, sources)
+    with atomic_writer(path) as handle:
+        np.savez_compressed(
+            handle,
+            format=np.asarray(FORMAT),
+            sources=np.asarray(json.dumps(sources)),
+            defective=grids.defective.astype(np.float16),
+            implant=grids.implant.astype(np.float16),
+            centre=np.asarray(grids.frame.centre),
+            side_mm=np.asarray(grids.frame.side_mm),
+        )
+
+
 def ensure_case_grids(
     dataset: PreparedDataset,
     cases: list[PreparedCase],
@@ -109,10 +127,13 @@ def ensure_case_grids(
     folder: str | os.PathLike | None = None,
     *,
     log: Callable[[str], None] | None = None,
+    workers: int | None = None,
 ) -> Path:
     """The folder holding every case of ``cases`` on the cube; the missing or outdated ones are made first.
 
-    ``folder`` defaults to ``<prepared>/unet-grids/<recipe.name>``.
+    ``folder`` defaults to ``<prepared>/unet-grids/<recipe.name>``. The cases
+    are made ``workers`` at a time in fresh processes (default: one per
+    available core, at most 4; reading the scans is most of the work).
     """
     say = log or (lambda _msg: None)
     target = Path(folder) if folder is not None else dataset.root / CACHE_DIR / recipe.name
@@ -125,24 +146,37 @@ def ensure_case_grids(
     with exclusive_lock(target / ".lock", on_wait=lambda: say(f"waiting for another process building {target}")):
         stamped = [(case, _sources(dataset, case)) for case in cases]
         todo = [(case, sources) for case, sources in stamped if not _current(_path(target, case), sources)]
-        if todo:
-            say(f"putting {len(todo)} of {len(cases)} cases on the {recipe.size}³ cube into {target}")
+        if not todo:
+            return target
+        workers = max(1, min(workers or min(available_cores(), 4), len(todo)))
+        say(f"putting {len(todo)} of {len(cases)} cases on the {recipe.size}³ cube into {target} ({workers} processes)")
         started = time.perf_counter()
-        for k, (case, sources) in enumerate(todo, 1):
-            grids = case_grids(dataset, case, recipe, sources)
-            with atomic_writer(_path(target, case)) as handle:
-                np.savez_compressed(
-                    handle,
-                    format=np.asarray(FORMAT),
-                    sources=np.asarray(json.dumps(sources)),
-                    defective=grids.defective.astype(np.float16),
-                    implant=grids.implant.astype(np.float16),
-                    centre=np.asarray(grids.frame.centre),
-                    side_mm=np.asarray(grids.frame.side_mm),
-                )
+        jobs = [(dataset, case, recipe, sources, _path(target, case)) for case, sources in todo]
+
+        def made(k: int) -> None:
             if k % 10 == 0 or k == len(todo):
                 say(f"  {k}/{len(todo)} cases on the cube ({time.perf_counter() - started:.0f} s)")
+
+        if workers == 1:
+            for k, job in enumerate(jobs, 1):
+                _build(*job)
+                made(k)
+        else:
+            pool = ProcessPoolExecutor(max_workers=workers, mp_context=_fresh_processes())
+            try:
+                for k, future in enumerate([pool.submit(_build, *job) for job in jobs], 1):
+                    future.result()
+                    made(k)
+            finally:
+                pool.shutdown(cancel_futures=True)
     return target
+
+
+def _fresh_processes() -> multiprocessing.context.BaseContext:
+    """Workers that do not inherit a training process's threads (torch's, BLAS's): forkserver, else spawn."""
+    return multiprocessing.get_context(
+        "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    )
 
 
 def load_case_grids(folder: Path, case: PreparedCase) -> CaseGrids:

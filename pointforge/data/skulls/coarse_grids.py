@@ -33,7 +33,6 @@ from pointforge.errors import DataError
 __all__ = ["CubeFrame", "lps_affine", "frame_around", "occupancy", "field_on_volume", "box_around"]
 
 _RAS_SPACES = ("right-anterior-superior", "ras")
-_CHUNK = 1 << 21  # foreground voxels counted at a time (bounds the temporary arrays to ~100 MB)
 
 
 @dataclass(frozen=True)
@@ -98,38 +97,68 @@ def occupancy(volume: Volume, frame: CubeFrame) -> np.ndarray:
     is kept exactly (foreground outside the cube is dropped) and a grid whose
     voxels do not divide the cells evenly leaves no moiré, as counting each
     voxel into one cell would (a 2.5 mm cell holds 8 to 27 centres of 1 mm
-    voxels). A source voxel larger than half a cell along an axis is split
-    into equal sub-voxels along it first, so a coarse scan leaves no stripes.
+    voxels). Voxels much smaller than a cell are first gathered in blocks of
+    at most half a cell, each placed at its bone's centroid with its bone's
+    volume (a 512 × 512 × Z scan has millions of bone voxels, a few hundred
+    thousand blocks); a voxel larger than half a cell along an axis is split
+    into equal sub-voxels along it, so a coarse scan leaves no stripes.
     """
     mask = np.asarray(volume.data, dtype=bool)
     n = frame.size
-    totals = np.zeros(n**3, dtype=np.float64)
     box = bounding_box(mask)
     if box is None:
-        return totals.reshape((n,) * 3).astype(np.float32)
+        return np.zeros((n,) * 3, dtype=np.float32)
     matrix, offset = frame.index_of(lps_affine(volume))
     spacing = np.asarray(volume.spacing, dtype=np.float64)
-    splits = np.maximum(1, np.ceil(2 * spacing / frame.cell_mm)).astype(int)
+    half_cell = frame.cell_mm / 2
+    block = np.maximum(1, np.floor(half_cell / spacing)).astype(int)
+    splits = np.maximum(1, np.ceil(spacing / half_cell)).astype(int)
+    ijk, counts = _block_centroids(mask[box], block)
+    ijk += np.array([b.start for b in box], dtype=np.float64)
     centres = [(np.arange(s) + 0.5) / s - 0.5 for s in splits]  # sub-voxel centres, in voxels
     subs = np.stack(np.meshgrid(*centres, indexing="ij"), axis=-1).reshape(-1, 3)
-    share = float(np.prod(spacing)) / len(subs) / frame.cell_mm**3  # one sub-voxel's volume, in cells
-    start = np.array([b.start for b in box], dtype=np.float64)
-    flat = np.flatnonzero(mask[box])
-    shape = tuple(b.stop - b.start for b in box)
-    for first in range(0, len(flat), _CHUNK):
-        ijk = np.stack(np.unravel_index(flat[first : first + _CHUNK], shape), axis=1) + start
-        for sub in subs:
-            u = (ijk + sub) @ matrix.T + offset
-            base = np.floor(u).astype(np.int64)
-            frac = u - base
-            for corner in range(8):
-                step = np.array([(corner >> a) & 1 for a in range(3)])
-                node = base + step
-                weight = np.prod(np.where(step == 1, frac, 1.0 - frac), axis=1)
-                keep = np.all((node >= 0) & (node < n), axis=1)
-                index = (node[keep, 0] * n + node[keep, 1]) * n + node[keep, 2]
-                totals += np.bincount(index, weights=weight[keep], minlength=n**3)
-    return np.clip(totals * share, 0.0, 1.0).reshape((n,) * 3).astype(np.float32)
+    share = float(np.prod(spacing)) / len(subs) / frame.cell_mm**3  # one voxel's volume (split), in cells
+    padded = np.zeros((n + 2) ** 3, dtype=np.float64)  # one cell more each side: no bounds checks per corner
+    for sub in subs:
+        u = (ijk + sub) @ matrix.T + offset
+        inside = np.all((u > -1) & (u < n), axis=1)
+        u, weight = u[inside], counts[inside] * share
+        base = np.floor(u).astype(np.int64)
+        frac = u - base
+        base += 1
+        for corner in range(8):
+            step = [(corner >> a) & 1 for a in range(3)]
+            w = weight.copy()
+            for a in range(3):
+                w *= frac[:, a] if step[a] else 1.0 - frac[:, a]
+            index = ((base[:, 0] + step[0]) * (n + 2) + base[:, 1] + step[1]) * (n + 2) + base[:, 2] + step[2]
+            padded += np.bincount(index, weights=w, minlength=(n + 2) ** 3)
+    cube = padded.reshape((n + 2,) * 3)[1:-1, 1:-1, 1:-1]
+    return np.clip(cube, 0.0, 1.0).astype(np.float32)
+
+
+def _block_centroids(mask: np.ndarray, block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The foreground of ``mask`` gathered in blocks of ``block`` voxels: each non-empty block's centroid
+    (voxel index, float64 ``[K, 3]``) and its voxel count (float64 ``[K]``)."""
+    b0, b1, b2 = (int(b) for b in block)
+    if b0 == b1 == b2 == 1:
+        points = np.argwhere(mask).astype(np.float64)
+        return points, np.ones(len(points))
+    shape = [-(-s // b) * b for s, b in zip(mask.shape, block)]
+    full = np.zeros(shape, dtype=np.uint8)
+    full[: mask.shape[0], : mask.shape[1], : mask.shape[2]] = mask
+    m = full.reshape(shape[0] // b0, b0, shape[1] // b1, b1, shape[2] // b2, b2)
+    along = [m.sum(axis=(3, 5), dtype=np.int32), m.sum(axis=(1, 5), dtype=np.int32), m.sum(axis=(1, 3), dtype=np.int32)]
+    counts = along[0].sum(axis=1)
+    where = np.nonzero(counts)
+    found = counts[where].astype(np.float64)
+    moments = [
+        (along[0] * np.arange(b0)[None, :, None, None]).sum(axis=1),
+        (along[1] * np.arange(b1)[None, None, :, None]).sum(axis=2),
+        (along[2] * np.arange(b2)[None, None, None, :]).sum(axis=3),
+    ]
+    points = np.stack([where[a] * block[a] + moments[a][where] / found for a in range(3)], axis=1)
+    return points.astype(np.float64), found
 
 
 def box_around(field: np.ndarray, frame: CubeFrame, volume: Volume, level: float) -> tuple[slice, ...] | None:
