@@ -25,8 +25,9 @@ Stages (the PCDiff paper's pipeline, Friedrich et al., MICCAI 2023), each timed:
    n_implant`` points, so the voxelizer sees as many points as it was trained on.
    Its unit cube is its training cube in millimetres with the skull where its
    training skulls sat (:class:`~pointforge.data.skulls.grids.VoxelizerFrame`),
-   whatever this scan's voxel size and field of view; where the training
-   data's metadata is not readable, the work volume's own cube (a note says so).
+   whatever this scan's voxel size and field of view, as the voxelizer carries
+   it in its checkpoint; for a voxelizer without one (a checkpoint written
+   before the frame existed), the work volume's own cube (a note says so).
 4. **postprocess** — :func:`~pointforge.implant.postprocess.implant_from_proposals`
    (dilate, majority vote, minus the defective skull, near the generated points,
    opening / largest component / median / closing / hole filling, each sized in
@@ -186,8 +187,9 @@ def _voxelizer_cube(work: _Work, models: Models, notes: list[str]) -> Cube | Non
     frame = models.voxelizer_frame
     if frame is None:
         notes.append(
-            "the voxelizer's training data is not readable here, so its cube in millimetres is unknown: "
-            "it sees this skull in the volume's own cube (a field of view unlike its training data's changes the skull's scale)"
+            "the voxelizer checkpoint carries no training cube (written before the frame existed), so its cube "
+            "in millimetres is unknown: it sees this skull in the volume's own cube (a field of view unlike its "
+            "training data's changes the skull's scale); retrain it to give it one"
         )
         return None
     corner, side = frame.cube(*work.bbox, float(work.volume.spacing[0]))

@@ -8,16 +8,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import torch
 
-from pointforge.config.training import TrainConfig
-from pointforge.data.skulls.grids import VoxelizerFrame, training_frame
-from pointforge.data.skulls.prepared import PreparedDataset
-from pointforge.errors import UserError
+from pointforge.data.skulls.grids import VoxelizerFrame
 from pointforge.inference.loading import LoadedModel, Weights, load_trained
+from pointforge.nn.voxelizer import VoxelizerNet
 
 __all__ = ["LoadedVoxelizer", "load_voxelizer"]
 
@@ -27,24 +23,18 @@ class LoadedVoxelizer(LoadedModel):
     """A trained voxelizer (:class:`~pointforge.inference.loading.LoadedModel`).
 
     ``model`` is a :class:`~pointforge.nn.voxelizer.VoxelizerNet` (``model.cfg``
-    the network's settings), ``config`` the task's section. ``frame``: the
-    cube it was trained in, in millimetres (:class:`~pointforge.data.skulls.grids.VoxelizerFrame`),
-    read from its training data's metadata (``task.data_root``), or None where
-    that folder is not readable from here.
+    the network's settings), ``config`` the task's section.
     """
 
-    frame: VoxelizerFrame | None = None
-
-    @classmethod
-    def extras(cls, cfg: TrainConfig) -> dict[str, Any]:
-        task = cfg.task
-        root = Path(getattr(task, "data_root", "") or "")
-        if not (root / "cases.csv").is_file():
-            return {"frame": None}
-        try:
-            return {"frame": training_frame(PreparedDataset(root), getattr(task, "train_split", "train"))}
-        except (UserError, OSError, KeyError, TypeError, ValueError):
-            return {"frame": None}
+    @property
+    def frame(self) -> VoxelizerFrame | None:
+        """The cube it was trained in, in millimetres (:class:`~pointforge.data.skulls.grids.VoxelizerFrame`),
+        as the model carries it (its frame buffers, saved with its weights); None for a model
+        without one (a checkpoint written before the frame existed)."""
+        if not isinstance(self.model, VoxelizerNet):
+            return None
+        found = self.model.frame()
+        return None if found is None else VoxelizerFrame(cube_mm=found[0], centre=found[1])
 
 
 def load_voxelizer(

@@ -493,3 +493,28 @@ def test_a_skull_from_another_scanner_gets_the_same_implant(trained, models):
     finer = spacing * 0.4 / 0.45
     smaller_fov = _onto(original, original.shape, finer, centre - (np.asarray(original.shape) - 1) / 2 * finer)
     assert agreement(smaller_fov) >= dsc(again, implant) - 0.1
+
+
+def test_a_voxelizer_without_a_frame_sees_the_volumes_own_cube(trained, models, tmp_path):
+    """A voxelizer checkpoint written before the frame (no frame buffers) loads, and generate gives it the
+    volume's own cube as before the frame, with a note: the same implant as the loaded models with their
+    frame taken away."""
+    from pointforge.data.volumes import read_binary_volume
+    from pointforge.implant.pipeline import generate_implant
+    from pointforge.train.checkpoint import format as ck
+
+    root, _, pc, vox = trained
+    ckpt = ck.load_checkpoint(vox)
+    for weights in ("model", "ema"):
+        if ckpt.get(weights) is not None:
+            ckpt[weights] = {k: v for k, v in ckpt[weights].items() if not k.startswith("frame_")}
+    ck.save_checkpoint(tmp_path / "old.pt", ckpt)
+    old = load_models(pc, tmp_path / "old.pt", device="cpu")
+    assert old.voxelizer_frame is None and models.voxelizer_frame is not None
+
+    _, source = a_test_case(root)
+    defective = read_binary_volume(source)
+    result = generate_implant(defective, old, FAST)
+    assert any("carries no training cube" in note for note in result.notes)
+    unframed = generate_implant(defective, replace(models, voxelizer_frame=None), FAST)
+    assert np.array_equal(result.implant, unframed.implant) and result.implant.any()
