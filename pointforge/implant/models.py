@@ -41,6 +41,7 @@ class Models:
     voxelizer_path: str
     upsampler: Any = None  # LoadedUpsampler or None
     upsampler_path: str | None = None
+    voxelizer_frame: Any = None  # VoxelizerFrame (LoadedVoxelizer.frame) or None: the volume's own cube
 
     def describe(self) -> dict:
         cfg = self.pcdiff.config
@@ -97,6 +98,7 @@ def load_models(
         voxelizer_path=str(voxelizer),
         upsampler=ups,
         upsampler_path=None if upsample is None else str(upsample),
+        voxelizer_frame=vox.frame,
     )
 
 

@@ -4,9 +4,15 @@ Stages (the PCDiff paper's pipeline, Friedrich et al., MICCAI 2023), each timed:
 
 1. **surface** — the defective skull's surface (marching cubes at 0.5, area-uniform
    samples, :func:`~pointforge.data.surface.surface_points`) in voxel-index
-   coordinates. A scan with anisotropic voxels (SkullFix) is first resampled to
-   isotropic voxels of its finest spacing, as ``pointforge data prepare`` does for
-   training; every output is mapped back to the input's grid at the end.
+   coordinates of the *work grid*: the input with its voxel axes turned to
+   follow its header's physical axes (:func:`~pointforge.data.orientation.canonical_axes`:
+   a transpose and flips, no interpolation) and, for anisotropic voxels
+   (SkullFix), resampled to isotropic voxels of its finest spacing, as
+   ``pointforge data prepare`` does for training; every output is mapped back
+   to the input's grid at the end. What the networks see is then independent
+   of the scanner: PCDiff normalises by the skull's own bounding box (and its
+   atlas registers in millimetres), and the voxelizer's cube is the one it was
+   trained in, in millimetres, placed on the skull (step 3).
 2. **sample** — :func:`~pointforge.implant.proposals.complete`: the conditioning
    subsample, the same normalisation as in training (for a model trained with
    ``task.frame``, the frame its atlas estimates around the defect), ``n``
@@ -17,6 +23,11 @@ Stages (the PCDiff paper's pipeline, Friedrich et al., MICCAI 2023), each timed:
    subsample of the defective skull's surface plus the proposal's implant points
    into a completed-skull volume. The skull part has ``voxelizer n_points -
    n_implant`` points, so the voxelizer sees as many points as it was trained on.
+   Its unit cube is its training cube in millimetres with the skull where its
+   training skulls sat (:class:`~pointforge.data.skulls.grids.VoxelizerFrame`),
+   whatever this scan's voxel size and field of view, as the voxelizer carries
+   it in its checkpoint; for a voxelizer without one (a checkpoint written
+   before the frame existed), the work volume's own cube (a note says so).
 4. **postprocess** — :func:`~pointforge.implant.postprocess.implant_from_proposals`
    (dilate, majority vote, minus the defective skull, near the generated points,
    opening / largest component / median / closing / hole filling, each sized in
@@ -38,6 +49,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from pointforge.data.orientation import AxisTurn, canonical_axes
 from pointforge.data.prepare import resample_isotropic
 from pointforge.data.surface import sample_mesh, volume_to_mesh
 from pointforge.data.volumes import Volume
@@ -48,7 +60,7 @@ from pointforge.implant.options import GenerateOptions
 from pointforge.implant.postprocess import implant_and_agreement
 from pointforge.implant.proposals import complete, inside_volume, proposal_sampler
 from pointforge.implant.timing import timed
-from pointforge.implant.voxelize import points_to_volume
+from pointforge.implant.voxelize import Cube, points_to_volume
 from pointforge.nn.diffusion.samplers.base import Sampler
 from pointforge.upsampling.pipeline import upsample_points
 
@@ -130,24 +142,65 @@ def _proposals(
     return np.asarray(implants, dtype=np.float64)
 
 
+@dataclass
+class _Work:
+    """The grid the networks work on (module docs, stage 1) and the way back to the input's."""
+
+    volume: Volume  # turned and isotropic
+    turn: AxisTurn  # input → turned grid
+    scale: np.ndarray | None  # turned-grid index p reads work index p / scale (None: not resampled)
+    bbox: tuple[np.ndarray, np.ndarray]  # the defective skull's surface box, work voxel coordinates
+
+    def to_input(self, values: np.ndarray, *, binary: bool) -> np.ndarray:
+        """A work-grid array on the input's grid."""
+        turned_shape = tuple(self.turn.shape[p] for p in self.turn.perm)
+        return self.turn.unturn(_to_input_grid(values, self.scale, turned_shape, binary=binary))  # type: ignore[arg-type]
+
+    def points_to_input(self, points: np.ndarray) -> np.ndarray:
+        """Work voxel coordinates → the input's voxel coordinates."""
+        turned = points if self.scale is None else points * self.scale
+        return turned if self.turn.identity else self.turn.points_to_old(turned)
+
+
 def _work_surface(defective: Volume, options: GenerateOptions, notes: list[str]):
-    """The volume the networks see (isotropic), its input-index scale, its surface points, and the
-    surface itself (vertices, faces) when that is the input's (no resampling; else None)."""
-    work, scale = _isotropic(defective)
+    """The work grid (:class:`_Work`), its surface points, and the surface itself (vertices, faces)
+    when that is the input's (neither turned nor resampled; else None)."""
+    turned, turn = canonical_axes(defective)
+    if not turn.identity:
+        notes.append(
+            f"voxel axes turned to follow the header's directions (axes {list(turn.perm)}, "
+            f"flipped {[a for a in range(3) if turn.flips[a]]}) for the networks; outputs turned back"
+        )
+    work, scale = _isotropic(turned)
     if scale is not None:
         notes.append(
             f"resampled to isotropic {work.spacing[0]:g} mm voxels {work.shape} for the networks; outputs mapped back"
         )
     verts, faces = volume_to_mesh(work.data)
     points = sample_mesh(verts, faces, int(options.surface_points), seed=int(options.seed))
-    return work, scale, points, ((verts, faces) if scale is None else None)
+    own = scale is None and turn.identity
+    return _Work(work, turn, scale, (verts.min(axis=0), verts.max(axis=0))), points, ((verts, faces) if own else None)
 
 
-def _voxelize(dense, skull_pts, work: Volume, models: Models, options: GenerateOptions, progress) -> list:
+def _voxelizer_cube(work: _Work, models: Models, notes: list[str]) -> Cube | None:
+    """The voxelizer's training cube placed on this skull (module docs, stage 3); None: the volume's own."""
+    frame = models.voxelizer_frame
+    if frame is None:
+        notes.append(
+            "the voxelizer checkpoint carries no training cube (written before the frame existed), so its cube "
+            "in millimetres is unknown: it sees this skull in the volume's own cube (a field of view unlike its "
+            "training data's changes the skull's scale); retrain it to give it one"
+        )
+        return None
+    corner, side = frame.cube(*work.bbox, float(work.volume.spacing[0]))
+    return Cube(corner=(float(corner[0]), float(corner[1]), float(corner[2])), side=side)
+
+
+def _voxelize(dense, skull_pts, work: Volume, models: Models, options: GenerateOptions, progress, cube) -> list:
     """One completed-skull volume per proposal: a fresh skull subsample plus the proposal, through the voxelizer.
 
     The skull part has ``voxelizer n_points - n_implant`` points (at least PCDiff's ``n_skull``), so the
-    voxelizer sees as many points as it was trained on.
+    voxelizer sees as many points as it was trained on; ``cube``: its unit cube on ``work``'s grid.
     """
     n_vox_skull = max(int(models.voxelizer_config.task.n_points) - dense.shape[1], models.pcdiff.config.n_skull)
     rng = np.random.default_rng(int(options.seed))
@@ -156,7 +209,7 @@ def _voxelize(dense, skull_pts, work: Volume, models: Models, options: GenerateO
         take = rng.choice(len(skull_pts), size=min(n_vox_skull, len(skull_pts)), replace=False)
         points = np.concatenate([skull_pts[take], proposal], axis=0)
         vol = points_to_volume(
-            models.voxelizer, points, work, resolution=options.voxel_resolution, device=models.device
+            models.voxelizer, points, work, resolution=options.voxel_resolution, device=models.device, cube=cube
         )
         completed.append(vol.data)
         if progress:
@@ -164,17 +217,15 @@ def _voxelize(dense, skull_pts, work: Volume, models: Models, options: GenerateO
     return completed
 
 
-def _postprocess(
-    completed: list, dense: np.ndarray, work: Volume, scale, defective: Volume, components: float, timings: dict
-):
+def _postprocess(completed: list, dense: np.ndarray, work: _Work, defective: Volume, components: float, timings: dict):
     """The voted implant, each proposal's own implant and their agreement, on the input's grid
     (:func:`~pointforge.implant.postprocess.implant_and_agreement`, which fills ``timings``)."""
     implant, own, agreement = implant_and_agreement(
-        completed, work.data, dense, spacing=work.spacing, components=components, timings=timings
+        completed, work.volume.data, dense, spacing=work.volume.spacing, components=components, timings=timings
     )
-    implant = _to_input_grid(implant, scale, defective.shape, binary=True)
-    own = [_to_input_grid(m, scale, defective.shape, binary=True) for m in own]
-    agreement = _to_input_grid(agreement, scale, defective.shape, binary=False)
+    implant = work.to_input(implant, binary=True)
+    own = [work.to_input(m, binary=True) for m in own]
+    agreement = work.to_input(agreement, binary=False)
     implant &= ~defective.data  # resampling back must not put implant voxels into bone
     return implant, own, agreement
 
@@ -219,7 +270,8 @@ def generate_implant(
     timings: dict[str, float] = {}
     notes: list[str] = []
 
-    (work, scale, skull_pts, skull_mesh), timings["surface_s"] = timed(lambda: _work_surface(defective, options, notes))
+    (grid, skull_pts, skull_mesh), timings["surface_s"] = timed(lambda: _work_surface(defective, options, notes))
+    work = grid.volume
     say(f"surface: {len(skull_pts)} points on the defective skull ({timings['surface_s']:.1f} s)")
     implants, timings["sample_s"] = timed(
         lambda: _proposals(work, skull_pts, models, options, sampler, progress, proposals_mm)
@@ -234,10 +286,11 @@ def generate_implant(
         dense, timings["upsample_s"] = timed(
             lambda: inside_volume(np.stack([upsample_points(models.upsampler, p) for p in implants]), work.shape, notes)
         )
-    completed, timings["voxelize_s"] = timed(lambda: _voxelize(dense, skull_pts, work, models, options, progress))
+    cube = _voxelizer_cube(grid, models, notes)
+    completed, timings["voxelize_s"] = timed(lambda: _voxelize(dense, skull_pts, work, models, options, progress, cube))
     say(f"voxelize: {len(completed)} completed skulls ({timings['voxelize_s']:.1f} s)")
     (implant, own, agreement), timings["postprocess_s"] = timed(
-        lambda: _postprocess(completed, dense, work, scale, defective, options.components, timings)
+        lambda: _postprocess(completed, dense, grid, defective, options.components, timings)
     )
     if not implant.any():
         raise DataError(
@@ -245,5 +298,5 @@ def generate_implant(
             "check that the input has a defect, or train the models longer"
         )
     say(f"postprocess: implant of {int(implant.sum())} voxels ({timings['postprocess_s']:.1f} s)")
-    points_in = implants if scale is None else implants * scale[None, None, :]
+    points_in = grid.points_to_input(implants)
     return Generated(defective, implant, own, agreement, points_in.astype(np.float32), timings, notes, skull_mesh)

@@ -8,6 +8,14 @@ volume's longest side ``S`` (:func:`~pointforge.data.skulls.grids.unit_cube_scal
 so the solve grid's node ``n`` along an axis of ``R`` nodes sits at voxel
 coordinate ``n * S / R``.
 
+The cube. That default cube is the volume's own, so the skull's size in it
+depends on the scan's voxel size and field of view. A :class:`Cube` places
+it elsewhere: ``unit = (voxel - corner) / side``. The pipeline gives the cube
+the voxelizer was trained on, in millimetres, placed on the skull
+(:class:`~pointforge.data.skulls.grids.VoxelizerFrame`), so the network sees
+a skull from any scanner at the scale and place it was trained on. Voxels
+outside such a cube are outside the solid.
+
 Resolution. The Poisson solve may run coarser than the volume (e.g. 256³ for
 a 512³ scan): :func:`points_to_volume` then interpolates the field trilinearly
 at every voxel centre (voxel ``v`` reads the field at ``v * R / S``) and
@@ -26,6 +34,7 @@ normals always point out of the solid.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,12 +50,20 @@ from pointforge.inference.loading import LoadedModel
 from pointforge.nn.dpsr import dpsr
 from pointforge.nn.dpsr_grid import normalize_resolution
 
-__all__ = ["unit_points", "points_to_field", "points_to_volume", "field_to_mesh", "resample_inside"]
+__all__ = ["Cube", "unit_points", "points_to_field", "points_to_volume", "field_to_mesh", "resample_inside"]
 
 _BELOW_ONE = float(np.nextafter(np.float32(1), np.float32(0)))
 # Points may sit up to half a voxel beyond the outermost voxel centres (marching
 # cubes on a mask touching the border); one voxel of slack is allowed.
 _SLACK_VOXELS = 1.0
+
+
+@dataclass(frozen=True)
+class Cube:
+    """The voxelizer's unit cube in a volume's voxel coordinates: ``unit = (voxel - corner) / side``."""
+
+    corner: tuple[float, float, float]
+    side: float  # voxels
 
 
 def _device(device: str | torch.device | None, fallback: torch.device) -> torch.device:
@@ -66,8 +83,10 @@ def _check_shape(volume_shape: Any) -> tuple[int, int, int]:
     return shape
 
 
-def unit_points(points_vox: Any, volume_shape: Any) -> torch.Tensor:
+def unit_points(points_vox: Any, volume_shape: Any, cube: Cube | None = None) -> torch.Tensor:
     """Voxel-index points [N, 3] of a volume → float32 [1, N, 3] in [0, 1), as the training data.
+
+    ``cube``: where the unit cube lies (module docs); default the volume's own.
 
     Raises :class:`DataError` for an empty cloud, NaN/infinite values, or
     coordinates that are not voxel indices of ``volume_shape`` (more than a
@@ -95,11 +114,17 @@ def unit_points(points_vox: Any, volume_shape: Any) -> torch.Tensor:
             f"point coordinates are out of range for a volume of shape {shape} ({ranges}); "
             "points must be voxel indices of the reference volume, not millimetres or normalised coordinates"
         )
-    unit = np.clip(points / unit_cube_scale(shape), 0.0, _BELOW_ONE)
+    if cube is None:
+        unit = points / unit_cube_scale(shape)
+    else:
+        unit = (points - np.asarray(cube.corner, dtype=np.float64)) / float(cube.side)
+    unit = np.clip(unit, 0.0, _BELOW_ONE)
     return torch.from_numpy(unit.astype(np.float32))[None]
 
 
-def _solve(model: nn.Module, points_vox, volume_shape, *, resolution, device, sigma, memory_limit) -> torch.Tensor:
+def _solve(
+    model: nn.Module, points_vox, volume_shape, *, resolution, device, sigma, memory_limit, cube=None
+) -> torch.Tensor:
     if isinstance(model, LoadedModel):
         model = model.model
     cfg = getattr(model, "cfg", None)
@@ -112,7 +137,7 @@ def _solve(model: nn.Module, points_vox, volume_shape, *, resolution, device, si
     params = next(iter(model.parameters()), None)
     device = _device(device, params.device if params is not None else torch.device("cpu"))
     dtype = params.dtype if params is not None else torch.float32
-    points = unit_points(points_vox, volume_shape).to(device=device, dtype=dtype)
+    points = unit_points(points_vox, volume_shape, cube).to(device=device, dtype=dtype)
     limit = memory_limit if memory_limit is not None else getattr(cfg, "dpsr_memory_limit", None)
     was_training = model.training
     model.eval()
@@ -134,6 +159,7 @@ def points_to_field(
     device: str | torch.device | None = None,
     sigma: float | None = None,
     memory_limit: float | None = None,
+    cube: Cube | None = None,
 ) -> torch.Tensor:
     """The indicator field (CPU float32, ``resolution``³, inside ≤ 0) of voxel-index points.
 
@@ -143,59 +169,85 @@ def points_to_field(
     resolution). ``memory_limit`` (bytes): a solve estimated to need more
     raises :class:`ConfigError` before anything is allocated (default: the
     memory the device has available). ``device``: default the model's.
+    ``cube``: where the unit cube lies (module docs; default the volume's own).
     """
     return _solve(
-        model, points_vox, volume_shape, resolution=resolution, device=device, sigma=sigma, memory_limit=memory_limit
+        model,
+        points_vox,
+        volume_shape,
+        resolution=resolution,
+        device=device,
+        sigma=sigma,
+        memory_limit=memory_limit,
+        cube=cube,
     ).cpu()
 
 
 # --------------------------------------------------------------------------- field → volume
 
 
-def _axis_weights(n_out: int, n_field: int, scale: float, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Lower/upper field node and weight for each voxel along one axis (voxel v reads index v * n_field / scale)."""
-    pos = torch.arange(n_out, dtype=torch.float64, device=device) * (n_field / scale)
+def _axis_weights(
+    n_out: int, n_field: int, scale: float, device, corner: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Lower/upper field node, weight, and whether inside the cube, for each voxel along one axis
+    (voxel v reads index (v - corner) * n_field / scale)."""
+    pos = (torch.arange(n_out, dtype=torch.float64, device=device) - corner) * (n_field / scale)
+    inside = (pos >= 0) & (pos <= n_field - 1)
     low = pos.floor().clamp_(0, n_field - 1)
     weight = (pos - low).clamp_(0.0, 1.0).float()
     low = low.long()
     high = (low + 1).clamp_(max=n_field - 1)
-    return low, high, weight
+    return low, high, weight, inside
 
 
-def resample_inside(field: torch.Tensor, volume_shape: Any, *, chunk_voxels: int = 1 << 22) -> np.ndarray:
+def resample_inside(
+    field: torch.Tensor, volume_shape: Any, *, chunk_voxels: int = 1 << 22, cube: Cube | None = None
+) -> np.ndarray:
     """Bool mask of ``volume_shape``: the field (on the unit cube) interpolated at each voxel centre, ≤ 0.
 
     Trilinear and separable, slab by slab along the first axis on the field's
     device: the temporaries stay near 6 × ``chunk_voxels`` floats (about 100 MB by default).
+    ``cube``: where the unit cube lies (module docs; default the volume's own); voxels outside
+    a given cube are outside.
     """
     shape = _check_shape(volume_shape)
     if field.dim() != 3:
         raise DataError(f"the field must be a 3-D grid, got shape {tuple(field.shape)}")
-    if all(n == unit_cube_scale(shape) for n in field.shape):
+    if cube is None and all(n == unit_cube_scale(shape) for n in field.shape):
         # Solved at the volume's own resolution: voxel v reads node v exactly (interpolation weight
         # 0), so the interpolation is the field itself, cut to the volume: one comparison.
         return (field[: shape[0], : shape[1], : shape[2]] <= 0).cpu().numpy()
-    return _interpolate_inside(field, shape, chunk_voxels)
+    return _interpolate_inside(field, shape, chunk_voxels, cube)
 
 
-def _interpolate_inside(field: torch.Tensor, shape: tuple[int, int, int], chunk_voxels: int) -> np.ndarray:
-    scale = unit_cube_scale(shape)
+def _interpolate_inside(
+    field: torch.Tensor, shape: tuple[int, int, int], chunk_voxels: int, cube: Cube | None = None
+) -> np.ndarray:
+    scale = unit_cube_scale(shape) if cube is None else float(cube.side)
+    corner = (0.0, 0.0, 0.0) if cube is None else cube.corner
     device = field.device
     field = field.float()
-    ax0, ax1, ax2 = (_axis_weights(shape[a], field.shape[a], scale, device) for a in range(3))
+    ax0, ax1, ax2 = (_axis_weights(shape[a], field.shape[a], scale, device, corner[a]) for a in range(3))
     widest = shape[1] * max(shape[2], field.shape[2])
     slab = max(1, int(chunk_voxels) // max(1, widest))
     out = np.empty(shape, dtype=bool)
     for start in range(0, shape[0], slab):
         stop = min(start + slab, shape[0])
-        lo, hi, w = (t[start:stop] for t in ax0)
+        lo, hi, w, _ = (t[start:stop] for t in ax0)
         rows = torch.lerp(field.index_select(0, lo), field.index_select(0, hi), w[:, None, None])
         # Advanced indexing gathers along inner axes about twice as fast as index_select.
-        lo, hi, w = ax1
+        lo, hi, w, _ = ax1
         rows = torch.lerp(rows[:, lo], rows[:, hi], w[None, :, None])
-        lo, hi, w = ax2
+        lo, hi, w, _ = ax2
         rows = torch.lerp(rows[:, :, lo], rows[:, :, hi], w[None, None, :])
         out[start:stop] = (rows <= 0).cpu().numpy()
+    if cube is not None:  # beyond the cube the field says nothing (it is periodic): outside
+        for axis, weights in enumerate((ax0, ax1, ax2)):
+            outside = np.flatnonzero(~weights[3].cpu().numpy())
+            if outside.size:
+                index: list[Any] = [slice(None)] * 3
+                index[axis] = outside
+                out[tuple(index)] = False
     return out
 
 
@@ -209,22 +261,30 @@ def points_to_volume(
     sigma: float | None = None,
     memory_limit: float | None = None,
     chunk_voxels: int = 1 << 22,
+    cube: Cube | None = None,
 ) -> Volume:
     """The solid the points enclose, as a binary (bool) volume on ``reference``'s grid.
 
     Same shape, spacing, origin, direction and kept header as ``reference``;
     inside where the interpolated field is ≤ 0. Options as in
     :func:`points_to_field`; ``chunk_voxels`` bounds the interpolation's
-    temporaries (module docs).
+    temporaries, ``cube`` places the unit cube (module docs).
     """
     if not isinstance(reference, Volume):
         raise DataError(
             f"reference must be a Volume (pointforge.data.volumes.read_volume), got {type(reference).__name__}"
         )
     field = _solve(
-        model, points_vox, reference.shape, resolution=resolution, device=device, sigma=sigma, memory_limit=memory_limit
+        model,
+        points_vox,
+        reference.shape,
+        resolution=resolution,
+        device=device,
+        sigma=sigma,
+        memory_limit=memory_limit,
+        cube=cube,
     )
-    mask = resample_inside(field, reference.shape, chunk_voxels=chunk_voxels)
+    mask = resample_inside(field, reference.shape, chunk_voxels=chunk_voxels, cube=cube)
     del field
     return reference.with_data(mask)
 
@@ -232,15 +292,15 @@ def points_to_volume(
 # --------------------------------------------------------------------------- → mesh
 
 
-def field_to_mesh(field_or_volume: Any, reference: Volume, *, step_size: int = 1):
+def field_to_mesh(field_or_volume: Any, reference: Volume, *, step_size: int = 1, cube: Cube | None = None):
     """A watertight triangle mesh (``trimesh.Trimesh``) in millimetres, normals outward.
 
     Accepts a :class:`Volume` or bool array on ``reference``'s grid (the
     surface between inside and outside voxels), or a float field with inside
     ≤ 0: either on ``reference``'s grid, or a solve grid from
     :func:`points_to_field` (node ``n`` at voxel ``n * S / R``), which gives a
-    smoother surface. Vertices are mapped to physical space with
-    ``reference``'s affine.
+    smoother surface (``cube``: the one it was solved in, default the
+    volume's own). Vertices are mapped to physical space with ``reference``'s affine.
     """
     import trimesh
 
@@ -252,7 +312,7 @@ def field_to_mesh(field_or_volume: Any, reference: Volume, *, step_size: int = 1
     data = np.asarray(data)
     if data.ndim != 3:
         raise DataError(f"expected a 3-D volume or field, got shape {tuple(data.shape)}")
-    voxel_scale = np.ones(3)
+    voxel_scale, voxel_shift = np.ones(3), np.zeros(3)
     if data.dtype == bool or isinstance(field_or_volume, Volume):
         if tuple(data.shape) != reference.shape:
             raise DataError(
@@ -265,7 +325,10 @@ def field_to_mesh(field_or_volume: Any, reference: Volume, *, step_size: int = 1
     else:
         if not np.issubdtype(data.dtype, np.floating):
             raise DataError(f"a field must hold floats (inside ≤ 0), got {data.dtype}")
-        if tuple(data.shape) != reference.shape:
+        if cube is not None:
+            voxel_scale = float(cube.side) / np.asarray(data.shape, dtype=np.float64)
+            voxel_shift = np.asarray(cube.corner, dtype=np.float64)
+        elif tuple(data.shape) != reference.shape:
             voxel_scale = unit_cube_scale(reference.shape) / np.asarray(data.shape, dtype=np.float64)
         if not np.isfinite(data).all():
             raise DataError("the field contains NaN or infinite values")
@@ -274,7 +337,7 @@ def field_to_mesh(field_or_volume: Any, reference: Volume, *, step_size: int = 1
         # 0.5 - field is >= 0.5 exactly where the field is <= 0; the zero padding
         # volume_to_mesh adds reads as outside, which closes the surface.
         verts, faces = volume_to_mesh(0.5 - data.astype(np.float32), level=0.5, step_size=step_size)
-    verts_mm = reference.voxel_to_physical(verts * voxel_scale)
+    verts_mm = reference.voxel_to_physical(verts * voxel_scale + voxel_shift)
     if np.linalg.det(reference.affine()[:3, :3]) < 0:
         faces = faces[:, ::-1].copy()  # a mirroring affine turns outward faces inward
     return trimesh.Trimesh(vertices=verts_mm, faces=faces, process=False)

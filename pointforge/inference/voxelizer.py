@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
+from pointforge.data.skulls.grids import VoxelizerFrame
 from pointforge.inference.loading import LoadedModel, Weights, load_trained
+from pointforge.nn.voxelizer import VoxelizerNet
 
 __all__ = ["LoadedVoxelizer", "load_voxelizer"]
 
@@ -23,6 +25,16 @@ class LoadedVoxelizer(LoadedModel):
     ``model`` is a :class:`~pointforge.nn.voxelizer.VoxelizerNet` (``model.cfg``
     the network's settings), ``config`` the task's section.
     """
+
+    @property
+    def frame(self) -> VoxelizerFrame | None:
+        """The cube it was trained in, in millimetres (:class:`~pointforge.data.skulls.grids.VoxelizerFrame`),
+        as the model carries it (its frame buffers, saved with its weights); None for a model
+        without one (a checkpoint written before the frame existed)."""
+        if not isinstance(self.model, VoxelizerNet):
+            return None
+        found = self.model.frame()
+        return None if found is None else VoxelizerFrame(cube_mm=found[0], centre=found[1])
 
 
 def load_voxelizer(

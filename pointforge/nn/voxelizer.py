@@ -357,7 +357,20 @@ class VoxelizerOutput(NamedTuple):
 
 
 class VoxelizerNet(nn.Module):
-    """Unoriented points (B, N, 3) in [0, 1) -> oriented points -> DPSR indicator grid."""
+    """Unoriented points (B, N, 3) in [0, 1) -> oriented points -> DPSR indicator grid.
+
+    The frame (two buffers, saved with the weights, unused by the network): the
+    unit cube the training volumes gave, ``frame_cube_mm`` (its side in
+    millimetres) and ``frame_centre`` (where a skull's bounding-box centre sat
+    in it, unit coordinates), which :meth:`set_frame` stores and :meth:`frame`
+    returns; a cube of 0 is no frame (a model built without data). Checkpoints
+    written before the frame existed lack both: they are ``optional_state``,
+    and such a model keeps no frame.
+    """
+
+    optional_state = ("frame_cube_mm", "frame_centre")
+    frame_cube_mm: Tensor
+    frame_centre: Tensor
 
     def __init__(self, cfg: VoxelizerConfig | str = "paper"):
         super().__init__()
@@ -371,6 +384,23 @@ class VoxelizerNet(nn.Module):
         self.decoder_offset = LocalDecoder(cfg.c_dim, cfg.decoder_hidden, cfg.decoder_blocks, 3 * cfg.num_offset, local)
         self.decoder_normal = LocalDecoder(cfg.c_dim, cfg.decoder_hidden, cfg.decoder_blocks, 3, None)
         self.dpsr = DPSR(cfg.dpsr_res, cfg.dpsr_sigma, memory_limit=cfg.dpsr_memory_limit)
+        self.register_buffer("frame_cube_mm", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("frame_centre", torch.zeros(3, dtype=torch.float64))
+
+    def set_frame(self, cube_mm: float, centre: tuple[float, float, float]) -> None:
+        """Store the training cube's side (mm, > 0) and the skulls' centre in it (class docs)."""
+        if not (math.isfinite(cube_mm) and cube_mm > 0) or len(centre) != 3:
+            raise ConfigError(f"a voxelizer frame needs a positive cube side and a 3-D centre, got {cube_mm}, {centre}")
+        self.frame_cube_mm.fill_(float(cube_mm))
+        self.frame_centre.copy_(torch.tensor([float(c) for c in centre], dtype=torch.float64))
+
+    def frame(self) -> tuple[float, tuple[float, float, float]] | None:
+        """(cube side in mm, centre) as :meth:`set_frame` stored them; None: no frame."""
+        cube_mm = float(self.frame_cube_mm)
+        if cube_mm <= 0:
+            return None
+        c = [float(x) for x in self.frame_centre.tolist()]
+        return cube_mm, (c[0], c[1], c[2])
 
     def oriented_points(self, points: Tensor) -> tuple[Tensor, Tensor]:
         """The ``num_offset * N`` displaced points (B, K*N, 3) and their normals (B, K*N, 3)."""

@@ -390,7 +390,9 @@ def _weights_fit(path: Path, task: Any, cfg: Any) -> Check:
     try:
         task.configure(cfg.task)
         with torch.device("meta"):
-            expected = {k: tuple(v.shape) for k, v in task.build_model(cfg.task).state_dict().items()}
+            model = task.build_model(cfg.task)
+            expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+            optional = ckpt_io.optional_state_keys(model)
     except Exception as err:
         return Check(
             name,
@@ -398,7 +400,7 @@ def _weights_fit(path: Path, task: Any, cfg: Any) -> Check:
             f"could not build the config's model to compare ({type(err).__name__}: {err})",
             "check the task config",
         )
-    missing = [k for k in expected if k not in weights]
+    missing = [k for k in expected if k not in weights and k not in optional]
     unexpected = [k for k in weights if k not in expected]
     shapes = [k for k in expected if k in weights and tuple(weights[k].shape) != expected[k]]
     if not (missing or unexpected or shapes):

@@ -11,6 +11,12 @@ What the engine gets from this task:
   synthetic skulls are made and prepared there first
   (:func:`pointforge.data.cache.ensure_synthetic_prepared`), once, safely when
   all ranks start at the same time.
+* the frame: the model carries, as buffers saved with its weights, the unit
+  cube its training split's volumes gave in millimetres and where their skulls'
+  centres sat in it (:func:`~pointforge.data.skulls.grids.training_frame`,
+  from the prepared metadata when the model is built for training), so that
+  generate can show it a skull from any scanner at its training scale without
+  the training data. Training does not use it.
 * augmentation (training split only): upstream's ±10° rotation (p 0.8),
   mirror (p 0.5) and implant-point noise (p 0.25), from the dataset's
   (seed, epoch, index) generator. The dataset moves the points; the target
@@ -40,7 +46,7 @@ from torch.utils.data import Dataset
 
 from pointforge.data.cache import SyntheticSection, ensure_synthetic_prepared
 from pointforge.data.skulls.datasets import VoxelAugmentation, VoxelizationDataset
-from pointforge.data.skulls.grids import transform_inside
+from pointforge.data.skulls.grids import training_frame, transform_inside
 from pointforge.data.skulls.prepared import PreparedDataset
 from pointforge.errors import ConfigError
 from pointforge.nn.dpsr import dpsr_memory_bytes
@@ -136,9 +142,19 @@ class VoxelizerTask(Task):
 
     def configure(self, cfg: VoxelizerTaskConfig) -> None:
         self.eval_on = cfg.eval_on
+        self.cfg = cfg
 
     def build_model(self, cfg: VoxelizerTaskConfig) -> nn.Module:
-        return VoxelizerNet(cfg.network())
+        # A training run configures the task first: the model then carries the frame of
+        # its training data (module docs). A bare build (loading a checkpoint) reads no
+        # data: the frame buffers take the checkpoint's. A meta-device build (a size
+        # estimate) holds no values, so it reads no data either.
+        net = VoxelizerNet(cfg.network())
+        if getattr(self, "cfg", None) is not None and net.frame_cube_mm.device.type != "meta":
+            frame = training_frame(PreparedDataset(self.data_root(cfg)), cfg.train_split)
+            if frame is not None:
+                net.set_frame(frame.cube_mm, frame.centre)
+        return net
 
     def data_root(self, cfg: VoxelizerTaskConfig):
         from pathlib import Path

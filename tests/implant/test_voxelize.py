@@ -171,3 +171,22 @@ def test_other_bad_inputs(model):
         field_to_mesh(np.ones((4, 4, 4), dtype=bool), reference())
     with pytest.raises(ConfigError, match="must be a voxelizer"):
         points_to_field(nn.Linear(3, 3), sphere_points(100), SHAPE)
+
+
+def test_a_cube_placed_on_the_skull_gives_the_same_solid_in_a_larger_field_of_view():
+    """The unit cube placed by ``cube`` (corner, side in voxels) instead of the volume's own: padding the
+    volume and moving the cube with the skull gives the same solid, shifted, and nothing outside the cube."""
+    from pointforge.implant.voxelize import Cube
+
+    model = ExactNormals(CENTRE / max(SHAPE))
+    own = points_to_volume(model, sphere_points(), reference()).data
+    shift = np.array([4, 0, 3])
+    big = Volume(data=np.zeros(tuple(np.asarray(SHAPE) + [6, 2, 10]), dtype=bool), spacing=(0.8, 0.5, 1.2))
+    cube = Cube(corner=(4.0, 0.0, 3.0), side=float(max(SHAPE)))
+    placed = points_to_volume(model, sphere_points() + shift, big, cube=cube).data
+    assert own.sum() > 1000
+    assert np.array_equal(placed[4:44, 0:44, 3:39], own) and placed.sum() == own.sum()
+    # A cube smaller than the volume: voxels beyond it are outside whatever the (periodic) field says there.
+    field = torch.full((8, 8, 8), -1.0)
+    inside = resample_inside(field, (12, 12, 12), cube=Cube(corner=(2.0, 2.0, 2.0), side=8.0))
+    assert inside[2:10, 2:10, 2:10].all() and inside.sum() == 8**3  # nodes 0..7 at voxels 2..9

@@ -44,6 +44,31 @@ def test_load_voxelizer_builds_the_trained_network(tmp_path):
     assert torch.equal(raw.state_dict()[weight], model.state_dict()[weight])
 
 
+def test_a_voxelizer_checkpoint_from_before_the_frame_loads_without_one(tmp_path):
+    """The frame buffers (frame_cube_mm, frame_centre) are optional state: a checkpoint written before they
+    existed loads with the same weights and no frame; one that has them gives them back; any other missing
+    tensor is still refused."""
+    model = _voxelizer_checkpoint(tmp_path / "framed.pt", ema=False)
+    model.set_frame(230.0, (0.5, 0.45, 0.55))
+    cfg = load_train_config("voxelizer", CONFIGS / "voxelizer" / "tiny.yaml")
+    state = ck.model_state(model)
+    ck.save_checkpoint(tmp_path / "framed.pt", {"task": "voxelizer", "config": to_dict(cfg), "model": state})
+    frame = load_voxelizer(tmp_path / "framed.pt").frame
+    assert frame is not None and (frame.cube_mm, frame.centre) == (230.0, (0.5, 0.45, 0.55))
+
+    old = {k: v for k, v in state.items() if not k.startswith("frame_")}
+    assert len(old) == len(state) - 2
+    ck.save_checkpoint(tmp_path / "old.pt", {"task": "voxelizer", "config": to_dict(cfg), "model": old, "ema": old})
+    loaded = load_voxelizer(tmp_path / "old.pt")
+    assert loaded.frame is None and loaded.model.frame() is None and loaded.weights == "ema"
+    assert all(torch.equal(loaded.model.state_dict()[k], v) for k, v in old.items())
+
+    cut = {k: v for k, v in old.items() if k != "encoder.fc_pos.weight"}
+    ck.save_checkpoint(tmp_path / "cut.pt", {"task": "voxelizer", "config": to_dict(cfg), "model": cut})
+    with pytest.raises(CheckpointError, match="1 missing"):
+        load_voxelizer(tmp_path / "cut.pt")
+
+
 def test_checkpoints_that_are_not_voxelizers_are_refused(tmp_path):
     toy_cfg = load_train_config("toy", TOY_TINY)
     toy = get_task("toy").build_model(toy_cfg.task)

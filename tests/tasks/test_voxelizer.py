@@ -292,3 +292,49 @@ def test_resumed_run_equals_an_uninterrupted_one(trained, tmp_path):
     a = ck.load_checkpoint(tmp_path / "straight" / "checkpoints" / "latest.pt")["model"]
     b = ck.load_checkpoint(tmp_path / "cut" / "checkpoints" / "latest.pt")["model"]
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_checkpoint_carries_its_training_frame_without_the_data(trained, tmp_path):
+    """The frame (the training cube in mm, the skulls' centre in it) is computed from the training data when
+    the run builds the model and saved with the weights: loading needs no access to that data. Before, it was
+    read from task.data_root at load time, so a checkpoint moved away from its data lost it silently."""
+    import shutil
+
+    from pointforge.data.skulls.grids import training_frame
+
+    _, _, shared = trained
+    data_root = tmp_path / "data"
+    shutil.copytree(shared, data_root)
+    cfg = tiny_cfg(tmp_path / "run", data_root, "task.n_points=512", "train.epochs=1", "train.eval_every=1")
+    train(get_task("voxelizer"), cfg, console=False)
+    expected = training_frame(PreparedDataset(data_root), cfg.task.train_split)
+    assert expected is not None and expected.cube_mm > 0
+    checkpoint = Path(cfg.run.dir) / "checkpoints" / "latest.pt"
+    saved = ck.load_checkpoint(checkpoint)
+    for weights in ("model", "ema"):
+        if saved.get(weights) is not None:
+            assert float(saved[weights]["frame_cube_mm"]) == pytest.approx(expected.cube_mm)
+
+    shutil.rmtree(data_root)
+    for weights in ("auto", "model"):
+        frame = load_voxelizer(checkpoint, weights=weights).frame
+        assert frame is not None
+        assert frame.cube_mm == pytest.approx(expected.cube_mm)
+        assert frame.centre == pytest.approx(expected.centre)
+
+
+def test_the_frame_is_not_used_in_training_and_a_bare_build_has_none(trained):
+    """A model built without data (loading, an old preset) has no frame; the frame buffers change nothing the
+    network computes."""
+    _, cfg, _ = trained
+    task = get_task("voxelizer")
+    bare = task.build_model(cfg.task)
+    assert bare.frame() is None and float(bare.frame_cube_mm) == 0.0
+    torch.manual_seed(0)
+    framed = task.build_model(cfg.task)
+    framed.load_state_dict(bare.state_dict())
+    framed.set_frame(230.0, (0.5, 0.4, 0.6))
+    assert framed.frame() == (230.0, (0.5, 0.4, 0.6))
+    points = torch.rand(1, 256, 3, generator=torch.Generator().manual_seed(1))
+    a, b = bare.eval()(points), framed.eval()(points)
+    assert torch.equal(a.points, b.points) and torch.equal(a.normals, b.normals) and torch.equal(a.psr, b.psr)

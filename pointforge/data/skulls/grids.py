@@ -2,15 +2,59 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
+from pointforge.data.skulls.prepared import PreparedDataset
 from pointforge.errors import DataError
 
 
 def unit_cube_scale(shape: tuple[int, ...]) -> float:
     """Voxel coordinates → [0, 1): divide by the longest side, so shapes keep their aspect."""
     return float(max(shape))
+
+
+@dataclass(frozen=True)
+class VoxelizerFrame:
+    """The voxelizer's unit cube in millimetres, placed on the skull: what it saw in training.
+
+    Training scales each volume's voxel coordinates by its longest side
+    (:func:`unit_cube_scale`), so the cube a network learned is that side in
+    millimetres, and each skull sits where its scan put it. ``cube_mm`` and
+    ``centre`` (where a defective skull's bounding-box centre lies in the cube,
+    unit coordinates) are the training split's medians. :meth:`cube` places
+    such a cube on any skull, whatever its voxel size, field of view and
+    origin: the skull then has the size and place in the cube it had in training.
+    """
+
+    cube_mm: float
+    centre: tuple[float, float, float]
+
+    def cube(self, bbox_lo: np.ndarray, bbox_hi: np.ndarray, spacing: float) -> tuple[np.ndarray, float]:
+        """(corner, side) of the cube in the voxel coordinates of a volume with isotropic ``spacing``
+        whose defective skull spans ``bbox_lo``..``bbox_hi`` (voxel coordinates)."""
+        side = self.cube_mm / float(spacing)
+        middle = (np.asarray(bbox_lo, dtype=np.float64) + np.asarray(bbox_hi, dtype=np.float64)) / 2.0
+        return middle - np.asarray(self.centre, dtype=np.float64) * side, side
+
+
+def training_frame(data: PreparedDataset, split: str = "train") -> VoxelizerFrame | None:
+    """The :class:`VoxelizerFrame` of the split's defective skulls, from their metadata alone (None if none)."""
+    sides, centres = [], []
+    for key in dict.fromkeys(case.defective for case in data.split(split, require=("implant", "complete_mask"))):
+        meta = data.meta(key)
+        side = unit_cube_scale(tuple(meta["shape"]))
+        middle = (np.asarray(meta["bbox_min"], dtype=np.float64) + np.asarray(meta["bbox_max"], dtype=np.float64)) / 2
+        sides.append(side * float(np.min(meta["spacing"])))
+        centres.append(middle / side)
+    if not sides:
+        return None
+    centre = np.median(np.asarray(centres), axis=0)
+    return VoxelizerFrame(
+        cube_mm=float(np.median(sides)), centre=(float(centre[0]), float(centre[1]), float(centre[2]))
+    )
 
 
 def inside_grid(mask: np.ndarray, resolution: int) -> np.ndarray:

@@ -106,6 +106,15 @@ def strip_prefixes(state: Mapping[str, Any], prefixes: tuple[str, ...] = WRAPPER
     return state
 
 
+def optional_state_keys(model: nn.Module) -> set[str]:
+    """The state-dict keys ``model``'s modules name in their ``optional_state`` (:func:`load_model_state`)."""
+    return {
+        f"{name}.{key}" if name else key
+        for name, module in model.named_modules()
+        for key in getattr(module, "optional_state", ())
+    }
+
+
 def load_model_state(
     model: nn.Module,
     state: Mapping[str, Any],
@@ -118,10 +127,16 @@ def load_model_state(
     ``module.`` (DDP) and ``_orig_mod.`` (torch.compile) are always stripped;
     ``extra_prefixes`` (e.g. ``("model.",)`` for upstream PCDiff files) too.
     Tensors are copied onto the model's own device whatever device they name.
+    Entries that a module names in its ``optional_state`` (added after older
+    checkpoints were written) may be absent: they keep the model's own values.
     """
     target = unwrap_model(model)
     cleaned = strip_prefixes(state, WRAPPER_PREFIXES + tuple(extra_prefixes))
-    expected = target.state_dict().keys()
+    own = target.state_dict()
+    expected = own.keys()
+    for key in optional_state_keys(target):
+        if key in own and key not in cleaned:
+            cleaned[key] = own[key]
     missing = [k for k in expected if k not in cleaned]
     unexpected = [k for k in cleaned if k not in expected]
     if strict and (missing or unexpected):
