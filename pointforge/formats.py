@@ -7,11 +7,16 @@ sizes and durations (doctor, monitor, ``ckpt inspect``, the training log line) c
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from pointforge.atomic import atomic_write_text
 
 __all__ = ["json_safe", "format_bytes", "format_duration", "summary_stats", "write_rows_report"]
 
@@ -81,12 +86,6 @@ def summary_stats(values) -> dict:
 
 def write_rows_report(out_dir, stem: str, rows: list[dict], fields: list[str], payload: dict) -> dict[str, Path]:
     """``out_dir/<stem>.csv`` (``rows`` by ``fields``) and ``<stem>.json`` (``payload``, through :func:`json_safe`), each atomic."""
-    import csv
-    import io
-    import json
-
-    from pointforge.atomic import atomic_write_text
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     buffer = io.StringIO()

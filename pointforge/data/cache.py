@@ -31,8 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from pointforge.atomic import atomic_write_text
+from pointforge.data import prepare  # called as prepare.X / synthetic.X, so a test can replace them
 from pointforge.data.skulls.splits import check_split
-from pointforge.data.synthetic.dataset import FAMILIES
+from pointforge.data.synthetic import dataset as synthetic
 from pointforge.data.synthetic.grid import MAX_SIZE, MIN_SIZE
 from pointforge.errors import ConfigError, DataError
 from pointforge.flock import exclusive_lock
@@ -58,8 +60,10 @@ class SyntheticSection:
     # loader tries the `SyntheticSection | None` union would be replaced by a generic one.
     def check(self, prefix: str, *, min_skulls: int = 1, why: str = "") -> None:
         """ConfigError for the first wrong key; ``min_skulls`` (and ``why``) as the task needs."""
-        if self.family not in FAMILIES:
-            raise ConfigError(f"config key '{prefix}.family' must be one of {', '.join(FAMILIES)}, got {self.family!r}")
+        if self.family not in synthetic.FAMILIES:
+            raise ConfigError(
+                f"config key '{prefix}.family' must be one of {', '.join(synthetic.FAMILIES)}, got {self.family!r}"
+            )
         if not min_skulls <= self.skulls <= 1000:
             raise ConfigError(f"config key '{prefix}.skulls' must be from {min_skulls} to 1000{why}, got {self.skulls}")
         if not MIN_SIZE <= self.size <= MAX_SIZE:
@@ -117,8 +121,6 @@ def _holds_something(root: Path) -> bool:
 
 def _relocate_sources(prepared: Path, built_raw: Path, final_raw: Path) -> None:
     """Point the prepared files' records of their sources at the raw volumes' final place."""
-    from pointforge.atomic import atomic_write_text
-
     old, new = str(built_raw), str(final_raw)
     for meta_path in (prepared / "surfaces").rglob("*.json"):
         meta = json.loads(meta_path.read_text())
@@ -152,10 +154,6 @@ def ensure_synthetic_prepared(
     An existing non-empty ``root`` is returned as it is, unless it records a
     different recipe (ConfigError); an empty folder is built into. Safe to call from many processes at once (module docs).
     """
-    from pointforge.atomic import atomic_write_text
-    from pointforge.data.prepare import prepare_dataset
-    from pointforge.data.synthetic.dataset import synthesize
-
     root = Path(root)
     wanted = _recipe(skulls, size, seed, n_points, split, layout, family)
     if _holds_something(root):
@@ -184,8 +182,10 @@ def ensure_synthetic_prepared(
                 f"no data at {root}: synthesising {skulls} {family} skull(s) of {size}^3 voxels (seed {seed}) "
                 "and preparing them"
             )
-            synthesize(build / RAW_DIR, skulls, size, seed, layout=layout, family=family)
-            result = prepare_dataset(build / RAW_DIR, build, n_points=n_points, split=split, seed=seed, workers=1)
+            synthetic.synthesize(build / RAW_DIR, skulls, size, seed, layout=layout, family=family)
+            result = prepare.prepare_dataset(
+                build / RAW_DIR, build, n_points=n_points, split=split, seed=seed, workers=1
+            )
             if not result.ok:
                 raise DataError(f"preparing synthetic data failed: {result.failures[0]}")
             # Resolved: prepare records absolute sources, and a relative data_root must not leave them pointing

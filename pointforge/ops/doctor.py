@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from pointforge.config.loader import load_yaml
 from pointforge.errors import UserError
 from pointforge.ops.doctor_host import (
     DEFAULT_PORT,
@@ -40,7 +41,12 @@ from pointforge.ops.doctor_run import (
     estimate_checkpoint_bytes,
 )
 from pointforge.ops.host import GpuInventory, format_gpu_list, gpu_inventory
+from pointforge.ops.launch.plan import build_plan
+from pointforge.ops.launch.spec import load_plan
+from pointforge.tasks import available_tasks, get_task
+from pointforge.tasks.configs import load_train_config
 from pointforge.train.preflight import FAILURE, OK
+from pointforge.train.schedule import plan_batches
 
 # --------------------------------------------------------------------------- the whole run
 
@@ -87,8 +93,6 @@ def _config_checks(
     )
     workers = cfg.data.num_workers
     if workers:
-        from pointforge.train.schedule import plan_batches
-
         try:
             micro = plan_batches(cfg.data.global_batch, nproc, cfg.data.micro_batch).micro_batch
         except UserError:
@@ -178,17 +182,10 @@ def run_doctor(
     return report
 
 
-# The config, task and launch modules import torch; they are imported when a
-# check needs them, so that doctor still runs, and says so, when torch is broken.
-
-
 def _load_launch_plan(plan: str | os.PathLike | None) -> tuple[Any, Check | None]:
     """The launch plan, resolved and checked (None and a failed check when it does not load)."""
     if plan is None:
         return None, None
-    from pointforge.ops.launch.plan import build_plan
-    from pointforge.ops.launch.spec import load_plan
-
     try:
         return build_plan(load_plan(plan)), None
     except UserError as err:
@@ -201,9 +198,6 @@ def _load_config(
     """(task, config, the config check) for ``--config``/``--task``; all None when neither is given."""
     if config is None and task is None:
         return None, None, None
-    from pointforge.tasks import get_task
-    from pointforge.tasks.configs import load_train_config
-
     task_name = task or _task_from_config(config)
     try:
         task_obj = get_task(task_name) if task_name else None
@@ -241,9 +235,6 @@ def _plan_checks(
     disk_space: tuple[int, int] | None,
 ) -> list[Check]:
     """The plan's own problems (or its summary), then every job's config checks."""
-    from pointforge.tasks import get_task
-    from pointforge.tasks.configs import load_train_config
-
     if launch_plan.problems:
         checks = [
             Check("plan", FAILURE, str(p), "fix the plan (pointforge launch PLAN --dry-run shows it)")
@@ -279,9 +270,6 @@ def _task_from_config(config: str | os.PathLike | None) -> str | None:
     """``run.task`` in the file, else the preset folder's name when it is a task (pointforge/configs/toy/tiny.yaml → toy)."""
     if config is None:
         return None
-    from pointforge.config.loader import load_yaml
-    from pointforge.tasks import available_tasks
-
     data = load_yaml(config)
     named = (data.get("run") or {}).get("task") if isinstance(data.get("run"), dict) else None
     if named:

@@ -15,10 +15,27 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
+import torch
+
+from pointforge.data.skulls.layouts import list_cases
+from pointforge.data.skulls.prepared import PreparedDataset
+from pointforge.data.volumes import read_volume
 from pointforge.errors import UserError
 from pointforge.formats import format_bytes
+from pointforge.ops.checkpoint_surgery import inspect_checkpoint
 from pointforge.ops.doctor_report import Check, from_finding
-from pointforge.train.preflight import FAILURE, OK, WARNING
+from pointforge.ops.runs import is_live, run_state
+from pointforge.train.checkpoint import format as ckpt_io
+from pointforge.train.preflight import (
+    FAILURE,
+    OK,
+    WARNING,
+    check_disk as preflight_disk,
+    check_existing_checkpoints,
+    check_resume_point,
+    check_run_dir_lock,
+)
 
 # When a sample batch cannot be measured: what one batch in flight is assumed to take.
 FALLBACK_BATCH_BYTES = 64 * 2**20
@@ -45,11 +62,6 @@ def dataset_root_from_config(task_cfg: Any) -> str | None:
 
 def check_dataset(root: str | os.PathLike) -> Check:
     """The layout (prepared, or raw SkullBreak/SkullFix) and a sample of files readable."""
-    import numpy as np
-
-    from pointforge.data.skulls.layouts import list_cases
-    from pointforge.data.skulls.prepared import PreparedDataset
-
     root = Path(root)
     name = "dataset"
     if not root.exists():
@@ -87,8 +99,6 @@ def check_dataset(root: str | os.PathLike) -> Check:
                 f"{root}: prepared dataset, {len(prepared.cases)} cases ({counts}); {len(sample)} sampled cases readable",
             )
         layout, cases = list_cases(root)
-        from pointforge.data.volumes import read_volume
-
         sample = _spread(cases, SAMPLE_FILES)
         for case in sample:
             read_volume(case.defective)
@@ -132,10 +142,6 @@ def dev_shm_space(path: str | os.PathLike = "/dev/shm") -> tuple[int, int] | Non
 
 def estimate_checkpoint_bytes(task: Any, cfg: Any) -> int | None:
     """Size of one checkpoint (the engine's own estimate, which it checks before training), on a meta-device model."""
-    import torch
-
-    from pointforge.train.checkpoint.format import estimate_checkpoint_bytes as estimate
-
     try:
         task.configure(cfg.task)
         try:
@@ -143,7 +149,7 @@ def estimate_checkpoint_bytes(task: Any, cfg: Any) -> int | None:
                 model = task.build_model(cfg.task)
         except Exception:
             model = task.build_model(cfg.task)
-        return estimate(model, optimizer=cfg.optim.name, ema=bool(cfg.train.ema_decay))
+        return ckpt_io.estimate_checkpoint_bytes(model, optimizer=cfg.optim.name, ema=bool(cfg.train.ema_decay))
     except Exception:
         return None
 
@@ -158,8 +164,6 @@ def check_disk(
     epochs: int | None = None,
 ) -> Check:
     """The run dir's disk against its checkpoints: :func:`pointforge.train.preflight.check_disk`, reported."""
-    from pointforge.train.preflight import check_disk as preflight_disk
-
     finding = preflight_disk(
         run_dir,
         checkpoint_bytes,
@@ -182,9 +186,6 @@ def batch_bytes_from_task(task: Any, cfg: Any, micro_batch: int) -> int | None:
 
 
 def _nbytes(obj: Any) -> int:
-    import numpy as np
-    import torch
-
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
     if isinstance(obj, np.ndarray):
@@ -224,9 +225,6 @@ def check_shm(
 
 
 def check_run_dir(run_dir: str | os.PathLike, *, resume: str | None) -> list[Check]:
-    from pointforge.ops.runs import is_live, run_state
-    from pointforge.train.preflight import check_existing_checkpoints, check_run_dir_lock
-
     run_dir = Path(run_dir)
     checks = []
     probe = run_dir
@@ -274,8 +272,6 @@ def check_resume(
 ) -> list[Check]:
     """The checkpoint a run would resume from: readable, ours, same task, weights that fit the config's model,
     something left to train."""
-    from pointforge.train.preflight import check_resume_point
-
     name = "resume"
     path, early = _resume_path(resume, run_dir)
     if path is None:
@@ -321,8 +317,6 @@ def check_resume(
 
 def _resume_path(resume: str, run_dir: str | os.PathLike | None) -> tuple[Path | None, list[Check]]:
     """The checkpoint ``--resume`` names (None with the checks that end the matter)."""
-    from pointforge.train.checkpoint import format as ckpt_io
-
     name = "resume"
     if resume != "auto":
         return Path(resume), []
@@ -343,8 +337,6 @@ def _resume_path(resume: str, run_dir: str | os.PathLike | None) -> tuple[Path |
 
 def _checkpoint_checks(path: Path) -> tuple[list[Check], dict | None]:
     """Whether ``path`` is a complete, resumable pointforge checkpoint; its inspection when it is."""
-    from pointforge.ops.checkpoint_surgery import inspect_checkpoint
-
     name = "resume"
     try:
         info = inspect_checkpoint(path)
@@ -380,10 +372,6 @@ def _checkpoint_checks(path: Path) -> tuple[list[Check], dict | None]:
 
 def _weights_fit(path: Path, task: Any, cfg: Any) -> Check:
     """Whether the checkpoint's weights fit the model the config builds (built on the meta device: no memory)."""
-    import torch
-
-    from pointforge.train.checkpoint import format as ckpt_io
-
     name = "resume"
     ckpt = ckpt_io.load_checkpoint(path)
     weights = ckpt_io.strip_prefixes(ckpt_io.model_weights(ckpt))

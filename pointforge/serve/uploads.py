@@ -25,6 +25,7 @@ import numpy as np
 from pointforge.atomic import atomic_path
 from pointforge.data.volumes import read_binary_volume, write_volume
 from pointforge.errors import DataError
+from pointforge.serve.dicom import read_series_zip
 
 __all__ = ["Checked", "sniff", "check_upload", "zip_members", "MAX_ZIP_RATIO", "MAX_ZIP_MEMBERS"]
 
@@ -149,8 +150,6 @@ def check_upload(raw: Path, target: Path, *, max_voxels: int, max_unzipped: int)
     kind = sniff(raw)
     final = target.with_name(target.name + SUFFIX[kind])
     if kind == "dicom-zip":
-        from pointforge.serve.dicom import read_series_zip
-
         volume = read_series_zip(raw, zip_members(raw, max_unzipped), max_voxels=max_voxels)
         write_volume(final, volume.with_data(volume.data.astype(np.uint8)))  # write_volume is atomic
         return Checked(kind, SUFFIX[kind], volume.shape)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -157,8 +158,6 @@ class VoxelizerTask(Task):
         return net
 
     def data_root(self, cfg: VoxelizerTaskConfig):
-        from pathlib import Path
-
         root = Path(cfg.data_root)
         if cfg.synthetic is not None:
             s = cfg.synthetic
