@@ -61,6 +61,18 @@ class _StageBars:
         self.bars.update(f"{self.count} {stage}", done, total=total, description=description)
 
 
+def _step_pair(text: str) -> tuple[int, int]:
+    from pointforge.errors import UserError
+
+    try:
+        pcdiff, voxelizer = (int(v) for v in text.split(","))
+    except ValueError:
+        raise UserError(
+            f"--train-steps {text!r}: give two step counts, PCDiff's and the voxelizer's, e.g. 600,600"
+        ) from None
+    return pcdiff, voxelizer
+
+
 def demo(
     out: Path = typer.Option(Path("demo_out"), "--out", help="New or empty folder for everything the demo writes."),
     minutes: float = typer.Option(
@@ -83,6 +95,12 @@ def demo(
         "--split",
         help="With --data: train,val,test ratios, skull ids (train=000-059,val=060-069,test=070-079; "
         "skulls not named are never read) or a named split (skullfix). Default 0.625,0.125,0.25.",
+    ),
+    train_steps: str = typer.Option(
+        None,
+        "--train-steps",
+        help="PCDIFF,VOXELIZER: train to these step counts instead of --minutes (the same models on any "
+        "machine, whatever its load; for comparisons at equal budget).",
     ),
     data: Path = typer.Option(
         None,
@@ -110,6 +128,8 @@ def demo(
     )
     if split is not None:
         settings.split = split
+    if train_steps is not None:
+        settings.train_steps = _step_pair(train_steps)
     with _StageBars() as bars:
         result = run_demo(out, settings, log=typer.echo, progress=bars)
     s = result.summary

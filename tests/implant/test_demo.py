@@ -23,7 +23,7 @@ from pointforge.implant.demo.report import write_report
 from pointforge.implant.demo.run import run_demo
 from pointforge.implant.demo.scoring import chosen_phase, mean_dsc, spread_cases
 from pointforge.implant.demo.settings import DemoSettings, make_data
-from pointforge.implant.demo.training import decays, phase_worker, train_side_by_side
+from pointforge.implant.demo.training import decays, phase_steps, phase_worker, train_side_by_side
 from pointforge.implant.demo.verdict import case_values, intervals, verdict_sentences
 from pointforge.implant.demo.workers import baseline_case, case_jobs, case_pool, run_cases
 from pointforge.implant.evaluate import Evaluation, summarise
@@ -47,6 +47,8 @@ def test_a_used_folder_and_bad_settings_are_refused(tmp_path):
         (DemoSettings(family="blobs"), "--family 'blobs': no such skull family; choose one of: domes, anatomical"),
         (DemoSettings(probe_cases=0), "probe"),
         (DemoSettings(split="train=000-009,tset=010-012"), "--split"),
+        (DemoSettings(train_steps=(600, 0)), "--train-steps"),
+        (DemoSettings(train_steps=(600,)), "--train-steps"),  # type: ignore[arg-type]
     ):
         with pytest.raises(UserError, match=message):
             run_demo(tmp_path / "new", settings)
@@ -111,6 +113,16 @@ def test_a_decaying_schedule_is_spread_over_the_whole_budget(tmp_path):
     assert "train.max_minutes=7.5000" in cmd and "sched.horizon_minutes=30" in cmd
     cmd = phase_worker("voxelizer", constant, tmp_path / "run", tmp_path / "data", 7.5, "cpu", None)
     assert not any(a.startswith("sched.") for a in cmd)
+
+
+def test_a_step_budget_trains_each_phase_to_its_share_of_the_steps(tmp_path):
+    """With --train-steps the phases end at fixed global steps, whatever the time: runs compare at equal budget."""
+    constant = tmp_path / "constant.yaml"
+    constant.write_text("sched:\n  name: constant\n")
+    assert [phase_steps(600, f) for f in (0.25, 0.5, 1.0)] == [150, 300, 600] and phase_steps(2, 0.1) == 1
+    cmd = phase_worker("pcdiff", constant, tmp_path / "run", tmp_path / "data", 7.5, "cpu", None, until_step=150)
+    assert "train.max_steps=150" in cmd and "train.max_minutes=null" in cmd
+    assert not any(a.startswith("train.max_minutes=7") for a in cmd)
 
 
 def _evaluation(dsc: dict[str, float | None], hd95: dict[str, float] | None = None) -> Evaluation:

@@ -35,6 +35,9 @@ class DemoSettings:
     device: str = "auto"
     workers: int | None = None
     data: str | None = None  # a raw SkullBreak/SkullFix folder to use instead of synthetic skulls
+    # (PCDiff, voxelizer) steps instead of minutes: the same models on any machine, whatever its load
+    # (equal-budget comparisons); the phases end at the same fractions of these.
+    train_steps: tuple[int, int] | None = None
 
     def validate(self) -> None:
         if not self.minutes > 0:
@@ -53,6 +56,13 @@ class DemoSettings:
             check_split(self.split)
         except UserError as err:
             raise UserError(f"--split: {err}") from None
+        if self.train_steps is not None and (
+            len(self.train_steps) != 2
+            or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in self.train_steps)
+        ):
+            raise UserError(
+                f"--train-steps must be two positive step counts (PCDiff,voxelizer), got {self.train_steps!r}"
+            )
         if sorted(self.phases) != list(self.phases) or not self.phases or self.phases[-1] != 1.0:
             raise UserError("phases must increase and end at 1.0")
 

@@ -37,23 +37,41 @@ def decays(config: Path) -> bool:
 
 
 def phase_worker(
-    task: str, config: Path, run_dir: Path, data_root: Path, minutes: float, device: str, horizon: float | None
+    task: str,
+    config: Path,
+    run_dir: Path,
+    data_root: Path,
+    minutes: float,
+    device: str,
+    horizon: float | None,
+    *,
+    until_step: int | None = None,
 ) -> list[str]:
-    """The ``train`` arguments of one network for one phase: ``minutes`` more of training, resumed from the last."""
+    """The ``train`` arguments of one network for one phase, resumed from the last: ``minutes`` more of
+    training, or with ``until_step`` training up to that global step whatever the time it takes."""
     # A decaying schedule runs over the whole budget (all phases), in minutes of
     # training, so that the LR reaches its floor as the last phase ends.
     decay = [f"sched.horizon_minutes={horizon:g}"] if horizon is not None else []
+    budget = (
+        [f"train.max_minutes={minutes:.4f}", "train.max_steps=null"]
+        if until_step is None
+        else ["train.max_minutes=null", f"train.max_steps={until_step}"]
+    )
     overrides = [
         f"run.dir={run_dir}",
         f"task.data_root={data_root}",
-        f"train.max_minutes={minutes:.4f}",
+        *budget,
         "train.epochs=100000",
-        "train.max_steps=null",
         f"run.device={device}",
         "log.progress=off",
         *decay,
     ]
     return worker_args(task, config=config, overrides=overrides, resume="auto")
+
+
+def phase_steps(total: int, fraction: float) -> int:
+    """The global step a phase ending at ``fraction`` of a ``total``-step budget trains to (at least 1)."""
+    return max(1, round(fraction * total))
 
 
 def _status(run_dir: Path) -> dict[str, Any]:
@@ -119,15 +137,24 @@ def train_phases(out: Path, s: DemoSettings, prepared: Path, log: Callable[[str]
     done_fraction = 0.0
     for k, fraction in enumerate(s.phases):
         minutes = (fraction - done_fraction) * s.minutes
-        log(
-            f"[2/7] training PCDiff and the voxelizer side by side: phase {k + 1}/{len(s.phases)}, "
+        budget = (
             f"{minutes:.2f} min (to {fraction * s.minutes:.2f} of {s.minutes:g} min)"
+            if s.train_steps is None
+            else "to steps " + " and ".join(str(phase_steps(t, fraction)) for t in s.train_steps)
         )
+        log(f"[2/7] training PCDiff and the voxelizer side by side: phase {k + 1}/{len(s.phases)}, {budget}")
         jobs = {
             n: phase_worker(
-                n, configs[n], run_dirs[n], prepared, minutes, s.device, s.minutes if decays(configs[n]) else None
+                n,
+                configs[n],
+                run_dirs[n],
+                prepared,
+                minutes,
+                s.device,
+                s.minutes if decays(configs[n]) and s.train_steps is None else None,
+                until_step=None if s.train_steps is None else phase_steps(s.train_steps[i], fraction),
             )
-            for n in run_dirs
+            for i, n in enumerate(run_dirs)
         }
         status = train_side_by_side(
             jobs, run_dirs, minutes, progress=(lambda d, n, info: progress("train", d, n, info)) if progress else None
