@@ -49,7 +49,6 @@ from pointforge.data.skulls.coarse_cache import GridRecipe, ensure_case_grids, l
 from pointforge.data.skulls.datasets import _EpochSeeded
 from pointforge.data.skulls.prepared import PreparedDataset
 from pointforge.errors import ConfigError, DataError
-from pointforge.train.data import global_batches
 from pointforge.train.logs import get_logger
 from pointforge.train.task import EvalContext, StepContext, Task
 
@@ -202,20 +201,12 @@ class UNetTask(Task):
         return train, val
 
     def batch_sampler(self, dataset, *, rank, world_size, micro_batch, accumulation, seed, epoch):
-        # The engine calls this before every epoch: where the dataset learns the epoch its mirror draws from.
+        # The engine calls this before every epoch: where the dataset learns the epoch its mirror draws
+        # from. None: the engine's own global batches.
         set_epoch = getattr(dataset, "set_epoch", None)
         if callable(set_epoch):
             set_epoch(epoch)
-        return global_batches(
-            len(dataset),
-            global_batch=micro_batch * accumulation * world_size,
-            micro_batch=micro_batch,
-            accumulation=accumulation,
-            world_size=world_size,
-            rank=rank,
-            seed=seed,
-            epoch=epoch,
-        )
+        return None
 
     def training_step(self, model: nn.Module, batch: Any, ctx: StepContext):
         logits = model(batch["image"])
