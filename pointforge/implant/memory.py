@@ -16,6 +16,7 @@ from pointforge.errors import ConfigError
 from pointforge.formats import format_bytes
 from pointforge.implant.models import Models
 from pointforge.implant.options import GenerateOptions
+from pointforge.implant.voxelize import MAX_SOLVE_RESOLUTION
 from pointforge.nn.dpsr import dpsr_memory_bytes
 from pointforge.nn.dpsr_grid import normalize_resolution
 from pointforge.nn.pvcnn_config import PVCNN2Config
@@ -35,7 +36,8 @@ def generate_memory_bytes(models: Models, options: GenerateOptions, shape: tuple
     """
     cfg = models.pcdiff.config
     voxels = math.prod(shape)
-    res = normalize_resolution(options.voxel_resolution or models.voxelizer_config.task.network().dpsr_res)
+    # Without a resolution the pipeline picks one per case (voxelize.solve_resolution): count the finest it may.
+    res = normalize_resolution(options.voxel_resolution or MAX_SOLVE_RESOLUTION)
     solve = dpsr_memory_bytes(res, models.voxelizer_config.task.n_points) + math.prod(res) * 4
     network = getattr(models.pcdiff.model, "config", None)
     points = cfg.n_skull + cfg.n_implant

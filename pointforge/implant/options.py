@@ -24,7 +24,7 @@ class GenerateOptions:
     steps: int | None = None  # None: proposals.GENERATE_STEPS (ddim 7), else the sampler's default; ddpm always all T
     seed: int = 0
     surface_points: int = 50_000  # defective-skull surface samples the conditioning is drawn from
-    voxel_resolution: int | None = None  # DPSR solve grid; the voxelizer's training resolution when None
+    voxel_resolution: int | None = None  # DPSR solve grid; None: per case, voxelize.solve_resolution
     subsample: str = "random"  # how the conditioning points are drawn: random (as in training) or fps
     # Clean-up keeps every component of at least this fraction of the largest (1: the largest only, upstream's
     # chain). Safe below 1 because the candidate is already cut to the generated points' neighbourhood; 0.2

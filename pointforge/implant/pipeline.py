@@ -51,6 +51,7 @@ import torch
 
 from pointforge.data.orientation import AxisTurn, canonical_axes
 from pointforge.data.prepare import resample_isotropic
+from pointforge.data.skulls.grids import unit_cube_scale
 from pointforge.data.surface import sample_mesh, volume_to_mesh
 from pointforge.data.volumes import Volume
 from pointforge.errors import DataError
@@ -60,8 +61,9 @@ from pointforge.implant.options import GenerateOptions
 from pointforge.implant.postprocess import implant_and_agreement
 from pointforge.implant.proposals import complete, inside_volume, proposal_sampler
 from pointforge.implant.timing import timed
-from pointforge.implant.voxelize import Cube, points_to_volume
+from pointforge.implant.voxelize import Cube, points_to_volume, solve_resolution
 from pointforge.nn.diffusion.samplers.base import Sampler
+from pointforge.nn.dpsr_grid import normalize_resolution
 from pointforge.upsampling.pipeline import upsample_points
 
 __all__ = ["Generated", "build_sampler", "generate_implant"]
@@ -196,6 +198,15 @@ def _voxelizer_cube(work: _Work, models: Models, notes: list[str]) -> Cube | Non
     return Cube(corner=(float(corner[0]), float(corner[1]), float(corner[2])), side=side)
 
 
+def _solve_resolution(work: Volume, models: Models, options: GenerateOptions, cube: Cube | None) -> int:
+    """The DPSR grid: ``options.voxel_resolution``, else :func:`solve_resolution` for the cube on ``work``."""
+    if options.voxel_resolution is not None:
+        return int(options.voxel_resolution)
+    trained = normalize_resolution(models.voxelizer_config.task.network().dpsr_res)[0]
+    side = float(cube.side) if cube is not None else float(unit_cube_scale(work.shape))
+    return solve_resolution(trained, side, float(np.min(work.spacing)))
+
+
 def _voxelize(dense, skull_pts, work: Volume, models: Models, options: GenerateOptions, progress, cube) -> list:
     """One completed-skull volume per proposal: a fresh skull subsample plus the proposal, through the voxelizer.
 
@@ -204,13 +215,12 @@ def _voxelize(dense, skull_pts, work: Volume, models: Models, options: GenerateO
     """
     n_vox_skull = max(int(models.voxelizer_config.task.n_points) - dense.shape[1], models.pcdiff.config.n_skull)
     rng = np.random.default_rng(int(options.seed))
+    resolution = _solve_resolution(work, models, options, cube)
     completed = []
     for k, proposal in enumerate(dense):
         take = rng.choice(len(skull_pts), size=min(n_vox_skull, len(skull_pts)), replace=False)
         points = np.concatenate([skull_pts[take], proposal], axis=0)
-        vol = points_to_volume(
-            models.voxelizer, points, work, resolution=options.voxel_resolution, device=models.device, cube=cube
-        )
+        vol = points_to_volume(models.voxelizer, points, work, resolution=resolution, device=models.device, cube=cube)
         completed.append(vol.data)
         if progress:
             progress("voxelize", k + 1, len(dense))

@@ -12,7 +12,14 @@ from torch import nn
 
 from pointforge.data.volumes import Volume
 from pointforge.errors import ConfigError, DataError
-from pointforge.implant.voxelize import field_to_mesh, points_to_field, points_to_volume, resample_inside, unit_points
+from pointforge.implant.voxelize import (
+    field_to_mesh,
+    points_to_field,
+    points_to_volume,
+    resample_inside,
+    solve_resolution,
+    unit_points,
+)
 
 SHAPE = (40, 44, 36)  # not cubic: the unit cube is 44 voxels on a side
 CENTRE = np.array([20.0, 23.0, 17.0])  # voxel indices
@@ -190,3 +197,24 @@ def test_a_cube_placed_on_the_skull_gives_the_same_solid_in_a_larger_field_of_vi
     field = torch.full((8, 8, 8), -1.0)
     inside = resample_inside(field, (12, 12, 12), cube=Cube(corner=(2.0, 2.0, 2.0), side=8.0))
     assert inside[2:10, 2:10, 2:10].all() and inside.sum() == 8**3  # nodes 0..7 at voxels 2..9
+
+
+@pytest.mark.parametrize(
+    ("trained", "side", "spacing", "expected"),
+    [
+        (64, 512, 0.45, 128),  # a real CT's 230 mm cube: 3.6 mm nodes at 64, 1.8 mm at 128
+        (64, 512, 0.4, 128),  # SkullBreak's 205 mm
+        (64, 64, 3.6, 64),  # the demo's 64³ synthetic skulls: no finer than their own voxels
+        (64, 120, 3.6, 64),  # 128 nodes would be closer than the volume's voxels
+        (64, 2000, 0.5, 256),  # a huge cube stops at the cap
+        (128, 512, 0.45, 128),  # already fine enough: never coarser than trained
+        (32, 256, 1.0, 128),  # 8 mm → 4 mm → 2 mm
+    ],
+)
+def test_the_default_solve_has_nodes_about_two_mm_apart_where_the_grid_resolves_them(trained, side, spacing, expected):
+    assert solve_resolution(trained, side, spacing) == expected
+
+
+def test_a_solve_cannot_be_sized_for_an_empty_cube():
+    with pytest.raises(DataError, match="cannot size the solve"):
+        solve_resolution(64, 0, 0.45)
