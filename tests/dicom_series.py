@@ -52,6 +52,7 @@ def ct_slices(
         ds.InstanceNumber = k + 1
         ds.Rows, ds.Columns = size[1], size[0]
         ds.PixelSpacing = [pixel_mm[1], pixel_mm[0]]
+        ds.SliceThickness = 1.0
         ds.ImageOrientationPatient = [float(v) for v in orientation]
         ds.ImagePositionPatient = [float(v) for v in position]
         ds.SamplesPerPixel, ds.PhotometricInterpretation = 1, "MONOCHROME2"
