@@ -20,33 +20,10 @@ from pointforge.implant.case import generate_case
 from pointforge.implant.dicom_out import write_encapsulated_stl, write_segmentation
 from pointforge.implant.models import load_models
 from pointforge.implant.options import GenerateOptions
-from tests.dicom_series import ct_slices, in_folder, shell_hounsfield
+from tests.dicom_series import ct_slices, in_folder, nearest_mm, seg_points, shell_hounsfield
 
 CENTRE, RADIUS, THICKNESS = (20.0, 22.0, 30.0), 16.0, 4.0
 TILT = math.radians(12.0)
-
-
-def seg_points(path) -> tuple[object, np.ndarray]:
-    """The SEG read back with highdicom, and the LPS position of every foreground pixel from its frame's geometry."""
-    import highdicom as hd
-
-    seg = hd.seg.segread(path)
-    shared = seg.SharedFunctionalGroupsSequence[0]
-    orientation = np.asarray(shared.PlaneOrientationSequence[0].ImageOrientationPatient, float)
-    row_mm, col_mm = (float(v) for v in shared.PixelMeasuresSequence[0].PixelSpacing)
-    frames = seg.pixel_array  # [frame, row, column]
-    points = []
-    for frame, group in zip(frames, seg.PerFrameFunctionalGroupsSequence):
-        position = np.asarray(group.PlanePositionSequence[0].ImagePositionPatient, float)
-        rows, cols = np.nonzero(frame)
-        points.append(position + np.outer(cols * col_mm, orientation[:3]) + np.outer(rows * row_mm, orientation[3:]))
-    return seg, np.concatenate(points)
-
-
-def nearest_mm(points: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    from scipy.spatial import cKDTree
-
-    return cKDTree(targets).query(points)[0]
 
 
 @pytest.fixture(scope="module")
