@@ -12,7 +12,8 @@ from pointforge.cli.progress import Bars
 def generate(
     defective: Path = typer.Argument(
         ...,
-        help="A defective skull (.nrrd/.nii/.nii.gz), or a dataset folder: "
+        help="A defective skull (.nrrd/.nii/.nii.gz), a CT DICOM series (a folder or .zip of its files; "
+        "the outputs then include a DICOM SEG and Encapsulated STL), or a dataset folder: "
         "a prepared dataset (its --split is processed) or a raw SkullBreak/SkullFix one.",
     ),
     pcdiff: Path = typer.Option(
@@ -57,6 +58,7 @@ def generate(
 
     With --unet instead: the volumetric U-Net peer's implant, the same files.
     """
+    from pointforge.data.dicom import is_dicom_series
     from pointforge.devices import use_threads
     from pointforge.implant.models import load_models
     from pointforge.implant.options import GenerateOptions
@@ -74,14 +76,15 @@ def generate(
         )
     options = GenerateOptions(ensemble=ensemble, sampler=sampler, steps=steps, seed=seed, components=components)
     use_threads(threads)
-    if defective.is_dir():
+    dataset = defective.is_dir() and not is_dicom_series(defective)
+    if dataset:
         from pointforge.implant.folder import cases_of
 
         cases_of(defective, split)  # a wrong folder or split fails here, before the models load
     elif not defective.exists():
         raise typer.BadParameter(f"{defective}: no such file or folder", param_hint="DEFECTIVE")
     models = load_models(pcdiff, voxelizer, device=device, upsample=upsample)
-    if defective.is_dir():
+    if dataset:
         _generate_folder(defective, out, models, options, split=split, label=label)
     else:
         _generate_case(defective, out, models, options, overwrite=overwrite, label=label)

@@ -17,7 +17,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pointforge.data.volumes import read_binary_volume
+from pointforge.data.dicom import CTSeries, is_dicom_series, read_ct_series
+from pointforge.data.volumes import Volume, read_binary_volume
 from pointforge.errors import UserError
 from pointforge.implant.models import Models
 from pointforge.implant.options import GenerateOptions
@@ -45,6 +46,10 @@ def generate_case(
 ) -> dict:
     """Generate the implant for the defective skull at ``input_path`` into the folder ``out``.
 
+    ``input_path`` is a binary mask (NRRD/NIfTI) or a CT series (a folder or zip
+    of DICOM files, :func:`~pointforge.data.dicom.read_ct_series`); a series
+    also gets its implant as a DICOM Segmentation and Encapsulated STL.
+
     All outputs are written into a hidden sibling folder that is renamed to
     ``out`` only once complete; a failure leaves ``out`` as it was. An existing
     ``out`` is refused unless ``overwrite``. Masks are written with ``label``
@@ -59,7 +64,7 @@ def generate_case(
     if out.exists() and not overwrite:
         raise UserError(f"{out} already exists; pass --overwrite to replace it, or choose another --out")
     started = time.perf_counter()
-    defective, read_s = timed(lambda: read_binary_volume(input_path))
+    (defective, series), read_s = timed(lambda: _read_input(input_path))
     result = generate_implant(
         defective, models, options, sampler=sampler, log=log, progress=progress, proposals_mm=proposals_mm
     )
@@ -72,6 +77,35 @@ def generate_case(
         "models": models.describe(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    if series is not None:
+        report["dicom"] = _series_record(series)
     return write_case_folder(
-        result, out, report, input_path=input_path, started=started, label=label, viewer_js=viewer_js, preview=preview
+        result,
+        out,
+        report,
+        input_path=input_path,
+        started=started,
+        label=label,
+        viewer_js=viewer_js,
+        preview=preview,
+        dicom_sources=series.headers if series is not None else None,
     )
+
+
+def _read_input(path: Path) -> tuple[Volume, CTSeries | None]:
+    """The defective skull, and the CT series it was made from (None for a NRRD/NIfTI mask)."""
+    if is_dicom_series(path):
+        series = read_ct_series(path)
+        return series.skull, series
+    return read_binary_volume(path), None
+
+
+def _series_record(series: CTSeries) -> dict:
+    first = series.headers[0]
+    return {
+        "frame_of_reference_uid": series.frame_of_reference_uid,
+        "study_instance_uid": str(first.get("StudyInstanceUID", "")),
+        "series_instance_uid": str(first.get("SeriesInstanceUID", "")),
+        "slices": len(series.headers),
+        "notes": series.notes,
+    }

@@ -29,6 +29,13 @@ Outputs of one case (``EXT`` is the input's: NRRD in → NRRD out, NIfTI → NIf
   beside it, or from the dataset's root in folder mode (one copy for all cases);
 * ``report.json`` — parameters, seed, models, timings per stage, implant volume,
   mesh checks, agreement statistics, versions.
+
+For a CT series in (a DICOM folder or zip, :mod:`pointforge.data.dicom`) the
+volumes are NRRD on the skull's isotropic grid in the series' patient
+coordinates, and two DICOM files in the CT's Frame of Reference join them
+(:mod:`pointforge.implant.dicom_out`): ``implant_seg.dcm`` (a Segmentation) and
+``implant_stl.dcm`` (the mesh as Encapsulated STL); report.json's ``dicom``
+says which series they reference and what was done to read it.
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ from pointforge.data.volumes import Volume, volume_format, write_volume
 from pointforge.devices import available_cores
 from pointforge.errors import UserError
 from pointforge.formats import json_safe
+from pointforge.implant.dicom_out import SEG_FILE, STL_DICOM_FILE, write_encapsulated_stl, write_segmentation
 from pointforge.implant.export import Layer, render_preview
 from pointforge.implant.pipeline import Generated
 from pointforge.implant.timing import timed
@@ -67,7 +75,9 @@ REPORT = "report.json"
 
 
 def suffix_of(path: Path) -> str:
-    """The outputs' extension: the input's volume format (NRRD in, NRRD out; NIfTI in, NIfTI out)."""
+    """The outputs' extension: the input's volume format (NRRD in, NRRD out; NIfTI in, NIfTI out; DICOM: NRRD)."""
+    if Path(path).is_dir() or str(path).lower().endswith(".zip"):
+        return ".nrrd"
     return (
         ".nii.gz" if str(path).lower().endswith(".nii.gz") else (".nii" if volume_format(path) == "nifti" else ".nrrd")
     )
@@ -182,13 +192,15 @@ def write_case(
     label: float = 1,
     js_src: str = PLOTLY_JS,
     preview: bool = True,
+    dicom_sources: list | None = None,
 ) -> dict:
     """Write every output of one case into ``folder`` (which the caller renames into place);
     returns ``report`` completed with what was written. The caller writes report.json last.
 
     Masks are written as 0/``label``; view.html loads plotly.js from ``js_src``
     (relative to the case's final folder; ``plotly.min.js``, the default, is
-    written into ``folder`` itself)."""
+    written into ``folder`` itself). With ``dicom_sources`` (the CT slices' headers),
+    the implant is also written as a DICOM Segmentation and the mesh as Encapsulated STL."""
     t = time.perf_counter()
     ref = result.defective
     folder.mkdir(parents=True, exist_ok=True)
@@ -201,6 +213,7 @@ def write_case(
         "view": "view.html",
         "proposals": [f"proposals/implant_{k}{suffix}" for k in range(len(result.proposals))],
         "points": "proposals/points.npy",
+        **({"seg": SEG_FILE, "stl_dicom": STL_DICOM_FILE} if dicom_sources else {}),
     }
     (folder / files["points"]).parent.mkdir(parents=True, exist_ok=True)
     # The files are independent: compressing volumes (zlib and NumPy copies release the GIL)
@@ -221,6 +234,10 @@ def write_case(
         solid = make_well_composed(result.implant.copy())
         mesh = field_to_mesh(solid, ref)
         mesh.export(folder / files["mesh"], file_type="stl")
+        if dicom_sources:
+            jobs["dicom"] = [
+                pool.submit(timed, partial(_write_dicom, result, mesh, folder, files, title, dicom_sources))
+            ]
         if js_src == PLOTLY_JS:
             write_plotly_js(folder / PLOTLY_JS)
         parts = {"mesh": time.perf_counter() - mesh_start}
@@ -230,6 +247,14 @@ def write_case(
     result.timings.update({f"write_{name}_s": seconds for name, seconds in parts.items()})
     report.update(_case_summary(result, files, mesh, solid))
     return report
+
+
+def _write_dicom(result: Generated, mesh, folder: Path, files: dict, title: str, sources: list) -> None:
+    """implant_seg.dcm and implant_stl.dcm, in the CT's Frame of Reference (the skull's grid is in its LPS)."""
+    implant = result.defective.with_data(result.implant)
+    write_segmentation(folder / files["seg"], implant, sources, description=title or "pointforge implant")
+    stl = (folder / files["mesh"]).read_bytes()
+    write_encapsulated_stl(folder / files["stl_dicom"], stl, sources, description=title or "pointforge implant")
 
 
 def _case_summary(result: Generated, files: dict, mesh, solid: np.ndarray) -> dict:
@@ -282,6 +307,7 @@ def write_case_folder(
     label: float | None = None,
     viewer_js: str | os.PathLike | None = None,
     preview: bool = True,
+    dicom_sources: list | None = None,
 ) -> dict:
     """Every output of one case, report.json last, into a hidden sibling of ``out`` renamed to ``out`` once
     complete; a failure leaves ``out`` as it was. Returns ``report`` completed.
@@ -307,6 +333,7 @@ def write_case_folder(
             label=report["label"]["value"],
             js_src=js_src,
             preview=preview,
+            dicom_sources=dicom_sources,
         )
         report["timings_s"]["total_s"] = round(time.perf_counter() - started, 3)
         (partial / REPORT).write_text(json.dumps(json_safe(report), indent=1))

@@ -8,7 +8,7 @@ Routes (the OpenAPI schema is at ``/openapi.json``, browsable at ``/docs``):
   checked, stored, queued; 201 with the job, or 400/413/415 with one line in ``detail``;
 * ``GET /api/cases`` every job, newest first; ``GET /api/cases/{id}`` one job and its report's summary;
 * ``GET /api/cases/{id}/files/{kind}`` a download (``implant``, ``uncertainty``, ``completed_skull``,
-  ``stl``, ``report``); ``DELETE /api/cases/{id}`` removes a case that is not running;
+  ``stl``, ``report``; for a CT series in, ``seg`` and ``stl_dicom``); ``DELETE /api/cases/{id}`` removes a case that is not running;
 * ``GET /cases/{id}/view.html`` the 3-D view `generate` writes (and ``/cases/plotly.min.js``).
 
 Ids are made by the server and checked against the store before any file is
@@ -38,7 +38,7 @@ from pointforge.serve.worker import DataLayout
 
 __all__ = ["create_app", "DOWNLOADS"]
 
-DOWNLOADS = {"implant", "uncertainty", "completed_skull", "stl", "report"}
+DOWNLOADS = {"implant", "uncertainty", "completed_skull", "stl", "report", "seg", "stl_dicom"}
 _MEDIA = {".js": "text/javascript", ".css": "text/css", ".html": "text/html"}
 _NAME_CHARS = 120
 
@@ -58,7 +58,9 @@ def _summary(case: Path) -> dict[str, Any] | None:
         report = json.loads((case / "report.json").read_text())
     except (OSError, ValueError):
         return None
-    return {key: report.get(key) for key in ("implant", "mesh", "agreement", "timings_s", "parameters", "notes")}
+    return {
+        key: report.get(key) for key in ("implant", "mesh", "agreement", "timings_s", "parameters", "notes", "dicom")
+    }
 
 
 class _Cases:
@@ -120,7 +122,9 @@ class _Cases:
         if kind not in DOWNLOADS or job.status != "done":
             raise HTTPException(404, "no such file for this case")
         outputs = json.loads((case / "report.json").read_text())["outputs"]
-        rel = {"stl": outputs["mesh"], "report": "report.json"}.get(kind) or outputs[kind]
+        rel = {"stl": outputs["mesh"], "report": "report.json"}.get(kind) or outputs.get(kind)
+        if rel is None:
+            raise HTTPException(404, f"this case has no {kind} file (DICOM files are written for DICOM input only)")
         path = case / rel
         return FileResponse(path, filename=f"{job.id}-{path.name}", media_type="application/octet-stream")
 

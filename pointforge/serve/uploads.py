@@ -7,7 +7,9 @@ read with the project's own reader (3-D, binary, one foreground value) and
 its header must promise no more than ``max_voxels`` voxels before anything is
 decompressed; a NRRD may not name a detached data file (that would be a path
 the client chose). A zip is a CT DICOM series (:mod:`pointforge.serve.dicom`)
-whose member names, sizes and compression ratios are checked first. The
+whose member names, sizes and compression ratios are checked first; it is
+read whole (the skull must come out of it) and then kept as it came, so that
+``generate`` can write the implant back as DICOM referencing the series. The
 checked file is renamed into place atomically; only then is a job written.
 """
 
@@ -23,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from pointforge.atomic import atomic_path
-from pointforge.data.volumes import read_binary_volume, write_volume
+from pointforge.data.volumes import read_binary_volume
 from pointforge.errors import DataError
 from pointforge.serve.dicom import read_series_zip
 
@@ -31,7 +33,7 @@ __all__ = ["Checked", "sniff", "check_upload", "zip_members", "MAX_ZIP_RATIO", "
 
 MAX_ZIP_RATIO = 100  # a DICOM slice compresses perhaps 3-10×; far more is a zip bomb
 MAX_ZIP_MEMBERS = 4000
-SUFFIX = {"nrrd": ".nrrd", "nifti": ".nii", "nifti-gz": ".nii.gz", "dicom-zip": ".nrrd"}
+SUFFIX = {"nrrd": ".nrrd", "nifti": ".nii", "nifti-gz": ".nii.gz", "dicom-zip": ".zip"}
 _NAMED_FORMATS = {
     b"\x89PNG": "a PNG image",
     b"\xff\xd8\xff": "a JPEG image",
@@ -150,9 +152,10 @@ def check_upload(raw: Path, target: Path, *, max_voxels: int, max_unzipped: int)
     kind = sniff(raw)
     final = target.with_name(target.name + SUFFIX[kind])
     if kind == "dicom-zip":
-        volume = read_series_zip(raw, zip_members(raw, max_unzipped), max_voxels=max_voxels)
-        write_volume(final, volume.with_data(volume.data.astype(np.uint8)))  # write_volume is atomic
-        return Checked(kind, SUFFIX[kind], volume.shape)
+        series = read_series_zip(raw, zip_members(raw, max_unzipped), max_voxels=max_voxels)
+        with atomic_path(final, suffix=SUFFIX[kind]) as tmp:
+            shutil.copyfile(raw, tmp)
+        return Checked(kind, SUFFIX[kind], series.skull.shape)
     check_volume_size(_declared_voxels(raw, kind), max_voxels)
     with atomic_path(final, suffix=SUFFIX[kind]) as tmp:
         shutil.copyfile(raw, tmp)

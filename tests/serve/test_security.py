@@ -166,15 +166,15 @@ def test_the_command_refuses_a_network_address_without_a_token_in_one_line(tmp_p
     assert not (tmp_path / "d").exists()
 
 
-def test_a_ct_series_zip_is_accepted_through_the_api_and_queued_as_a_mask(tmp_path):
-    from tests.serve.dicom_series import ct_series_zip
+def test_a_ct_series_zip_is_accepted_through_the_api_and_queued_as_the_zip(tmp_path):
+    from tests.dicom_series import ct_series_zip
 
     client, store = client_for(tmp_path)
     skull = shell_mask((24, 24, 12), radii=(9, 8, 5), thickness=2.0)
     made = client.post("/api/cases", params={"name": "ct.zip"}, content=ct_series_zip(np.where(skull, 1000.0, 0.0)))
     assert made.status_code == 201 and made.json()["kind"] == "dicom-zip", made.text
-    assert store.get(made.json()["id"]).input == f"{made.json()['id']}.nrrd"
-    assert not any((tmp_path / "incoming").iterdir())  # the zip itself is not kept
+    assert store.get(made.json()["id"]).input == f"{made.json()['id']}.zip"  # generate writes DICOM from it
+    assert not any((tmp_path / "incoming").iterdir())
 
 
 def test_behind_a_proxy_the_public_address_is_the_one_more_host_and_origin_accepted(tmp_path, skull_bytes):

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pointforge.data.volumes import read_volume, write_volume
+from pointforge.data.volumes import write_volume
 from pointforge.errors import DataError
 from pointforge.serve.uploads import check_upload
+from tests.dicom_series import ct_series_zip
 from tests.helpers import shell_mask
-from tests.serve.dicom_series import ct_series_zip
 
 LIMITS = {"max_voxels": 200**3, "max_unzipped": 50 * 2**20}
 
@@ -94,17 +94,20 @@ def test_a_zip_bomb_is_refused_from_its_directory(tmp_path):
         check(tmp_path, zipped({"slice.dcm": bytes(20 * 2**20)}))
 
 
-def test_a_ct_series_becomes_the_largest_bone_component_on_an_isotropic_grid(tmp_path):
+def test_a_ct_series_is_checked_whole_and_kept_as_the_zip(tmp_path):
     skull = shell_mask((40, 40, 20), radii=(15, 14, 8), thickness=2.5)
     hounsfield = np.where(skull, 1200.0, 20.0).astype(np.float32)
-    hounsfield[1:3, 1:3, 1:3] = 1500.0  # a loose fragment: not the skull
-    done = check(tmp_path, ct_series_zip(hounsfield, spacing=(0.8, 0.8, 1.6)))
-    volume = read_volume(tmp_path / "stored.nrrd")
-    assert done.kind == "dicom-zip" and np.allclose(volume.spacing, 0.8)
-    assert volume.shape == (40, 40, 39)  # 20 slices 1.6 mm apart, resampled every 0.8 mm
-    assert not volume.data[1:3, 1:3, 1:5].any(), "the loose fragment was kept"
-    assert abs(int(volume.data.astype(bool).sum()) / (2 * skull.sum()) - 1) < 0.15
-    assert np.allclose(volume.origin, (-10.0, -20.0, 5.0))
+    payload = ct_series_zip(hounsfield, spacing=(0.8, 0.8, 1.6))
+    done = check(tmp_path, payload)
+    assert done.kind == "dicom-zip" and done.suffix == ".zip"
+    assert done.shape == (40, 40, 39)  # 20 slices 1.6 mm apart, resampled every 0.8 mm
+    assert (tmp_path / "stored.zip").read_bytes() == payload
+
+
+def test_a_ct_series_without_bone_is_refused_at_upload(tmp_path):
+    with pytest.raises(DataError, match="no voxel reaches 300 HU"):
+        check(tmp_path, ct_series_zip(np.full((12, 12, 6), 20.0, np.float32)))
+    assert not (tmp_path / "stored.zip").exists()
 
 
 def test_a_series_that_is_not_ct_is_refused(tmp_path):

@@ -67,10 +67,21 @@ async function showCase(id) {
     `implant ${implant.volume_cm3} cm³; mesh ${mesh.watertight ? "watertight" : "NOT watertight"}; ` +
     `agreement of the proposals in the implant: mean ${agreement.mean_in_implant}, ` +
     `unanimous ${agreement.unanimous_fraction_in_implant}; ${job.seconds} s`;
+  const dicom = r.dicom;
+  const checks = $("case-checks");
+  checks.replaceChildren();
+  for (const note of dicom ? dicom.notes : []) {
+    const item = document.createElement("li");
+    item.textContent = note;
+    checks.append(item);
+  }
+  checks.hidden = !dicom;
   const links = $("downloads");
   links.replaceChildren();
-  for (const [kind, label] of [["implant", "implant"], ["stl", "STL (mm)"], ["uncertainty", "uncertainty"],
-                               ["completed_skull", "completed skull"], ["report", "report"]]) {
+  const kinds = [["implant", "implant"], ["stl", "STL (mm)"], ["uncertainty", "uncertainty"],
+                 ["completed_skull", "completed skull"], ["report", "report"]];
+  if (dicom) kinds.push(["seg", "DICOM SEG"], ["stl_dicom", "DICOM STL"]);
+  for (const [kind, label] of kinds) {
     const a = document.createElement("a");
     a.href = `/api/cases/${id}/files/${kind}`; a.textContent = label; a.id = `download-${kind}`;
     a.setAttribute("download", "");
