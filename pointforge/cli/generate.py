@@ -48,6 +48,12 @@ def generate(
         help="Clean-up keeps every implant component of at least this fraction of the largest "
         "(1: the largest only, as upstream; 0.2 keeps both plates of a bilateral defect).",
     ),
+    reach_mm: float = typer.Option(
+        None,
+        "--reach-mm",
+        help="Clean-up keeps only implant voxels within this many mm of a generated implant point "
+        "(default: the whole ball around the points, as upstream).",
+    ),
     label: float = typer.Option(
         None,
         "--label",
@@ -74,7 +80,9 @@ def generate(
             "give --pcdiff and --voxelizer (the PCDiff pipeline), or --unet (the U-Net peer)",
             param_hint="--pcdiff" if pcdiff is None else "--voxelizer",
         )
-    options = GenerateOptions(ensemble=ensemble, sampler=sampler, steps=steps, seed=seed, components=components)
+    options = GenerateOptions(
+        ensemble=ensemble, sampler=sampler, steps=steps, seed=seed, components=components, reach_mm=reach_mm
+    )
     use_threads(threads)
     dataset = defective.is_dir() and not is_dicom_series(defective)
     if dataset:

@@ -227,11 +227,17 @@ def _voxelize(dense, skull_pts, work: Volume, models: Models, options: GenerateO
     return completed
 
 
-def _postprocess(completed: list, dense: np.ndarray, work: _Work, defective: Volume, components: float, timings: dict):
+def _postprocess(completed: list, dense: np.ndarray, work: _Work, defective: Volume, options: GenerateOptions, timings):
     """The voted implant, each proposal's own implant and their agreement, on the input's grid
     (:func:`~pointforge.implant.postprocess.implant_and_agreement`, which fills ``timings``)."""
     implant, own, agreement = implant_and_agreement(
-        completed, work.volume.data, dense, spacing=work.volume.spacing, components=components, timings=timings
+        completed,
+        work.volume.data,
+        dense,
+        spacing=work.volume.spacing,
+        components=options.components,
+        reach_mm=options.reach_mm,
+        timings=timings,
     )
     implant = work.to_input(implant, binary=True)
     own = [work.to_input(m, binary=True) for m in own]
@@ -300,7 +306,7 @@ def generate_implant(
     completed, timings["voxelize_s"] = timed(lambda: _voxelize(dense, skull_pts, work, models, options, progress, cube))
     say(f"voxelize: {len(completed)} completed skulls ({timings['voxelize_s']:.1f} s)")
     (implant, own, agreement), timings["postprocess_s"] = timed(
-        lambda: _postprocess(completed, dense, grid, defective, options.components, timings)
+        lambda: _postprocess(completed, dense, grid, defective, options, timings)
     )
     if not implant.any():
         raise DataError(

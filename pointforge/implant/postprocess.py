@@ -49,6 +49,7 @@ from functools import partial
 
 import numpy as np
 from scipy import ndimage
+from scipy.spatial import cKDTree
 
 from pointforge.data.surface import bounding_box
 from pointforge.devices import available_cores
@@ -165,6 +166,24 @@ def near_points(shape: tuple[int, ...], points_vox: np.ndarray, radius_factor: f
     return out
 
 
+def within_reach(mask: np.ndarray, box: tuple[slice, ...], points_vox: np.ndarray, reach: float) -> np.ndarray:
+    """``mask`` (the part of a volume ``box`` covers) kept where a voxel lies within ``reach`` voxels of a point.
+
+    The voxels are looked up in a k-d tree of the points, so the cost is the
+    mask's voxels, not the box's.
+    """
+    inside = np.argwhere(mask)
+    out = np.zeros_like(mask, dtype=bool)
+    if len(inside) == 0:
+        return out
+    corner = np.array([b.start for b in box], dtype=np.float64)
+    tree = cKDTree(np.asarray(points_vox, dtype=np.float64).reshape(-1, 3))
+    distance, _ = tree.query(inside + corner, distance_upper_bound=float(reach))
+    keep = inside[np.isfinite(distance)]
+    out[tuple(keep.T)] = True
+    return out
+
+
 def clean_implant(mask: np.ndarray, radius: int = 1, components: float = 1.0) -> np.ndarray:
     """Opening, largest component, median, closing, hole filling, largest component.
 
@@ -201,6 +220,7 @@ def implant_from_proposals(
     radius_factor: float = 1.1,
     spacing=None,
     components: float = 1.0,
+    reach_mm: float | None = None,
 ) -> tuple[np.ndarray, Vote]:
     """The full upstream chain. ``proposals`` are completed-skull masks (inside = 1).
 
@@ -208,8 +228,10 @@ def implant_from_proposals(
     keep upstream's size in millimetres (module docs); without it, upstream's
     voxel sizes. ``dilate`` (each proposal, before the vote) defaults to that
     same radius. ``components`` is :func:`clean_implant`'s (1: the largest
-    component only, as upstream). Returns the implant mask and the vote (its
-    agreement map is the uncertainty).
+    component only, as upstream). ``reach_mm`` (needs ``spacing``) keeps only
+    candidate voxels within that distance of a generated implant point; None
+    keeps the whole ball. Returns the implant mask and the vote (its agreement
+    map is the uncertainty).
     """
     radius = 1 if spacing is None else morphology_radius(spacing)
     dilate = radius if dilate is None else dilate
@@ -229,6 +251,11 @@ def implant_from_proposals(
         )
     vote = _vote_in(props, box, dilate)
     candidate = vote.mask & ~defective[box] & _ball_in(box, centre, ball_radius)
+    if reach_mm is not None:
+        if spacing is None:
+            raise DataError("reach_mm is in millimetres: give the grid's spacing too")
+        reach = float(reach_mm) / float(np.min(np.asarray(spacing, dtype=np.float64)))
+        candidate = within_reach(candidate, box, implant_points_vox, reach)
     implant = np.zeros(shape, dtype=bool)
     implant[box] = clean_implant(candidate, radius, components)
     return implant, vote
@@ -271,6 +298,7 @@ def implant_and_agreement(
     *,
     spacing,
     components: float,
+    reach_mm: float | None = None,
     timings: dict | None = None,
 ) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
     """The voted implant of the completed skulls, each one's own implant and their agreement map.
@@ -283,7 +311,9 @@ def implant_and_agreement(
     and ``agreement_s`` (the own implants and the map), each its own seconds: together more
     than the wall time.
     """
-    chain = partial(implant_from_proposals, defective=defective, spacing=spacing, components=components)
+    chain = partial(
+        implant_from_proposals, defective=defective, spacing=spacing, components=components, reach_mm=reach_mm
+    )
     with ThreadPoolExecutor(max_workers=available_cores()) as pool:
         voted = pool.submit(timed, partial(chain, completed, implant_points_vox=np.reshape(points_vox, (-1, 3))))
         alone = [

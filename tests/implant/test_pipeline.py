@@ -288,6 +288,7 @@ def test_wrong_options_are_config_errors(models, tmp_path):
         ({"sampler": "euler"}, "unknown sampler"),
         ({"sampler": "ddpm", "steps": 10}, "ddpm runs all"),
         ({"components": 1.5}, "--components must be a fraction"),
+        ({"reach_mm": 0.0}, "--reach-mm must be a positive distance"),
     ):
         with pytest.raises(ConfigError, match=message):  # when the options are made, or before the input is read
             generate_case(tmp_path / "nothing.nrrd", tmp_path / "out", models, GenerateOptions(**options))

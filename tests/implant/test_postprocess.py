@@ -186,3 +186,37 @@ def test_agreement_map_of_implants_in_far_apart_corners():
     expected = np.mean(own, axis=0).astype(np.float32)
     assert np.array_equal(pp.agreement_map(own, (20, 30, 25)), expected)
     assert not pp.agreement_map([np.zeros((4, 4, 4), bool)], (4, 4, 4)).any()
+
+
+def test_within_reach_keeps_only_voxels_near_a_point():
+    mask = np.ones((10, 10, 10), bool)
+    box = (slice(20, 30), slice(0, 10), slice(0, 10))  # the mask is a part of a larger volume
+    kept = pp.within_reach(mask, box, np.array([[22.0, 5.0, 5.0]]), 2.5)
+    z, y, x = np.nonzero(kept)
+    assert kept[2, 5, 5] and kept[4, 5, 5] and not kept[5, 5, 5]
+    assert np.all((z - 2) ** 2 + (y - 5) ** 2 + (x - 5) ** 2 < 2.5**2)
+    assert not pp.within_reach(np.zeros((3, 3, 3), bool), box, np.zeros((1, 3)), 5.0).any()
+
+
+def test_reach_cuts_excess_joined_to_the_implant_far_from_its_points():
+    # The completed skull fills a plug in the defect and, joined to it, a slab of excess along the
+    # skull beside it; the generated points lie on the plug only.
+    shape = (40, 40, 40)
+    defective = np.zeros(shape, bool)
+    defective[20:23, 4:36, 4:36] = True
+    plug = np.zeros(shape, bool)
+    plug[20:23, 14:26, 14:26] = True
+    defective &= ~plug
+    excess = np.zeros(shape, bool)
+    excess[23:26, 14:36, 14:26] = True  # outside the bone, touching the plug, running 10 voxels past it
+    completed = defective | plug | excess
+    points = np.argwhere(plug).astype(float)
+    spacing = (1.0, 1.0, 1.0)
+    plain, _ = pp.implant_from_proposals([completed], defective, points, spacing=spacing, radius_factor=2.0)
+    near, _ = pp.implant_from_proposals(
+        [completed], defective, points, spacing=spacing, radius_factor=2.0, reach_mm=4.0
+    )
+    assert plain[24, 33, 20] and not near[24, 33, 20]  # the far end of the excess goes
+    assert (near & plug).sum() == plug.sum()  # the implant itself stays whole
+    with pytest.raises(DataError, match="spacing"):
+        pp.implant_from_proposals([completed], defective, points, reach_mm=4.0)
