@@ -23,17 +23,20 @@ and its minimum thickness is then measured on the mesh itself
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from scipy import ndimage
 
+from pointforge.atomic import atomic_path, atomic_write_text
 from pointforge.data.surface import bounding_box, make_well_composed, volume_to_mesh
-from pointforge.data.volumes import Volume
-from pointforge.errors import ConfigError, DataError
+from pointforge.data.volumes import Volume, read_binary_volume
+from pointforge.errors import ConfigError, DataError, UserError
 from pointforge.implant.thickness import min_wall_thickness
 
-__all__ = ["PrintOptions", "printable_mesh"]
+__all__ = ["PrintOptions", "printable_mesh", "write_printable"]
 
 _MAX_WORK_VOXELS = 4_000_000
 
@@ -172,3 +175,25 @@ def printable_mesh(implant: np.ndarray, skull: Volume, options: PrintOptions):
         "working_voxel_mm": round(grid.voxel_mm, 4),
         "overlap_with_skull_mm3": round(float((solid & bone).sum()) * grid.voxel_mm**3, 1),
     }
+
+
+def write_printable(case: Path, skull_path: Path, options: PrintOptions) -> tuple[Path, dict]:
+    """The printable STL of a finished case folder (``generate``'s), made once per choice and setting into
+    ``case/printable/<slug>.stl`` with its measurements beside it (``<slug>.json``); (the STL, the measurements)."""
+    stl, record = case / "printable" / f"{options.slug()}.stl", case / "printable" / f"{options.slug()}.json"
+    if stl.is_file() and record.is_file():
+        return stl, json.loads(record.read_text())
+    outputs = json.loads((case / "report.json").read_text())["outputs"]
+    if options.proposal is not None and options.proposal >= len(outputs["proposals"]):
+        raise UserError(f"this case has proposals 0 to {len(outputs['proposals']) - 1}; choose one of them or 'vote'")
+    chosen = outputs["implant"] if options.proposal is None else outputs["proposals"][options.proposal]
+    skull = read_binary_volume(skull_path)
+    implant = read_binary_volume(case / chosen, allow_empty=True).data
+    mesh, measured = printable_mesh(implant, skull, options)
+    measured["watertight"] = bool(mesh.is_watertight)
+    measured["volume_cm3"] = round(float(mesh.volume) / 1000.0, 3)
+    stl.parent.mkdir(exist_ok=True)
+    with atomic_path(stl, suffix=".stl") as tmp:
+        mesh.export(tmp, file_type="stl")
+    atomic_write_text(record, json.dumps(measured, indent=1))
+    return stl, measured

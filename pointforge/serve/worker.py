@@ -28,11 +28,12 @@ log = logging.getLogger("pointforge.serve")
 
 
 class DataLayout:
-    """The data folder: jobs.sqlite3, uploads/<id>.<ext>, cases/<id>/, incoming/ (uploads being received)."""
+    """The data folder: jobs.sqlite3, tokens.sqlite3, audit.jsonl, uploads/<id>.<ext>, cases/<id>/, incoming/."""
 
     def __init__(self, root: Path):
         self.root = Path(root)
         self.db = self.root / "jobs.sqlite3"
+        self.audit = self.root / "audit.jsonl"
         self.uploads = self.root / "uploads"
         self.cases = self.root / "cases"
         self.incoming = self.root / "incoming"
