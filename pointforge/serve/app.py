@@ -253,7 +253,7 @@ def _add_case_routes(app: FastAPI, cases: _Cases, layout: DataLayout) -> None:
     async def upload(request: Request, name: str | None = Query(None, description="a label (the file's name)")):
         """The file is the request body: NRRD, NIfTI (.nii/.nii.gz) or a zip of one CT DICOM series."""
         response = await cases.receive(request, name)
-        cases.log(request, "upload", json.loads(response.body)["id"])
+        cases.log(request, "upload", json.loads(bytes(response.body))["id"])
         return response
 
     @app.get("/api/cases/{job_id}")
