@@ -72,7 +72,8 @@ async function showCase(id) {
   for (const [kind, label] of [["implant", "implant"], ["stl", "STL (mm)"], ["uncertainty", "uncertainty"],
                                ["completed_skull", "completed skull"], ["report", "report"]]) {
     const a = document.createElement("a");
-    a.href = `/api/cases/${id}/files/${kind}`; a.textContent = label; a.id = `download-${kind}`;
+    a.href = kind === "stl" ? `/api/cases/${id}/printable.stl` : `/api/cases/${id}/files/${kind}`;
+    a.textContent = label; a.id = `download-${kind}`;
     a.setAttribute("download", "");
     links.append(a);
   }
