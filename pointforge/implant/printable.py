@@ -160,6 +160,10 @@ def printable_mesh(implant: np.ndarray, skull: Volume, options: PrintOptions):
     # Smoothed by one working voxel before marching, so the surface has no voxel staircase (whose ledges
     # would be thin features of their own); the slack above covers what it takes off.
     field = ndimage.gaussian_filter(make_well_composed(solid).astype(np.float32), sigma=1.0)
+    # A cavity sealed inside (a crevice the smoothing closed) cannot be printed, as it traps resin or powder,
+    # and its walls would measure as thin as it is small: filled.
+    inside = field >= 0.5
+    field[ndimage.binary_fill_holes(inside) & ~inside] = 1.0
     verts, faces = volume_to_mesh(field, level=0.5)
     verts_mm = skull.voxel_to_physical(grid.start + verts * grid.step)
     if np.linalg.det(skull.affine()[:3, :3]) < 0:
@@ -179,8 +183,10 @@ def printable_mesh(implant: np.ndarray, skull: Volume, options: PrintOptions):
 
 def write_printable(case: Path, skull_path: Path, options: PrintOptions) -> tuple[Path, dict]:
     """The printable STL of a finished case folder (``generate``'s), made once per choice and setting into
-    ``case/printable/<slug>.stl`` with its measurements beside it (``<slug>.json``); (the STL, the measurements)."""
-    stl, record = case / "printable" / f"{options.slug()}.stl", case / "printable" / f"{options.slug()}.json"
+    ``case/printable/<case>-<slug>.stl`` (named for the case and the choice, so that a copy taken elsewhere still
+    says what it is) with its measurements beside it (``.json``); (the STL, the measurements)."""
+    stem = f"{case.resolve().name}-{options.slug()}"  # no with_suffix: a slug such as t2.5mm has a dot of its own
+    stl, record = case / "printable" / f"{stem}.stl", case / "printable" / f"{stem}.json"
     if stl.is_file() and record.is_file():
         return stl, json.loads(record.read_text())
     outputs = json.loads((case / "report.json").read_text())["outputs"]
