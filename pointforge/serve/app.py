@@ -37,7 +37,7 @@ from pointforge.serve.settings import ServeSettings
 from pointforge.serve.store import Job, JobStore, is_job_id, new_job_id
 from pointforge.serve.tokens import TokenStore
 from pointforge.serve.uploads import check_upload
-from pointforge.serve.worker import DataLayout
+from pointforge.serve.worker import DataLayout, keep_within, recount
 
 __all__ = ["create_app", "DOWNLOADS"]
 
@@ -61,7 +61,8 @@ def _summary(case: Path) -> dict[str, Any] | None:
         report = json.loads((case / "report.json").read_text())
     except (OSError, ValueError):
         return None
-    return {key: report.get(key) for key in ("implant", "mesh", "agreement", "timings_s", "parameters", "notes")}
+    summary = {key: report.get(key) for key in ("implant", "mesh", "agreement", "timings_s", "parameters", "notes")}
+    return {**summary, "proposals": len(report.get("outputs", {}).get("proposals", []))}
 
 
 class _Cases:
@@ -139,9 +140,12 @@ class _Cases:
         if job.status != "done":
             raise HTTPException(404, "the case is not done; an STL can be made once it is")
         try:
-            return write_printable(self.layout.case(job.id), self.layout.upload(job), options)
+            made = write_printable(self.layout.case(job.id), self.layout.upload(job), options)
         except UserError as exc:
             raise HTTPException(400, str(exc)) from None
+        recount(self.store, self.layout, job)
+        keep_within(self.store, self.layout, self.settings.max_disk_bytes, spare=job.id)
+        return made
 
     def view(self, job_id: str) -> Response:
         job = self.job(job_id)

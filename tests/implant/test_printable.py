@@ -19,6 +19,10 @@ from tests.helpers import run_cli, shell_mask
 
 @pytest.fixture(scope="module")
 def thin_case() -> tuple[Volume, np.ndarray]:
+    return thin_dome()
+
+
+def thin_dome() -> tuple[Volume, np.ndarray]:
     """A skull shell two voxels (4 mm) thick with a defect on top, and its implant one voxel (2 mm) thick."""
     skull = shell_mask((30, 30, 30), radii=(12, 12, 12), thickness=2.0)
     defect = skull & (np.indices(skull.shape)[2] >= 24)
