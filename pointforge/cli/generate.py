@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from pointforge.cli.progress import Bars
+
+if TYPE_CHECKING:
+    from pointforge.implant.printable import PrintOptions
 
 
 def generate(
@@ -107,7 +111,9 @@ def generate(
         _write_printable(out, defective, to_print)
 
 
-def _print_options(choice: str | None, min_thickness: float | None, margin: float | None, *, proposals: int):
+def _print_options(
+    choice: str | None, min_thickness: float | None, margin: float | None, *, proposals: int
+) -> PrintOptions | None:
     """The print-ready STL's options (checked here, before any work), or None when none was asked for."""
     if choice is None and min_thickness is None and margin is None:
         return None
@@ -122,7 +128,7 @@ def _print_options(choice: str | None, min_thickness: float | None, margin: floa
     return options
 
 
-def _write_printable(case: Path, defective: Path, options) -> None:
+def _write_printable(case: Path, defective: Path, options: PrintOptions | None) -> None:
     if options is None:
         return
     from pointforge.implant.printable import write_printable

@@ -8,7 +8,9 @@ Routes (the OpenAPI schema is at ``/openapi.json``, browsable at ``/docs``):
   checked, stored, queued; 201 with the job, or 400/413/415 with one line in ``detail``;
 * ``GET /api/cases`` every job, newest first; ``GET /api/cases/{id}`` one job and its report's summary;
 * ``GET /api/cases/{id}/files/{kind}`` a download (``implant``, ``uncertainty``, ``completed_skull``,
-  ``stl``, ``report``); ``DELETE /api/cases/{id}`` removes a case that is not running;
+  ``report``); ``DELETE /api/cases/{id}`` removes a case that is not running;
+* ``POST /api/cases/{id}/printable`` makes the print-ready STL of the vote or one proposal at a minimum
+  thickness and margin, ``GET /api/cases/{id}/printable.stl`` downloads it; ``GET /api/audit`` the audit log;
 * ``GET /cases/{id}/view.html`` the 3-D view `generate` writes (and ``/cases/plotly.min.js``).
 
 Ids are made by the server and checked against the store before any file is
