@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from pointforge.cli.progress import Bars
+
+if TYPE_CHECKING:
+    from pointforge.implant.printable import PrintOptions
 
 
 def generate(
@@ -59,6 +63,18 @@ def generate(
         "--label",
         help="Foreground value of the written masks (default: the input's own, e.g. 255 for a 0/255 skull).",
     ),
+    printable: str = typer.Option(
+        None,
+        "--printable",
+        help="One case: also write a print-ready STL of 'vote' (the implant) or proposal K (0, 1, ...); "
+        "the default when --min-thickness or --margin is given is vote.",
+    ),
+    min_thickness: float = typer.Option(
+        None, "--min-thickness", help="Print-ready STL: grow the implant to at least this wall thickness (mm)."
+    ),
+    margin: float = typer.Option(
+        None, "--margin", help="Print-ready STL: a flange this many mm onto the skull around the defect (mm)."
+    ),
 ) -> None:
     """Design an implant: PCDiff proposals → voxelizer → vote → clean-up → NRRD/NIfTI, STL, uncertainty, preview, 3-D view, report.
 
@@ -66,14 +82,21 @@ def generate(
     """
     from pointforge.data.dicom import is_dicom_series
     from pointforge.devices import use_threads
+    from pointforge.errors import ConfigError
     from pointforge.implant.models import load_models
     from pointforge.implant.options import GenerateOptions
 
+    to_print = _print_options(printable, min_thickness, margin, proposals=1 if unet is not None else ensemble)
+    if to_print is not None and defective.is_dir():
+        raise ConfigError(
+            f"{defective} is a folder; --printable, --min-thickness and --margin take one defective skull file"
+        )
     if unet is not None:
         if pcdiff is not None or voxelizer is not None:
             raise typer.BadParameter("give either --unet, or --pcdiff with --voxelizer, not both", param_hint="--unet")
         use_threads(threads)
         _generate_unet(defective, out, unet, device=device, components=components, overwrite=overwrite, label=label)
+        _write_printable(out, defective, to_print)
         return
     if pcdiff is None or voxelizer is None:
         raise typer.BadParameter(
@@ -96,6 +119,40 @@ def generate(
         _generate_folder(defective, out, models, options, split=split, label=label)
     else:
         _generate_case(defective, out, models, options, overwrite=overwrite, label=label)
+        _write_printable(out, defective, to_print)
+
+
+def _print_options(
+    choice: str | None, min_thickness: float | None, margin: float | None, *, proposals: int
+) -> PrintOptions | None:
+    """The print-ready STL's options (checked here, before any work), or None when none was asked for."""
+    if choice is None and min_thickness is None and margin is None:
+        return None
+    from pointforge.errors import ConfigError
+    from pointforge.implant.printable import PrintOptions
+
+    options = PrintOptions(choice=choice or "vote", min_thickness_mm=min_thickness or 0.0, margin_mm=margin or 0.0)
+    if options.proposal is not None and options.proposal >= proposals:
+        raise ConfigError(
+            f"--printable {options.proposal}: this run makes proposals 0 to {proposals - 1}; choose one or 'vote'"
+        )
+    return options
+
+
+def _write_printable(case: Path, defective: Path, options: PrintOptions | None) -> None:
+    if options is None:
+        return
+    from pointforge.implant.printable import write_printable
+
+    stl, measured = write_printable(case, defective, options)
+    thick = f"at least {options.min_thickness_mm:g} mm" if options.min_thickness_mm else "thickness as generated"
+    flange = f", margin {options.margin_mm:g} mm" if options.margin_mm else ""
+    typer.echo(
+        f"print-ready STL ({options.choice}, {thick}{flange}): measured minimum "
+        f"thickness {measured['measured_min_thickness_mm']:g} mm, "
+        f"{'watertight' if measured['watertight'] else 'NOT watertight'}, {measured['volume_cm3']:g} cm³, "
+        f"{measured['overlap_with_skull_mm3']:g} mm³ on bone → {stl}"
+    )
 
 
 def _generate_unet(defective: Path, out: Path, checkpoint: Path, *, device: str, components: float, overwrite, label):

@@ -16,6 +16,7 @@ from pointforge.cli import (
     doctor as _doctor_cli,
     launch as _launch_cli,
     monitor as _monitor_cli,
+    serve as serve_cli,
     slurm as _slurm_cli,
     train as _train_cli,
 )
@@ -24,7 +25,6 @@ from pointforge.cli.entry import run
 from pointforge.cli.evaluate import evaluate as evaluate_command
 from pointforge.cli.evaluate_upsampling import evaluate_upsampling as evaluate_upsampling_command
 from pointforge.cli.generate import generate as generate_command
-from pointforge.cli.serve import serve as serve_command
 from pointforge.cli.upsample import upsample as upsample_command
 from pointforge.cli.view import view as view_command
 
@@ -57,7 +57,7 @@ app.command("demo")(demo_command)
 app.command("generate")(generate_command)
 app.command("evaluate")(evaluate_command)
 app.command("view")(view_command)
-app.command("serve")(serve_command)
+app.add_typer(serve_cli.app, name="serve")
 _train_cli.register(app)
 _launch_cli.register(app)
 _monitor_cli.register(app)

@@ -8,7 +8,9 @@ Routes (the OpenAPI schema is at ``/openapi.json``, browsable at ``/docs``):
   checked, stored, queued; 201 with the job, or 400/413/415 with one line in ``detail``;
 * ``GET /api/cases`` every job, newest first; ``GET /api/cases/{id}`` one job and its report's summary;
 * ``GET /api/cases/{id}/files/{kind}`` a download (``implant``, ``uncertainty``, ``completed_skull``,
-  ``stl``, ``report``; for a CT series in, ``seg`` and ``stl_dicom``); ``DELETE /api/cases/{id}`` removes a case that is not running;
+  ``report``; for a CT series in, ``seg`` and ``stl_dicom``); ``DELETE /api/cases/{id}`` removes a case that is not running;
+* ``POST /api/cases/{id}/printable`` makes the print-ready STL of the vote or one proposal at a minimum
+  thickness and margin, ``GET /api/cases/{id}/printable.stl`` downloads it; ``GET /api/audit`` the audit log;
 * ``GET /cases/{id}/view.html`` the 3-D view `generate` writes (and ``/cases/plotly.min.js``).
 
 Ids are made by the server and checked against the store before any file is
@@ -29,16 +31,19 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from pointforge import __version__
-from pointforge.errors import DataError
-from pointforge.serve.security import COOKIE, PAGE_CSP, guard, token_matches, view_csp
+from pointforge.errors import DataError, UserError
+from pointforge.implant.printable import PrintOptions, write_printable
+from pointforge.serve.audit import AuditLog
+from pointforge.serve.security import COOKIE, PAGE_CSP, address, guard, view_csp
 from pointforge.serve.settings import ServeSettings
 from pointforge.serve.store import Job, JobStore, is_job_id, new_job_id
+from pointforge.serve.tokens import TokenStore
 from pointforge.serve.uploads import check_upload
-from pointforge.serve.worker import DataLayout
+from pointforge.serve.worker import DataLayout, keep_within, recount
 
 __all__ = ["create_app", "DOWNLOADS"]
 
-DOWNLOADS = {"implant", "uncertainty", "completed_skull", "stl", "report", "seg", "stl_dicom"}
+DOWNLOADS = {"implant", "uncertainty", "completed_skull", "report", "seg", "stl_dicom"}
 _MEDIA = {".js": "text/javascript", ".css": "text/css", ".html": "text/html"}
 _NAME_CHARS = 120
 
@@ -58,16 +63,23 @@ def _summary(case: Path) -> dict[str, Any] | None:
         report = json.loads((case / "report.json").read_text())
     except (OSError, ValueError):
         return None
-    return {
+    summary = {
         key: report.get(key) for key in ("implant", "mesh", "agreement", "timings_s", "parameters", "notes", "dicom")
     }
+    return {**summary, "proposals": len(report.get("outputs", {}).get("proposals", []))}
 
 
 class _Cases:
     """The handlers that touch the store and the data folder."""
 
-    def __init__(self, settings: ServeSettings, store: JobStore, layout: DataLayout, wake: Callable[[], None]):
-        self.settings, self.store, self.layout, self.wake = settings, store, layout, wake
+    def __init__(
+        self, settings: ServeSettings, store: JobStore, layout: DataLayout, wake: Callable[[], None], audit: AuditLog
+    ):
+        self.settings, self.store, self.layout, self.wake, self.audit = settings, store, layout, wake, audit
+
+    def log(self, request: Request, action: str, case: str | None = None, detail: str = "") -> None:
+        person = request.state.person
+        self.audit.record(action, person.name if person else None, address(request), case, detail)
 
     def job(self, job_id: str) -> Job:
         job = self.store.get(job_id) if is_job_id(job_id) else None
@@ -122,11 +134,24 @@ class _Cases:
         if kind not in DOWNLOADS or job.status != "done":
             raise HTTPException(404, "no such file for this case")
         outputs = json.loads((case / "report.json").read_text())["outputs"]
-        rel = {"stl": outputs["mesh"], "report": "report.json"}.get(kind) or outputs.get(kind)
+        rel = "report.json" if kind == "report" else outputs.get(kind)
         if rel is None:
             raise HTTPException(404, f"this case has no {kind} file (DICOM files are written for DICOM input only)")
         path = case / rel
         return FileResponse(path, filename=f"{job.id}-{path.name}", media_type="application/octet-stream")
+
+    def printable(self, job_id: str, options: PrintOptions) -> tuple[Path, dict]:
+        """The case's STL for ``options`` (made on first asking, kept in the case folder) and its measurements."""
+        job = self.job(job_id)
+        if job.status != "done":
+            raise HTTPException(404, "the case is not done; an STL can be made once it is")
+        try:
+            made = write_printable(self.layout.case(job.id), self.layout.upload(job), options)
+        except UserError as exc:
+            raise HTTPException(400, str(exc)) from None
+        recount(self.store, self.layout, job)
+        keep_within(self.store, self.layout, self.settings.max_disk_bytes, spare=job.id)
+        return made
 
     def view(self, job_id: str) -> Response:
         job = self.job(job_id)
@@ -145,7 +170,14 @@ class _Cases:
         return {"deleted": job.id}
 
 
-def _add_page_routes(app: FastAPI, settings: ServeSettings) -> None:
+def _print_options(choice: str, min_thickness_mm: float, margin_mm: float) -> PrintOptions:
+    try:
+        return PrintOptions(choice=choice, min_thickness_mm=min_thickness_mm, margin_mm=margin_mm)
+    except UserError as exc:
+        raise HTTPException(400, str(exc)) from None
+
+
+def _add_page_routes(app: FastAPI, settings: ServeSettings, tokens: TokenStore, audit: AuditLog) -> None:
     """The page, its script and style, the health check and the sign-in: what answers without a token."""
 
     @app.get("/", include_in_schema=False)
@@ -160,17 +192,22 @@ def _add_page_routes(app: FastAPI, settings: ServeSettings) -> None:
 
     @app.get("/api/health")
     def health() -> dict[str, Any]:
-        return {"ok": True, "version": __version__, "token_required": bool(settings.token)}
+        return {"ok": True, "version": __version__, "token_required": tokens.any_live()}
 
     @app.post("/api/session")
-    def session(body: dict[str, str]) -> JSONResponse:
-        """Exchange the token for a cookie (HttpOnly, SameSite=Strict), so that views and downloads carry it."""
-        if not settings.token:
+    def session(request: Request, body: dict[str, str]) -> JSONResponse:
+        """Exchange a token for a cookie (HttpOnly, SameSite=Strict), so that views and downloads carry it."""
+        if not tokens.any_live():
             return JSONResponse({"ok": True})
-        if not token_matches(body.get("token"), settings.token):
-            raise HTTPException(401, "wrong token")
-        response = JSONResponse({"ok": True})
-        response.set_cookie(COOKIE, settings.token, httponly=True, samesite="strict")
+        person = tokens.find(body.get("token"))
+        if person is None or person.revoked:
+            audit.record(
+                "sign-in-failed", person.name if person else None, address(request), detail="revoked" if person else ""
+            )
+            raise HTTPException(401, "wrong or revoked token")
+        audit.record("sign-in", person.name, address(request))
+        response = JSONResponse({"ok": True, "name": person.name})
+        response.set_cookie(COOKIE, str(body["token"]), httponly=True, samesite="strict")
         return response
 
 
@@ -196,10 +233,27 @@ def create_app(
         summary="Cranial implant design from a defective skull",
         lifespan=lifespan,
     )
-    app.middleware("http")(guard(settings))
-    cases = _Cases(settings, store, layout, wake)
+    tokens, audit = TokenStore(layout.root), AuditLog(layout.audit)
+    app.middleware("http")(guard(settings, tokens, audit))
+    cases = _Cases(settings, store, layout, wake, audit)
 
-    _add_page_routes(app, settings)
+    _add_page_routes(app, settings, tokens, audit)
+    _add_case_routes(app, cases, layout)
+
+    @app.get("/api/audit")
+    def audit_log(request: Request) -> FileResponse:
+        """The audit log (JSON lines), for an admin token only."""
+        person = request.state.person
+        if person is None or not person.admin:
+            raise HTTPException(403, "the audit log is for admin tokens (pointforge serve token add NAME --admin)")
+        cases.log(request, "audit-download")
+        return FileResponse(layout.audit, filename="audit.jsonl", media_type="application/x-ndjson")
+
+    return app
+
+
+def _add_case_routes(app: FastAPI, cases: _Cases, layout: DataLayout) -> None:
+    store = cases.store
 
     @app.get("/api/cases")
     def list_cases() -> list[dict[str, Any]]:
@@ -208,19 +262,47 @@ def create_app(
     @app.post("/api/cases", status_code=201)
     async def upload(request: Request, name: str | None = Query(None, description="a label (the file's name)")):
         """The file is the request body: NRRD, NIfTI (.nii/.nii.gz) or a zip of one CT DICOM series."""
-        return await cases.receive(request, name)
+        response = await cases.receive(request, name)
+        cases.log(request, "upload", json.loads(bytes(response.body))["id"])
+        return response
 
     @app.get("/api/cases/{job_id}")
     def get_case(job_id: str) -> dict[str, Any]:
         return cases.describe(job_id)
 
     @app.delete("/api/cases/{job_id}")
-    def delete_case(job_id: str) -> dict[str, str]:
-        return cases.delete(job_id)
+    def delete_case(request: Request, job_id: str) -> dict[str, str]:
+        deleted = cases.delete(job_id)
+        cases.log(request, "delete", job_id)
+        return deleted
 
     @app.get("/api/cases/{job_id}/files/{kind}")
-    def download(job_id: str, kind: str) -> FileResponse:
-        return cases.download(job_id, kind)
+    def download(request: Request, job_id: str, kind: str) -> FileResponse:
+        response = cases.download(job_id, kind)
+        cases.log(request, "download", job_id, kind)
+        return response
+
+    @app.post("/api/cases/{job_id}/printable")
+    async def make_printable(
+        request: Request, job_id: str, choice: str = "vote", min_thickness_mm: float = 0.0, margin_mm: float = 0.0
+    ) -> dict[str, Any]:
+        """Make the STL of one proposal or the vote, at least ``min_thickness_mm`` thick with a ``margin_mm``
+        flange; answers what was measured on it and where to download it."""
+        options = _print_options(choice, min_thickness_mm, margin_mm)
+        _, measured = await run_in_threadpool(cases.printable, job_id, options)
+        cases.log(request, "print", job_id, options.slug())
+        query = f"choice={choice}&min_thickness_mm={min_thickness_mm:g}&margin_mm={margin_mm:g}"
+        return {**measured, "download": f"/api/cases/{job_id}/printable.stl?{query}"}
+
+    @app.get("/api/cases/{job_id}/printable.stl")
+    async def download_printable(
+        request: Request, job_id: str, choice: str = "vote", min_thickness_mm: float = 0.0, margin_mm: float = 0.0
+    ) -> FileResponse:
+        options = _print_options(choice, min_thickness_mm, margin_mm)
+        stl, _ = await run_in_threadpool(cases.printable, job_id, options)
+        cases.log(request, "download", job_id, f"stl {options.slug()}")
+        name = f"{Path(cases.job(job_id).name).name.split('.')[0] or 'case'}-{job_id}-{options.slug()}.stl"
+        return FileResponse(stl, filename=name, media_type="model/stl")
 
     @app.get("/cases/plotly.min.js", include_in_schema=False)
     def plotly_js() -> FileResponse:
@@ -229,7 +311,7 @@ def create_app(
         return FileResponse(layout.plotly_js, media_type="text/javascript")
 
     @app.get("/cases/{job_id}/view.html", include_in_schema=False)
-    def view(job_id: str) -> Response:
-        return cases.view(job_id)
-
-    return app
+    def view(request: Request, job_id: str) -> Response:
+        page = cases.view(job_id)
+        cases.log(request, "view", job_id)
+        return page

@@ -1,10 +1,11 @@
 """The checks every request passes, and the headers every response carries.
 
-* **token**: when the service has one, every API and case request must carry
-  it (``Authorization: Bearer <token>``, or the ``pointforge_token`` cookie the
-  page gets from ``POST /api/session``); compared in constant time
-  (:func:`hmac.compare_digest`). The page itself and its script load without
-  it, so a user can type the token in.
+* **token**: when the data folder has named tokens (:mod:`~pointforge.serve.tokens`),
+  every API and case request must carry a live one (``Authorization: Bearer <token>``,
+  or the ``pointforge_token`` cookie the page gets from ``POST /api/session``),
+  looked up by its hash; the person it names is the one the audit log records.
+  A missing, unknown or revoked token is refused and logged. The page itself and
+  its script load without one, so a user can type it in.
 * **origin**: a request whose ``Origin`` is not the service's own, or that a
   browser marks ``Sec-Fetch-Site: cross-site``, is refused (403); no CORS
   header is ever sent, so no other site can read an answer either.
@@ -19,7 +20,6 @@
 from __future__ import annotations
 
 import hashlib
-import hmac
 import re
 from base64 import b64encode
 from typing import Awaitable, Callable
@@ -27,9 +27,11 @@ from typing import Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from pointforge.serve.audit import AuditLog
 from pointforge.serve.settings import ServeSettings, is_loopback
+from pointforge.serve.tokens import TokenStore
 
-__all__ = ["COOKIE", "PAGE_CSP", "view_csp", "token_matches", "guard"]
+__all__ = ["COOKIE", "PAGE_CSP", "view_csp", "guard", "presented_token", "address"]
 
 COOKIE = "pointforge_token"
 PUBLIC_PATHS = ("/", "/static/app.js", "/static/style.css", "/api/session", "/api/health")
@@ -54,11 +56,11 @@ def view_csp(html: str) -> str:
     )
 
 
-def token_matches(given: str | None, expected: str) -> bool:
-    return given is not None and hmac.compare_digest(given.encode(), expected.encode())
+def address(request: Request) -> str | None:
+    return request.client.host if request.client else None
 
 
-def _presented_token(request: Request) -> str | None:
+def presented_token(request: Request) -> str | None:
     auth = request.headers.get("authorization", "")
     if auth.lower().startswith("bearer "):
         return auth[7:].strip()
@@ -69,7 +71,7 @@ def _refusal(status: int, detail: str) -> Response:
     return JSONResponse({"detail": detail}, status_code=status)
 
 
-def _refused(request: Request, settings: ServeSettings) -> Response | None:
+def _refused(request: Request, settings: ServeSettings, tokens: TokenStore, audit: AuditLog) -> Response | None:
     host = request.headers.get("host", "")
     public = settings.public_origin
     if is_loopback(settings.host) and not (public is not None and host == public[1]):
@@ -80,19 +82,26 @@ def _refused(request: Request, settings: ServeSettings) -> Response | None:
     own = {f"{request.url.scheme}://{host}", *([public[0]] if public else [])}
     if (origin is not None and origin not in own) or request.headers.get("sec-fetch-site") == "cross-site":
         return _refusal(403, "cross-origin requests are refused")
-    if settings.token and request.url.path not in PUBLIC_PATHS:
-        if not token_matches(_presented_token(request), settings.token):
-            return _refusal(401, "a token is required: send 'Authorization: Bearer <token>' or sign in on the page")
+    request.state.person = None
+    if request.url.path not in PUBLIC_PATHS and tokens.any_live():
+        person = tokens.find(presented_token(request))
+        if person is None or person.revoked:
+            detail = "no token" if presented_token(request) is None else ("revoked" if person else "unknown token")
+            audit.record("refused", person.name if person else None, address(request), detail=detail)
+            return _refusal(
+                401, "a valid token is required: send 'Authorization: Bearer <token>' or sign in on the page"
+            )
+        request.state.person = person
     return None
 
 
 def guard(
-    settings: ServeSettings,
+    settings: ServeSettings, tokens: TokenStore, audit: AuditLog
 ) -> Callable[[Request, Callable[[Request], Awaitable[Response]]], Awaitable[Response]]:
     """The HTTP middleware: the checks above, then the common headers on whatever answers."""
 
     async def middleware(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        response = _refused(request, settings) or await call_next(request)
+        response = _refused(request, settings, tokens, audit) or await call_next(request)
         response.headers.setdefault("Content-Security-Policy", PAGE_CSP)
         response.headers["X-Content-Type-Options"] = "nosniff"
         response.headers["Referrer-Policy"] = "no-referrer"

@@ -19,6 +19,7 @@ from pointforge.implant.options import GenerateOptions
 from pointforge.serve.app import create_app
 from pointforge.serve.settings import ServeSettings
 from pointforge.serve.store import JobStore
+from pointforge.serve.tokens import TOKENS_FILE, TokenStore
 from pointforge.serve.worker import DataLayout, WorkerPool, keep_within
 
 __all__ = ["serve"]
@@ -49,6 +50,8 @@ def serve(
     import uvicorn
 
     settings.validate()
+    has_tokens = (Path(settings.data_dir) / TOKENS_FILE).is_file() and TokenStore(settings.data_dir).any_live()
+    settings.check_reach(has_tokens)
     options = GenerateOptions(ensemble=settings.ensemble, sampler=settings.sampler, steps=settings.steps)
     layout = DataLayout(Path(settings.data_dir))
     with exclusive_lock(

@@ -11,8 +11,6 @@ from pointforge.errors import UserError
 
 __all__ = ["ServeSettings", "is_loopback"]
 
-MIN_TOKEN_CHARS = 16
-
 
 def is_loopback(host: str) -> bool:
     """True for ``localhost`` and addresses of the loopback network (127.0.0.0/8, ::1)."""
@@ -30,7 +28,6 @@ class ServeSettings:
     host: str = "127.0.0.1"
     port: int = 8000
     workers: int = 1
-    token: str | None = None
     max_upload_mb: float = 512.0
     max_disk_gb: float = 20.0
     ensemble: int = 5
@@ -55,22 +52,18 @@ class ServeSettings:
     def max_disk_bytes(self) -> int:
         return int(self.max_disk_gb * 1024**3)
 
+    def check_reach(self, has_tokens: bool) -> None:
+        """Beyond loopback (or behind a proxy) only people with a named token may use the service."""
+        if has_tokens:
+            return
+        reach = f"--public-url {self.public_url}" if self.public_url is not None else f"--host {self.host}"
+        if self.public_url is not None or not is_loopback(self.host):
+            raise UserError(
+                f"{reach} makes the service reachable by others, and {self.data_dir} has no tokens; make one per "
+                f"person first: pointforge serve token add NAME --data-dir {self.data_dir}"
+            )
+
     def validate(self) -> None:
-        if self.public_url is not None and not self.token:
-            raise UserError(
-                f"--public-url {self.public_url} makes the service reachable through a proxy; give --token "
-                "(or POINTFORGE_SERVE_TOKEN) as well"
-            )
-        if not is_loopback(self.host) and not self.token:
-            raise UserError(
-                f"--host {self.host} exposes the service beyond this machine; give --token "
-                "(or POINTFORGE_SERVE_TOKEN) so that only people who know it can use it"
-            )
-        if self.token is not None and len(self.token) < MIN_TOKEN_CHARS:
-            raise UserError(
-                f"--token is {len(self.token)} characters; use at least {MIN_TOKEN_CHARS} "
-                '(e.g. python -c "import secrets; print(secrets.token_urlsafe(24))")'
-            )
         if self.public_url is not None:
             parsed = urlsplit(self.public_url)
             if parsed.scheme not in ("http", "https") or not parsed.netloc or parsed.path not in ("", "/"):

@@ -177,6 +177,10 @@ class JobStore:
             (time.time(), seconds, size, job_id),
         )
 
+    def resize(self, job_id: str, size: int) -> None:
+        """A done case's files grew (an STL made on request): count the new size towards the disk bound."""
+        self._change("UPDATE jobs SET bytes = ? WHERE id = ? AND status = 'done'", (size, job_id))
+
     def fail(self, job_id: str, message: str, size: int = 0) -> None:
         self._change(
             "UPDATE jobs SET status = 'failed', finished = ?, message = ?, bytes = ? WHERE id = ?",

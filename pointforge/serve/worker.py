@@ -3,9 +3,9 @@
 A case is written by :func:`pointforge.implant.case.generate_case` into a
 hidden folder renamed to ``cases/<id>`` only when complete, so a job re-run
 after a crash replaces a half-written attempt and never leaves two outputs.
-After every job the finished cases are kept within ``--max-disk-gb``: the
-oldest finished ones lose their files (their row says ``evicted``); queued and
-running cases are never touched.
+After every job, and after every STL made on request, the finished cases are
+kept within ``--max-disk-gb``: the oldest finished ones lose their files (their
+row says ``evicted``); queued and running cases are never touched.
 """
 
 from __future__ import annotations
@@ -22,17 +22,18 @@ from pointforge.implant.models import Models
 from pointforge.implant.options import GenerateOptions
 from pointforge.serve.store import Job, JobStore
 
-__all__ = ["DataLayout", "WorkerPool", "folder_bytes", "keep_within"]
+__all__ = ["DataLayout", "WorkerPool", "folder_bytes", "keep_within", "recount"]
 
 log = logging.getLogger("pointforge.serve")
 
 
 class DataLayout:
-    """The data folder: jobs.sqlite3, uploads/<id>.<ext>, cases/<id>/, incoming/ (uploads being received)."""
+    """The data folder: jobs.sqlite3, tokens.sqlite3, audit.jsonl, uploads/<id>.<ext>, cases/<id>/, incoming/."""
 
     def __init__(self, root: Path):
         self.root = Path(root)
         self.db = self.root / "jobs.sqlite3"
+        self.audit = self.root / "audit.jsonl"
         self.uploads = self.root / "uploads"
         self.cases = self.root / "cases"
         self.incoming = self.root / "incoming"
@@ -60,19 +61,33 @@ def folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
 
 
-def keep_within(store: JobStore, layout: DataLayout, max_bytes: int) -> list[str]:
-    """Evict the oldest finished cases until the finished ones use at most ``max_bytes``; their ids."""
-    finished = sorted(store.with_status("done", "failed"), key=lambda job: job.finished or 0.0)
-    used = sum(job.bytes for job in finished)
-    evicted = []
-    for job in finished:
-        if used <= max_bytes:
-            break
-        layout.remove_case(job)
-        store.evict(job.id)
-        used -= job.bytes
-        evicted.append(job.id)
-    return evicted
+# Workers after each job and the app after each STL made on request evict; one at a time, so a case is
+# counted and removed once.
+_EVICTING = threading.Lock()
+
+
+def keep_within(store: JobStore, layout: DataLayout, max_bytes: int, *, spare: str | None = None) -> list[str]:
+    """Evict the oldest finished cases until the finished ones use at most ``max_bytes``; their ids.
+    ``spare``: a case not to evict now (the one whose STL was just made for a download that follows)."""
+    with _EVICTING:
+        finished = sorted(store.with_status("done", "failed"), key=lambda job: job.finished or 0.0)
+        used = sum(job.bytes for job in finished)
+        evicted = []
+        for job in finished:
+            if used <= max_bytes:
+                break
+            if job.id == spare:
+                continue
+            layout.remove_case(job)
+            store.evict(job.id)
+            used -= job.bytes
+            evicted.append(job.id)
+        return evicted
+
+
+def recount(store: JobStore, layout: DataLayout, job: Job) -> None:
+    """Count a done case's files again (an STL made on request adds to them) towards ``--max-disk-gb``."""
+    store.resize(job.id, folder_bytes(layout.case(job.id)) + layout.upload(job).stat().st_size)
 
 
 class WorkerPool:
@@ -92,7 +107,6 @@ class WorkerPool:
         self.max_disk_bytes = max_disk_bytes
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._evict_lock = threading.Lock()
         self._threads = [
             threading.Thread(target=self._loop, name=f"serve-worker-{k}", daemon=True) for k in range(count)
         ]
@@ -144,5 +158,4 @@ class WorkerPool:
         else:
             size = folder_bytes(out) + self.layout.upload(job).stat().st_size
             self.store.finish(job.id, round(time.perf_counter() - start, 3), size)
-        with self._evict_lock:
-            keep_within(self.store, self.layout, self.max_disk_bytes)
+        keep_within(self.store, self.layout, self.max_disk_bytes)

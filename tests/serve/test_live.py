@@ -41,7 +41,7 @@ def test_twenty_concurrent_uploads_all_finish_and_a_corrupt_one_says_why(tiny_mo
         assert set(case_folders(data)) == ids
         report = server.client.get(f"/api/cases/{after.json()['id']}").json()["report"]
         assert report["mesh"]["watertight"] and report["implant"]["voxels"] > 0
-        stl = server.client.get(f"/api/cases/{after.json()['id']}/files/stl")
+        stl = server.client.get(f"/api/cases/{after.json()['id']}/printable.stl")  # the vote, as generated
         assert stl.status_code == 200 and len(stl.content) > 84
     finally:
         server.kill()

@@ -16,10 +16,9 @@ from pointforge.serve.app import create_app
 from pointforge.serve.security import COOKIE
 from pointforge.serve.settings import ServeSettings
 from pointforge.serve.store import JobStore
+from pointforge.serve.tokens import TokenStore
 from pointforge.serve.worker import DataLayout
 from tests.helpers import shell_mask
-
-TOKEN = "s3cret-token-for-the-tests"
 
 
 def client_for(tmp_path, **settings) -> tuple[TestClient, JobStore]:
@@ -35,17 +34,16 @@ def skull_bytes(tmp_path) -> bytes:
     return write_volume(tmp_path / "skull.nrrd", shell_mask((24, 24, 24), radii=(9, 8, 7))).read_bytes()
 
 
-def test_listening_beyond_loopback_needs_a_long_token():
-    ServeSettings(data_dir=".", host="127.0.0.1").validate()
-    with pytest.raises(UserError, match="--token"):
-        ServeSettings(data_dir=".", host="0.0.0.0").validate()
-    with pytest.raises(UserError, match="at least 16"):
-        ServeSettings(data_dir=".", host="0.0.0.0", token="short").validate()
-    ServeSettings(data_dir=".", host="0.0.0.0", token=TOKEN).validate()
+def test_listening_beyond_loopback_needs_named_tokens():
+    ServeSettings(data_dir=".", host="127.0.0.1").check_reach(False)
+    with pytest.raises(UserError, match="token add NAME"):
+        ServeSettings(data_dir=".", host="0.0.0.0").check_reach(False)
+    ServeSettings(data_dir=".", host="0.0.0.0").check_reach(True)
 
 
 def test_no_token_or_a_wrong_token_is_refused_and_the_right_one_passes(tmp_path, skull_bytes):
-    client, store = client_for(tmp_path, host="0.0.0.0", token=TOKEN)
+    TOKEN = TokenStore(tmp_path).add("alice")
+    client, store = client_for(tmp_path, host="0.0.0.0")
     client.headers["host"] = "implants.example.org"  # not loopback: any host name is allowed
     assert client.get("/api/cases").status_code == 401
     assert client.post("/api/cases", content=skull_bytes).status_code == 401
@@ -162,7 +160,7 @@ def test_the_command_refuses_a_network_address_without_a_token_in_one_line(tmp_p
     code, out, err = run_cli_process(
         "serve", "--pcdiff", ck, "--voxelizer", ck, "--host", "0.0.0.0", "--data-dir", tmp_path / "d", timeout=120
     )
-    assert code == 2 and "--token" in err and len(err.strip().splitlines()) == 1, err
+    assert code == 2 and "token add NAME" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "d").exists()
 
 
@@ -178,7 +176,8 @@ def test_a_ct_series_zip_is_accepted_through_the_api_and_queued_as_the_zip(tmp_p
 
 
 def test_behind_a_proxy_the_public_address_is_the_one_more_host_and_origin_accepted(tmp_path, skull_bytes):
-    client, store = client_for(tmp_path, public_url="https://implants.example.org", token=TOKEN)
+    TOKEN = TokenStore(tmp_path).add("alice")
+    client, store = client_for(tmp_path, public_url="https://implants.example.org")
     proxied = {"Host": "implants.example.org", "Authorization": f"Bearer {TOKEN}"}
     made = client.post("/api/cases", content=skull_bytes, headers={**proxied, "Origin": "https://implants.example.org"})
     assert made.status_code == 201, made.text
@@ -186,6 +185,6 @@ def test_behind_a_proxy_the_public_address_is_the_one_more_host_and_origin_accep
     foreign = {**proxied, "Origin": "https://evil.example"}
     assert client.post("/api/cases", content=skull_bytes, headers=foreign).status_code == 403
     with pytest.raises(UserError, match="--public-url must be like"):
-        ServeSettings(data_dir=".", public_url="implants.example.org/x", token=TOKEN).validate()
-    with pytest.raises(UserError, match="--token"):
-        ServeSettings(data_dir=".", public_url="https://implants.example.org").validate()
+        ServeSettings(data_dir=".", public_url="implants.example.org/x").validate()
+    with pytest.raises(UserError, match="token add NAME"):
+        ServeSettings(data_dir=".", public_url="https://implants.example.org").check_reach(False)

@@ -3,6 +3,9 @@
 
 const $ = (id) => document.getElementById(id);
 let shown = null;
+// The shown case's downloads as [kind, label, address]; each link's id is download-KIND. Another output is one
+// more entry in showCase (or, made on request like the print-ready STL, one call to offer()).
+let downloads = [];
 
 async function api(path, options = {}) {
   const response = await fetch(path, { credentials: "same-origin", ...options });
@@ -76,18 +79,60 @@ async function showCase(id) {
     checks.append(item);
   }
   checks.hidden = !dicom;
+  choices(r.proposals || 0);
+  $("printable-result").textContent = ""; $("printable-error").textContent = "";
+  downloads = [["implant", "implant", `/api/cases/${id}/files/implant`],
+               ["uncertainty", "uncertainty", `/api/cases/${id}/files/uncertainty`],
+               ["completed_skull", "completed skull", `/api/cases/${id}/files/completed_skull`],
+               ["report", "report", `/api/cases/${id}/files/report`]];
+  if (dicom) downloads.push(["seg", "DICOM SEG", `/api/cases/${id}/files/seg`],
+                            ["stl_dicom", "DICOM STL", `/api/cases/${id}/files/stl_dicom`]);
+  showDownloads();
+  $("view").src = `/cases/${id}/view.html`;
+}
+
+function showDownloads() {
   const links = $("downloads");
   links.replaceChildren();
-  const kinds = [["implant", "implant"], ["stl", "STL (mm)"], ["uncertainty", "uncertainty"],
-                 ["completed_skull", "completed skull"], ["report", "report"]];
-  if (dicom) kinds.push(["seg", "DICOM SEG"], ["stl_dicom", "DICOM STL"]);
-  for (const [kind, label] of kinds) {
+  for (const [kind, label, href] of downloads) {
     const a = document.createElement("a");
-    a.href = `/api/cases/${id}/files/${kind}`; a.textContent = label; a.id = `download-${kind}`;
-    a.setAttribute("download", "");
+    a.href = href; a.textContent = label; a.id = `download-${kind}`;
+    a.setAttribute("download", "");  // saved under the name the service gives it
     links.append(a);
   }
-  $("view").src = `/cases/${id}/view.html`;
+}
+
+function offer(kind, label, href) {
+  downloads = [...downloads.filter(([k]) => k !== kind), [kind, label, href]];
+  showDownloads();
+}
+
+function choices(proposals) {
+  const select = $("printable-choice");
+  select.replaceChildren(new Option("vote of all proposals", "vote"));
+  for (let k = 0; k < proposals; k++) select.append(new Option(`proposal ${k}`, String(k)));
+}
+
+async function makePrintable(event) {
+  event.preventDefault();
+  const id = shown, choice = $("printable-choice").value;
+  $("printable-result").textContent = "making the STL…"; $("printable-error").textContent = "";
+  $("printable-button").disabled = true;
+  try {
+    const query = new URLSearchParams({ choice, min_thickness_mm: $("min-thickness").value || "0",
+                                        margin_mm: $("margin").value || "0" });
+    const made = await api(`/api/cases/${id}/printable?${query}`, { method: "POST" });
+    if (id !== shown) return;
+    const what = choice === "vote" ? "the vote" : `proposal ${choice}`;
+    $("printable-result").textContent =
+      `${what}: measured minimum thickness ${made.measured_min_thickness_mm} mm ` +
+      `(asked ${made.min_thickness_mm} mm, margin ${made.margin_mm} mm); ` +
+      `overlap with the skull ${made.overlap_with_skull_mm3} mm³; ` +
+      `${made.watertight ? "watertight" : "NOT watertight"}, ${made.volume_cm3} cm³`;
+    offer("stl", `STL (mm): ${what}, ${made.min_thickness_mm} mm, margin ${made.margin_mm} mm`, made.download);
+  } catch (error) {
+    $("printable-result").textContent = ""; $("printable-error").textContent = error.message;
+  } finally { $("printable-button").disabled = false; }
 }
 
 async function deleteCase(id) {
@@ -120,6 +165,7 @@ async function start() {
     } catch (error) { $("signin-error").textContent = error.message; }
   });
   $("upload-form").addEventListener("submit", upload);
+  $("printable-form").addEventListener("submit", makePrintable);
   setInterval(() => { if (!$("main").hidden) refresh(); }, 1000);
   try { render(await api("/api/cases")); $("main").hidden = false; } catch (error) { console.warn(error); }
 }
