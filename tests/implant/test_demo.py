@@ -316,3 +316,25 @@ def test_a_tiny_demo_runs_end_to_end(tmp_path):
     assert len(list((tmp_path / "demo" / "baseline").glob("*/*/implant.nrrd"))) == 5
     text = result.report_md.read_text()
     assert "dome" in text and "Where the demo's time went" in text and "[3/7] probing" in "\n".join(said)
+
+
+def test_placement_puts_generated_points_on_the_prepared_grid_of_a_resampled_volume():
+    from pointforge.implant.demo.workers import placement_mm
+
+    truth = np.array([[10.0, 20.0, 30.0], [12.0, 20.0, 30.0]])  # prepared: isotropic 0.4 mm voxels
+
+    class Prepared:
+        def meta(self, key):
+            return {
+                "spacing": [0.4, 0.4, 0.4],
+                "resampled": {"to_original_index_scale": [1.0, 1.0, 0.64]},  # the source had 0.625 mm slices
+            }
+
+        def points(self, key):
+            return truth
+
+    # The same points as indices of the source volume: slices 0.625 mm apart.
+    generated = (truth * np.array([1.0, 1.0, 0.64]))[None]
+    found = placement_mm(Prepared(), "defective", "implant", generated)
+    assert found["centroid_error"] == pytest.approx(0.0, abs=1e-9)
+    assert found["pred_to_true"] == pytest.approx(0.0, abs=1e-9)

@@ -131,9 +131,17 @@ def _scored(job: CaseJob, generated: Generated, dataset: PreparedDataset) -> dic
 
 def placement_mm(dataset: PreparedDataset, defective: str, implant: str, generated: np.ndarray) -> dict[str, float]:
     """Where a case's generated points (``[n, P, 3]``, voxel indices) lie against its true implant points, in mm
-    (:func:`~pointforge.tasks.pcdiff.placement.placement_metrics`, the proposals averaged)."""
-    spacing = np.asarray(dataset.meta(defective)["spacing"], dtype=np.float64)
-    pred = torch.from_numpy(np.asarray(generated, dtype=np.float64) * spacing)
+    (:func:`~pointforge.tasks.pcdiff.placement.placement_metrics`, the proposals averaged).
+
+    The generated points are voxel indices of the case's own volume; the prepared points are on the
+    grid ``data prepare`` made, which for an anisotropic volume (SkullFix) is resampled to isotropic
+    voxels: the generated points are put on that grid first."""
+    meta = dataset.meta(defective)
+    spacing = np.asarray(meta["spacing"], dtype=np.float64)
+    on_grid = np.asarray(generated, dtype=np.float64)
+    if meta.get("resampled"):
+        on_grid = on_grid / np.asarray(meta["resampled"]["to_original_index_scale"], dtype=np.float64)
+    pred = torch.from_numpy(on_grid * spacing)
     true = torch.from_numpy(np.asarray(dataset.points(implant), dtype=np.float64) * spacing)
     found = placement_metrics(pred, true[None].expand(len(pred), -1, -1))
     return {name: float(values.mean()) for name, values in found.items()}
