@@ -85,6 +85,41 @@ def prepare(
         raise typer.Exit(1)
 
 
+@app.command("cut-defects")
+def cut_defects(
+    root: Path = typer.Argument(..., help="A SkullFix or SkullBreak folder holding complete_skull/NNN.nrrd."),
+    out: Path = typer.Option(..., "--out", help="Folder for the new SkullBreak-layout dataset."),
+    split: str = typer.Option(
+        ...,
+        "--split",
+        help="Which skulls, as data prepare takes them: skull ids (e.g. train=000-059,val=060-069) or a named "
+        "split (skullfix); skulls not named are never read. Ratios take every skull.",
+    ),
+    seed: int = typer.Option(0, "--seed", help="With the skull id and class, draws each defect; one seed per --out."),
+    workers: int = typer.Option(0, "--workers", help="Parallel processes (0: up to 4, one per core)."),
+) -> None:
+    """Cut the five SkullBreak defect classes from each complete skull (its own grid and header). Resumable."""
+    from pointforge.data.skulls.cutting import cut_dataset
+
+    with progress_bar("cutting skulls") as advance:
+        result = cut_dataset(
+            root,
+            out,
+            split=split,
+            seed=seed,
+            workers=workers or None,
+            progress=lambda done, total, name: advance(completed=done, total=total),
+        )
+    typer.echo(
+        f"{result.done} skulls cut, {result.skipped} already done, {len(result.failures)} failed; "
+        f"{result.seconds:.1f} s → {out}"
+    )
+    if result.failures:
+        for line in result.failures:
+            typer.secho(f"failed: {line}", err=True, fg=typer.colors.RED)
+        raise typer.Exit(1)
+
+
 @app.command("verify")
 def verify(
     root: Path = typer.Argument(..., help="A downloaded dataset's root folder (holding complete_skull/ ...)."),

@@ -1,6 +1,6 @@
 """Raw SkullBreak/SkullFix volumes → a prepared dataset of surface points.
 
-For every volume: read (geometry kept), for SkullFix resample to isotropic
+For every volume: read (geometry kept), for SkullFix (and any anisotropic volume) resample to isotropic
 spacing, marching cubes, area-uniform surface points in voxel-index coordinates
 (float32 ``.npy``) plus a ``.json`` with everything needed to map them to
 millimetres and back. Complete skulls also get a bit-packed mask (the
@@ -37,6 +37,14 @@ FORMAT_VERSION = 1
 
 
 # --------------------------------------------------------------------------- resampling
+
+
+ISOTROPY_TOLERANCE = 1e-3  # spacings closer than this (relative) count as one
+
+
+def is_isotropic(spacing) -> bool:
+    spacing = np.asarray(spacing, dtype=np.float64)
+    return bool(spacing.max() / spacing.min() <= 1 + ISOTROPY_TOLERANCE)
 
 
 def isotropic_spacing_for(volume: Volume, target: float | None) -> float:
@@ -147,8 +155,11 @@ def run_job(out: Path, job: VolumeJob) -> dict:
         "origin": list(vol.origin),
         "direction": np.asarray(vol.direction).tolist(),
     }
-    if job.isotropic is not None:
-        spacing = isotropic_spacing_for(vol, job.isotropic)
+    iso = job.isotropic
+    if iso is None and not is_isotropic(vol.spacing):
+        iso = 0.0  # e.g. SkullFix skulls in the SkullBreak layout (`data cut-defects`): resampled as SkullFix is
+    if iso is not None:
+        spacing = isotropic_spacing_for(vol, iso)
         mask, info = resample_isotropic(vol, spacing)
         meta["resampled"] = info
         meta["spacing"] = [spacing] * 3

@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from pointforge.data.orientation import AxisTurn, canonical_axes
-from pointforge.data.prepare import resample_isotropic
+from pointforge.data.prepare import is_isotropic, resample_isotropic
 from pointforge.data.skulls.grids import unit_cube_scale
 from pointforge.data.surface import sample_mesh, volume_to_mesh
 from pointforge.data.volumes import Volume
@@ -68,7 +68,6 @@ from pointforge.upsampling.pipeline import upsample_points
 
 __all__ = ["Generated", "build_sampler", "generate_implant"]
 
-_ISOTROPY_TOLERANCE = 1e-3
 
 Progress = Callable[[str, int, int], None]
 
@@ -94,10 +93,9 @@ class Generated:
 
 def _isotropic(volume: Volume) -> tuple[Volume, np.ndarray | None]:
     """The volume on isotropic voxels (finest spacing) and the work→input index scale, or itself and None."""
-    spacing = np.asarray(volume.spacing, dtype=np.float64)
-    if spacing.max() / spacing.min() <= 1 + _ISOTROPY_TOLERANCE:
+    if is_isotropic(volume.spacing):
         return volume, None
-    iso = float(spacing.min())
+    iso = float(min(volume.spacing))
     mask, info = resample_isotropic(volume, iso)
     work = Volume(data=mask, spacing=(iso, iso, iso), origin=volume.origin, direction=volume.direction)
     return work, np.asarray(info["to_original_index_scale"], dtype=np.float64)
@@ -105,9 +103,9 @@ def _isotropic(volume: Volume) -> tuple[Volume, np.ndarray | None]:
 
 def _work_shape(volume: Volume) -> tuple[int, ...]:
     """The shape :func:`_isotropic` will give ``volume`` (without resampling it)."""
-    spacing = np.asarray(volume.spacing, dtype=np.float64)
-    if spacing.max() / spacing.min() <= 1 + _ISOTROPY_TOLERANCE:
+    if is_isotropic(volume.spacing):
         return tuple(volume.shape)
+    spacing = np.asarray(volume.spacing, dtype=np.float64)
     extent = (np.asarray(volume.shape) - 1) * spacing
     return tuple(int(n) for n in np.floor(extent / spacing.min() + 1e-6).astype(int) + 1)  # as resample_isotropic
 

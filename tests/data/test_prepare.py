@@ -299,6 +299,9 @@ def test_other_orientation_and_non_cubic_grid(tmp_path):
     res = prepare_dataset(raw, tmp_path / "prep", n_points=N, workers=1)
     assert res.ok and len(res.cases) == 2
     meta = json.loads((tmp_path / "prep/surfaces/complete_skull/000.json").read_text())
-    assert meta["shape"] == [40, 36, 34] and meta["spacing"] == pytest.approx([0.7, 0.6, 0.5])
+    # Anisotropic voxels are resampled to the finest spacing in the SkullBreak layout too (as SkullFix).
+    assert meta["shape"] == [55, 43, 34] and meta["spacing"] == pytest.approx([0.5, 0.5, 0.5])
+    assert meta["resampled"]["original_shape"] == [40, 36, 34]
+    assert meta["resampled"]["original_spacing"] == pytest.approx([0.7, 0.6, 0.5])
     np.testing.assert_allclose(meta["direction"], ras)
     assert meta["origin"] == pytest.approx([90.0, 100.0, -20.0])

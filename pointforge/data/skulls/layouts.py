@@ -32,7 +32,8 @@ def _stem(path: Path) -> str:
     return path.stem
 
 
-def _volumes_in(folder: Path) -> dict[str, Path]:
+def volumes_in(folder: Path) -> dict[str, Path]:
+    """The volume files directly in ``folder`` by stem (e.g. "000"), sorted; empty when it is no folder."""
     if not folder.is_dir():
         return {}
     found = {}
@@ -65,8 +66,8 @@ def detect_layout(root: str | os.PathLike) -> str:
             f"{root}: neither a SkullBreak nor a SkullFix layout (no 'defective_skull' folder); "
             "expected defective_skull/<defect>/NNN.nrrd (SkullBreak) or defective_skull/NNN.nrrd (SkullFix)"
         )
-    has_subdirs = any(p.is_dir() and _volumes_in(p) for p in defective.iterdir())
-    has_files = bool(_volumes_in(defective))
+    has_subdirs = any(p.is_dir() and volumes_in(p) for p in defective.iterdir())
+    has_files = bool(volumes_in(defective))
     if has_subdirs and not has_files:
         return "skullbreak"
     if has_files and not has_subdirs:
@@ -84,20 +85,20 @@ def list_cases(root: str | os.PathLike, layout: str | None = None) -> tuple[str,
     layout = layout or detect_layout(root)
     if layout not in LAYOUTS:
         raise ConfigError(f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
-    complete = _volumes_in(root / "complete_skull")
+    complete = volumes_in(root / "complete_skull")
     cases: list[RawCase] = []
     if layout == "skullbreak":
         for defect_dir in sorted(p for p in (root / "defective_skull").iterdir() if p.is_dir()):
-            implants = _volumes_in(root / "implant" / defect_dir.name)
-            for stem, path in _volumes_in(defect_dir).items():
+            implants = volumes_in(root / "implant" / defect_dir.name)
+            for stem, path in volumes_in(defect_dir).items():
                 cases.append(
                     RawCase(
                         f"{defect_dir.name}/{stem}", stem, defect_dir.name, path, implants.get(stem), complete.get(stem)
                     )
                 )
     else:
-        implants = _volumes_in(root / "implant")
-        for stem, path in _volumes_in(root / "defective_skull").items():
+        implants = volumes_in(root / "implant")
+        for stem, path in volumes_in(root / "defective_skull").items():
             cases.append(RawCase(stem, stem, "", path, implants.get(stem), complete.get(stem)))
     if not cases:
         raise DataError(f"{root}: no defective skull volumes found")

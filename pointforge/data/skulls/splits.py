@@ -104,6 +104,23 @@ def _split_of(skull_id: str, parts: dict[str, list[tuple[int, int] | str]]) -> s
     return hits.pop() if hits else None
 
 
+def missing_skulls(skull_ids: list[str], split: str) -> list[str]:
+    """The skulls a skull-id split names (each single id, every number of a range) that ``skull_ids`` lacks."""
+    if not is_id_split(split):
+        return []
+    present = set(skull_ids)
+    numbers = {int(s) for s in present if s.isdigit()}
+    width = max((len(s) for s in present if s.isdigit()), default=3)  # ranges lose their zero padding
+    missing = []
+    for items in parse_skull_ids(split).values():
+        for item in items:
+            if isinstance(item, tuple):
+                missing += [f"{n:0{width}d}" for n in range(item[0], item[1] + 1) if n not in numbers]
+            elif item not in present:
+                missing.append(item)
+    return missing
+
+
 def assign_skulls(skull_ids: list[str], split: str, seed: int) -> dict[str, str]:
     """Skull id → split name, for ratios (seeded, every skull assigned) or skull ids (only those named)."""
     if not is_id_split(split):
