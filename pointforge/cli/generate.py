@@ -13,68 +13,79 @@ if TYPE_CHECKING:
     from pointforge.implant.printable import PrintOptions
 
 
+# The options that take more than a line, named once here so that generate's signature reads as a list.
+_DEFECTIVE = typer.Argument(
+    ...,
+    help="A defective skull (.nrrd/.nii/.nii.gz), a CT DICOM series (a folder or .zip of its files; "
+    "the outputs then include a DICOM SEG and Encapsulated STL), or a dataset folder: "
+    "a prepared dataset (its --split is processed) or a raw SkullBreak/SkullFix one.",
+)
+_PCDIFF = typer.Option(None, "--pcdiff", help="PCDiff checkpoint (pointforge train pcdiff, or ckpt import-pcdiff).")
+_UNET = typer.Option(
+    None,
+    "--unet",
+    help="Instead of --pcdiff and --voxelizer: a volumetric U-Net checkpoint (pointforge train unet); "
+    "one defective skull file, no ensemble.",
+)
+_THREADS = typer.Option(
+    None, "--threads", help="CPU threads (default: the cores this process may use, container limits included)."
+)
+_SPLIT = typer.Option("test", "--split", help="Dataset mode: the split of a prepared dataset (train/val/test/all).")
+_UPSAMPLE = typer.Option(
+    None, "--upsample", help="Optional upsampler checkpoint: densify each proposal before voxelising."
+)
+_COMPONENTS = typer.Option(
+    0.2,
+    "--components",
+    help="Clean-up keeps every implant component of at least this fraction of the largest "
+    "(1: the largest only, as upstream; 0.2 keeps both plates of a bilateral defect).",
+)
+_REACH_MM = typer.Option(
+    None,
+    "--reach-mm",
+    help="Clean-up keeps only implant voxels within this many mm of a generated implant point "
+    "(default: the whole ball around the points, as upstream).",
+)
+_LABEL = typer.Option(
+    None,
+    "--label",
+    help="Foreground value of the written masks (default: the input's own, e.g. 255 for a 0/255 skull).",
+)
+_PRINTABLE = typer.Option(
+    None,
+    "--printable",
+    help="One case: also write a print-ready STL of 'vote' (the implant) or proposal K (0, 1, ...); "
+    "the default when --min-thickness or --margin is given is vote.",
+)
+_MIN_THICKNESS = typer.Option(
+    None, "--min-thickness", help="Print-ready STL: grow the implant to at least this wall thickness (mm)."
+)
+_MARGIN = typer.Option(
+    None, "--margin", help="Print-ready STL: a flange this many mm onto the skull around the defect (mm)."
+)
+
+
 def generate(
-    defective: Path = typer.Argument(
-        ...,
-        help="A defective skull (.nrrd/.nii/.nii.gz), a CT DICOM series (a folder or .zip of its files; "
-        "the outputs then include a DICOM SEG and Encapsulated STL), or a dataset folder: "
-        "a prepared dataset (its --split is processed) or a raw SkullBreak/SkullFix one.",
-    ),
-    pcdiff: Path = typer.Option(
-        None, "--pcdiff", help="PCDiff checkpoint (pointforge train pcdiff, or ckpt import-pcdiff)."
-    ),
+    defective: Path = _DEFECTIVE,
+    pcdiff: Path = _PCDIFF,
     voxelizer: Path = typer.Option(None, "--voxelizer", help="Voxelizer checkpoint (pointforge train voxelizer)."),
-    unet: Path = typer.Option(
-        None,
-        "--unet",
-        help="Instead of --pcdiff and --voxelizer: a volumetric U-Net checkpoint (pointforge train unet); "
-        "one defective skull file, no ensemble.",
-    ),
+    unet: Path = _UNET,
     out: Path = typer.Option(..., "--out", help="Output folder (one case), or the root of one folder per case."),
     ensemble: int = typer.Option(5, "--ensemble", "-n", help="Number of implant proposals, sampled in one batch."),
     sampler: str = typer.Option("ddim", "--sampler", help="ddpm (all T steps, as upstream), ddim or dpm++2m."),
     steps: int = typer.Option(None, "--steps", help="Sampler steps (default: ddim 7, dpm++2m 20; ddpm runs all T)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
-    threads: int = typer.Option(
-        None, "--threads", help="CPU threads (default: the cores this process may use, container limits included)."
-    ),
+    threads: int = _THREADS,
     seed: int = typer.Option(0, "--seed", help="Seeds the conditioning subsample and the starting noise."),
-    split: str = typer.Option(
-        "test", "--split", help="Dataset mode: the split of a prepared dataset (train/val/test/all)."
-    ),
-    upsample: Path = typer.Option(
-        None, "--upsample", help="Optional upsampler checkpoint: densify each proposal before voxelising."
-    ),
+    split: str = _SPLIT,
+    upsample: Path = _UPSAMPLE,
     overwrite: bool = typer.Option(False, "--overwrite", help="One case: replace an existing --out folder."),
-    components: float = typer.Option(
-        0.2,
-        "--components",
-        help="Clean-up keeps every implant component of at least this fraction of the largest "
-        "(1: the largest only, as upstream; 0.2 keeps both plates of a bilateral defect).",
-    ),
-    reach_mm: float = typer.Option(
-        None,
-        "--reach-mm",
-        help="Clean-up keeps only implant voxels within this many mm of a generated implant point "
-        "(default: the whole ball around the points, as upstream).",
-    ),
-    label: float = typer.Option(
-        None,
-        "--label",
-        help="Foreground value of the written masks (default: the input's own, e.g. 255 for a 0/255 skull).",
-    ),
-    printable: str = typer.Option(
-        None,
-        "--printable",
-        help="One case: also write a print-ready STL of 'vote' (the implant) or proposal K (0, 1, ...); "
-        "the default when --min-thickness or --margin is given is vote.",
-    ),
-    min_thickness: float = typer.Option(
-        None, "--min-thickness", help="Print-ready STL: grow the implant to at least this wall thickness (mm)."
-    ),
-    margin: float = typer.Option(
-        None, "--margin", help="Print-ready STL: a flange this many mm onto the skull around the defect (mm)."
-    ),
+    components: float = _COMPONENTS,
+    reach_mm: float = _REACH_MM,
+    label: float = _LABEL,
+    printable: str = _PRINTABLE,
+    min_thickness: float = _MIN_THICKNESS,
+    margin: float = _MARGIN,
 ) -> None:
     """Design an implant: PCDiff proposals → voxelizer → vote → clean-up → NRRD/NIfTI, STL, uncertainty, preview, 3-D view, report.
 
