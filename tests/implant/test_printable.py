@@ -75,6 +75,8 @@ def test_options_are_refused_in_one_line():
         PrintOptions(choice="../x")
     with pytest.raises(ConfigError, match="between 0 and 20"):
         PrintOptions(min_thickness_mm=-1)
+    with pytest.raises(ConfigError, match="below 1 mm, too thin to print or to measure in bounded time"):
+        PrintOptions(min_thickness_mm=0.5)
     assert PrintOptions(choice="1", min_thickness_mm=3, margin_mm=2).slug() == "proposal1-t3mm-m2mm"
 
 
