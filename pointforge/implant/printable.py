@@ -36,9 +36,11 @@ from pointforge.data.volumes import Volume, read_binary_volume
 from pointforge.errors import ConfigError, DataError, UserError
 from pointforge.implant.thickness import min_wall_thickness
 
-__all__ = ["PrintOptions", "printable_mesh", "write_printable"]
+__all__ = ["PrintOptions", "measuring_pitch", "printable_mesh", "write_printable"]
 
 _MAX_WORK_VOXELS = 4_000_000
+_COVER_PASSES = 4
+_GROW_ROUNDS = 2
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,11 @@ class PrintOptions:
         for name, value, most in (("min thickness", self.min_thickness_mm, 20), ("margin", self.margin_mm, 30)):
             if not 0 <= value <= most:
                 raise ConfigError(f"the {name} must be between 0 and {most} mm, got {value}")
+        if 0 < self.min_thickness_mm < 1:
+            raise ConfigError(
+                f"a minimum thickness of {self.min_thickness_mm} mm is below 1 mm, too thin to print or to measure "
+                "in bounded time; use 0 (as generated) or 1 to 20 mm"
+            )
         if self.margin_mm > 0 and self.min_thickness_mm == 0:
             raise ConfigError("a margin needs a minimum thickness too (the flange on the skull is that thick)")
 
@@ -121,27 +128,75 @@ def _flange(implant: np.ndarray, skull: np.ndarray, centre: np.ndarray, margin: 
 
 
 def _thicken(solid: np.ndarray, centre: np.ndarray, radius: int) -> np.ndarray:
-    """``solid`` grown until every voxel lies in a ball of ``radius`` voxels inside it: outward first."""
+    """``solid`` grown until every voxel lies in a ball of ``radius`` voxels inside it: outward first, then
+    balls centred on what is still thin, until the well-composed mask (what is meshed) holds no thin voxel."""
     thin = solid & ~_open(solid, radius)
-    if not thin.any():
-        return solid
-    points = np.argwhere(thin)
-    outward = (points - centre) / np.maximum(np.linalg.norm(points - centre, axis=1, keepdims=True), 1e-9)
-    limit = np.array(solid.shape) - 1
-    behind = np.clip(np.rint(points - outward), 0, limit).astype(int)
-    brain_side = ~solid[tuple(behind.T)]
-    centres = np.zeros_like(solid)
-    ahead = np.clip(np.rint(points[brain_side] + radius * outward[brain_side]), 0, limit).astype(int)
-    centres[tuple(ahead.T)] = True
-    grown = solid | _dilate(centres, radius)
-    return grown | _dilate(grown & ~_open(grown, radius), radius)
+    if thin.any():
+        points = np.argwhere(thin)
+        outward = (points - centre) / np.maximum(np.linalg.norm(points - centre, axis=1, keepdims=True), 1e-9)
+        limit = np.array(solid.shape) - 1
+        behind = np.clip(np.rint(points - outward), 0, limit).astype(int)
+        brain_side = ~solid[tuple(behind.T)]
+        centres = np.zeros_like(solid)
+        ahead = np.clip(np.rint(points[brain_side] + radius * outward[brain_side]), 0, limit).astype(int)
+        centres[tuple(ahead.T)] = True
+        solid = solid | _dilate(centres, radius)
+    # Where two balls touch only along an edge or at a corner, making the mask well-composed (as it is before
+    # meshing) fills a voxel that lies in no ball: a bridge the mesh would keep as a thin pinch. Covered too.
+    for _ in range(_COVER_PASSES):
+        solid = make_well_composed(solid)
+        thin = solid & ~_open(solid, radius)
+        if not thin.any():
+            break
+        solid = solid | _dilate(thin, radius)
+    return solid
+
+
+def _smoothed(solid: np.ndarray) -> np.ndarray:
+    """The field that is meshed at 0.5: ``solid`` made well-composed, smoothed by one working voxel (so the
+    surface has no voxel staircase, whose ledges would be thin features of their own), and a cavity sealed
+    inside it filled (it would trap resin or powder, and its walls would measure as thin as it is small)."""
+    field = ndimage.gaussian_filter(make_well_composed(solid.copy()).astype(np.float32), sigma=1.0)
+    inside = field >= 0.5
+    field[ndimage.binary_fill_holes(inside) & ~inside] = 1.0
+    return field
+
+
+def _solid(fine: np.ndarray, bone: np.ndarray, centre: np.ndarray, voxel_mm: float, radius: int, margin_mm: float):
+    """The implant with its flange (``margin_mm``), every voxel in a ball of ``radius`` voxels inside it."""
+    solid = fine
+    if margin_mm:
+        thick = (2 * radius - 1) * voxel_mm
+        solid = solid | _flange(fine, bone, centre, margin_mm / voxel_mm, thick / voxel_mm)
+    if radius:
+        pad = 2 * radius + 2
+        solid = _thicken(np.pad(solid, pad), centre + pad, radius)[(slice(pad, -pad),) * 3]
+    return solid
+
+
+def _mesh(solid: np.ndarray, grid: _Grid, skull: Volume):
+    """The closed surface of ``solid`` (on ``grid``) in ``skull``'s physical space, in mm."""
+    import trimesh
+
+    field = _smoothed(solid)
+    verts, faces = volume_to_mesh(field, level=0.5)
+    verts_mm = skull.voxel_to_physical(grid.start + verts * grid.step)
+    if np.linalg.det(skull.affine()[:3, :3]) < 0:
+        faces = faces[:, ::-1].copy()
+    return trimesh.Trimesh(vertices=verts_mm, faces=faces, process=False)
+
+
+def measuring_pitch(options: PrintOptions, voxel_mm: float) -> float:
+    """The measuring voxel: a sixth of the thickness asked, so that the reading (up to two voxels low) is within
+    a third of it whatever the implant's size; as generated, half the working voxel (at least 0.5 mm)."""
+    return options.min_thickness_mm / 6 if options.min_thickness_mm else max(voxel_mm / 2, 0.5)
 
 
 def printable_mesh(implant: np.ndarray, skull: Volume, options: PrintOptions):
     """The printable mesh (``trimesh.Trimesh``, mm, the input's physical space) of ``implant`` (a mask on
-    ``skull``'s grid) and what was measured on it."""
-    import trimesh
-
+    ``skull``'s grid) and what was measured on it. With a minimum thickness ``T``, the solid is made for
+    ``T`` plus two measuring voxels (what the reading may lose) and measured; grown by a working voxel and
+    made again, at most twice, while the reading is below ``T``."""
     spacing = np.asarray(skull.spacing, dtype=np.float64)
     grid, shape = _grid(implant, spacing, options)
     fine = grid.resample(implant, shape)
@@ -149,33 +204,28 @@ def printable_mesh(implant: np.ndarray, skull: Volume, options: PrintOptions):
     if not fine.any():
         raise DataError("the chosen implant is thinner than half a voxel everywhere: there is nothing to print")
     centre = (np.argwhere(skull.data | implant).mean(axis=0) - grid.start) / grid.step
-    solid = fine
-    radius = int(np.ceil(options.min_thickness_mm / (2 * grid.voxel_mm))) + 1 if options.min_thickness_mm else 0
-    if options.margin_mm:
-        thick = (2 * radius - 1) * grid.voxel_mm
-        solid = solid | _flange(fine, bone, centre, options.margin_mm / grid.voxel_mm, thick / grid.voxel_mm)
-    if radius:
-        pad = 2 * radius + 2
-        solid = _thicken(np.pad(solid, pad), centre + pad, radius)[(slice(pad, -pad),) * 3]
-    # Smoothed by one working voxel before marching, so the surface has no voxel staircase (whose ledges
-    # would be thin features of their own); the slack above covers what it takes off.
-    field = ndimage.gaussian_filter(make_well_composed(solid).astype(np.float32), sigma=1.0)
-    # A cavity sealed inside (a crevice the smoothing closed) cannot be printed, as it traps resin or powder,
-    # and its walls would measure as thin as it is small: filled.
-    inside = field >= 0.5
-    field[ndimage.binary_fill_holes(inside) & ~inside] = 1.0
-    verts, faces = volume_to_mesh(field, level=0.5)
-    verts_mm = skull.voxel_to_physical(grid.start + verts * grid.step)
-    if np.linalg.det(skull.affine()[:3, :3]) < 0:
-        faces = faces[:, ::-1].copy()
-    mesh = trimesh.Trimesh(vertices=verts_mm, faces=faces, process=False)
-    thickness, pitch = min_wall_thickness(mesh, grid.voxel_mm / 2)
+    wanted = options.min_thickness_mm
+    pitch = measuring_pitch(options, grid.voxel_mm)
+    radius = int(np.ceil((wanted + 2 * pitch) / (2 * grid.voxel_mm))) + 1 if wanted else 0
+    up_to = 1.5 * wanted if wanted else 8 * pitch
+    for grow in range(_GROW_ROUNDS + 1 if wanted else 1):
+        solid = _solid(fine, bone, centre, grid.voxel_mm, radius + grow, options.margin_mm)
+        mesh = _mesh(solid, grid, skull)
+        thickness = min_wall_thickness(mesh, pitch, up_to)
+        if thickness >= wanted:
+            break
+    else:
+        raise DataError(
+            f"the STL measured {thickness:.2f} mm thick where {wanted:g} mm was asked, after growing it "
+            f"{_GROW_ROUNDS} times; ask a smaller thickness, or report this case"
+        )
     return mesh, {
         "choice": options.choice,
         "min_thickness_mm": options.min_thickness_mm,
         "margin_mm": options.margin_mm,
         "measured_min_thickness_mm": round(thickness, 3),
         "measured_at_mm": round(pitch, 4),
+        "measured_up_to_mm": round(up_to, 3),
         "working_voxel_mm": round(grid.voxel_mm, 4),
         "overlap_with_skull_mm3": round(float((solid & bone).sum()) * grid.voxel_mm**3, 1),
     }
