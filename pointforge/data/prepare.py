@@ -18,7 +18,6 @@ import json
 import os
 import time
 import zlib
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from pointforge.data.skulls.layouts import RawCase, list_cases
 from pointforge.data.skulls.prepared import PreparedCase, write_manifest
 from pointforge.data.skulls.splits import assign_skulls, is_id_split, parse_ratios
 from pointforge.data.surface import bounding_box, surface_points
+from pointforge.data.volume_jobs import pool_size, run_all
 from pointforge.data.volumes import Volume, read_binary_volume
 from pointforge.errors import ConfigError, DataError
 
@@ -182,17 +182,6 @@ def run_job(out: Path, job: VolumeJob) -> dict:
     return meta
 
 
-def _run_job_safely(out: Path, job: VolumeJob) -> tuple[VolumeJob, dict | None, str | None]:
-    try:
-        return job, run_job(out, job), None
-    except DataError as err:
-        return job, None, str(err)
-    except MemoryError:
-        return job, None, f"{job.source}: out of memory while preparing; use fewer --workers"
-    except Exception as exc:  # one bad case must not stop the rest; say what it was
-        return job, None, f"{job.source}: {type(exc).__name__}: {exc}"
-
-
 # --------------------------------------------------------------------------- driver
 
 
@@ -261,17 +250,8 @@ def _run_jobs(
         if progress:
             progress(count, len(jobs), job.rel)
 
-    if workers == 1:
-        for job in todo:
-            record(job, _run_job_safely(out, job)[2])
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            pending = {pool.submit(_run_job_safely, out, j) for j in todo}
-            while pending:
-                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for fut in finished:
-                    job, _, err = fut.result()
-                    record(job, err)
+    for job, _, err in run_all(run_job, "preparing", out, todo, workers):
+        record(job, err)
     return failed_sources
 
 
@@ -339,7 +319,7 @@ def prepare_dataset(
     jobs = plan_jobs(root, cases, layout, n_points, seed, isotropic_spacing)
     todo = [j for j in jobs if not job_done(out, j)]
     result = PrepareResult(out=out, layout=layout, cases=[], skipped=len(jobs) - len(todo))
-    workers = max(1, min(workers or min(os.cpu_count() or 1, 4), len(todo) or 1))
+    workers = pool_size(workers, len(todo))
     failed_sources = _run_jobs(out, jobs, todo, workers, result, progress)
     prepared = _prepared_cases(cases, jobs, failed_sources, assignment)
     write_manifest(out, prepared)

@@ -31,10 +31,9 @@ import json
 import os
 import time
 import zlib
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 
@@ -43,6 +42,7 @@ from pointforge.data.orientation import canonical_axes
 from pointforge.data.skulls.layouts import volumes_in
 from pointforge.data.skulls.splits import assign_skulls, missing_skulls
 from pointforge.data.synthetic.defects import DEFECT_CLASSES, make_defect
+from pointforge.data.volume_jobs import pool_size, run_all
 from pointforge.data.volumes import Volume, read_binary_volume, write_volume
 from pointforge.errors import ConfigError, DataError
 
@@ -107,17 +107,6 @@ def cut_skull(out: Path, job: SkullJob) -> dict:
         write_volume(job.complete_target(out), volume)
     record["seconds"] = round(time.perf_counter() - started, 1)
     return record
-
-
-def _cut_safely(out: Path, job: SkullJob) -> tuple[SkullJob, dict | None, str | None]:
-    try:
-        return job, cut_skull(out, job), None
-    except DataError as err:
-        return job, None, str(err)
-    except MemoryError:
-        return job, None, f"{job.source}: out of memory while cutting; use fewer --workers"
-    except Exception as exc:  # one bad skull must not stop the rest; say what it was
-        return job, None, f"{job.source}: {type(exc).__name__}: {exc}"
 
 
 @dataclass
@@ -187,7 +176,7 @@ def cut_dataset(
     count = result.skipped
     if progress:
         progress(count, len(jobs), "")
-    for job, made, err in _run(out, todo, workers):
+    for job, made, err in run_all(cut_skull, "cutting", out, todo, pool_size(workers, len(todo))):
         count += 1
         if err:
             result.failures.append(err)
@@ -200,18 +189,3 @@ def cut_dataset(
             progress(count, len(jobs), job.skull_id)
     result.seconds = time.perf_counter() - started
     return result
-
-
-def _run(out: Path, todo: list[SkullJob], workers: int | None) -> Iterator[tuple[SkullJob, dict | None, str | None]]:
-    """Each job's (job, record, error) as it finishes; in a process pool when more than one worker."""
-    workers = max(1, min(workers or min(os.cpu_count() or 1, 4), len(todo) or 1))
-    if workers == 1:
-        for job in todo:
-            yield _cut_safely(out, job)
-        return
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        pending = {pool.submit(_cut_safely, out, job) for job in todo}
-        while pending:
-            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for future in finished:
-                yield future.result()
