@@ -79,10 +79,7 @@ def prepare(
         f"{result.layout}: {len(result.cases)} cases ({counts}); {result.done} volumes prepared, "
         f"{result.skipped} already done, {len(result.failures)} failed; {result.seconds:.1f} s → {out}"
     )
-    if result.failures:
-        for line in result.failures:
-            typer.secho(f"failed: {line}", err=True, fg=typer.colors.RED)
-        raise typer.Exit(1)
+    _exit_on_failures(result.failures)
 
 
 @app.command("cut-defects")
@@ -114,8 +111,13 @@ def cut_defects(
         f"{result.done} skulls cut, {result.skipped} already done, {len(result.failures)} failed; "
         f"{result.seconds:.1f} s → {out}"
     )
-    if result.failures:
-        for line in result.failures:
+    _exit_on_failures(result.failures)
+
+
+def _exit_on_failures(failures: list[str]) -> None:
+    """Each failed volume's line on stderr and exit 1; nothing when none failed (the others are written)."""
+    if failures:
+        for line in failures:
             typer.secho(f"failed: {line}", err=True, fg=typer.colors.RED)
         raise typer.Exit(1)
 
