@@ -200,6 +200,14 @@ class UNetTask(Task):
         val = CubeGridDataset(data, cfg.val_split, folder) if cfg.val_split else None
         return train, val
 
+    def batch_sampler(self, dataset, *, rank, world_size, micro_batch, accumulation, seed, epoch):
+        # The engine calls this before every epoch: where the dataset learns the epoch its mirror draws
+        # from. None: the engine's own global batches.
+        set_epoch = getattr(dataset, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+        return None
+
     def training_step(self, model: nn.Module, batch: Any, ctx: StepContext):
         logits = model(batch["image"])
         loss = self.loss(logits.float(), batch["label"])

@@ -28,9 +28,10 @@ What the engine gets from this task:
   ``val_l2`` (mean squared difference of the predicted and target grids) and
   ``val_iou`` (inside = field ≤ 0); ``best.pt`` is chosen by ``val_iou`` (max).
 
-The epoch reaches the dataset's ``set_epoch`` through the Task contract's
-``batch_sampler``, which the engine calls before every epoch; without it every
-epoch would repeat epoch 0's augmentation.
+The epoch reaches the dataset through :meth:`VoxelizerTask.batch_sampler`,
+which the engine calls before every epoch: the engine itself does not call
+``set_epoch`` (yet), and without it every epoch would repeat epoch 0's
+augmentation.
 """
 
 from __future__ import annotations
@@ -187,17 +188,11 @@ class VoxelizerTask(Task):
         return train, val
 
     def batch_sampler(self, dataset, *, rank, world_size, micro_batch, accumulation, seed, epoch):
-        # The contract's default tells the dataset the epoch its augmentation draws from;
-        # the batches are the engine's own, said here so that the task's tests can see them.
-        super().batch_sampler(
-            dataset,
-            rank=rank,
-            world_size=world_size,
-            micro_batch=micro_batch,
-            accumulation=accumulation,
-            seed=seed,
-            epoch=epoch,
-        )
+        # The engine calls this before every epoch; it is where the dataset learns
+        # the epoch its augmentation draws from. The batches are the engine's own.
+        set_epoch = getattr(dataset, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
         return global_batches(
             len(dataset),
             global_batch=micro_batch * accumulation * world_size,

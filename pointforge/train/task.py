@@ -182,15 +182,6 @@ class Task:
         seed: int,
         epoch: int,
     ) -> Iterable[Sequence[int]] | None:
-        """This rank's micro-batches of ``epoch``; None: the engine's own global batches.
-
-        The engine calls it before every epoch (and once at planning, for epoch 0), so this
-        default is where a dataset with ``set_epoch`` learns the epoch its per-epoch draws
-        (subsampling, augmentation, mirroring) come from. A task that overrides it keeps that.
-        """
-        set_epoch = getattr(dataset, "set_epoch", None)
-        if callable(set_epoch):
-            set_epoch(epoch)
         return None
 
     def collate(self, items: list[Any]) -> Any:

@@ -176,6 +176,16 @@ class PCDiffTask(Task):
             log.warning(f"{root}: the '{cfg.val_split}' split has no case with an implant; training without validation")
         return train, val
 
+    def batch_sampler(self, dataset, *, rank, world_size, micro_batch, accumulation, seed, epoch):
+        # The engine calls this before every epoch (and once at planning, for
+        # epoch 0) and does not itself call datasets' set_epoch; this is where
+        # the task learns the epoch before the loader draws items, so the
+        # per-epoch subsampling and rotations change. None: the engine batches.
+        set_epoch = getattr(dataset, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+        return None
+
     def training_step(self, model: nn.Module, batch: Any, ctx: StepContext):
         x0 = batch["points"].transpose(1, 2)  # [B, 3, n_skull + n_implant]
         t = None
