@@ -102,6 +102,15 @@ def demo(
         help="PCDIFF,VOXELIZER: train to these step counts instead of --minutes (the same models on any "
         "machine, whatever its load; for comparisons at equal budget).",
     ),
+    config: str = typer.Option(
+        "demo",
+        "--config",
+        help="The packaged preset both networks train from: demo (minutes on a CPU) or skullfix (real skulls, "
+        "docs/implant.md).",
+    ),
+    reach_mm: float = typer.Option(
+        None, "--reach-mm", help="Keep implant voxels within this many mm of the generated points (as generate)."
+    ),
     data: Path = typer.Option(
         None,
         "--data",
@@ -125,6 +134,8 @@ def demo(
         device=device,
         seed=seed,
         data=None if data is None else str(data),
+        config=config,
+        reach_mm=reach_mm,
     )
     if split is not None:
         settings.split = split

@@ -21,12 +21,20 @@ from pointforge.errors import DataError, UserError
 from pointforge.implant.demo.budget import TimeSplit
 from pointforge.implant.demo.report import write_report
 from pointforge.implant.demo.run import run_demo
-from pointforge.implant.demo.scoring import chosen_phase, mean_dsc, spread_cases
+from pointforge.implant.demo.scoring import chosen_phase, full_options, mean_dsc, probe_options, spread_cases
 from pointforge.implant.demo.settings import DemoSettings, make_data
-from pointforge.implant.demo.training import decays, phase_steps, phase_worker, train_side_by_side
+from pointforge.implant.demo.training import (
+    DEMO_TASKS,
+    decays,
+    demo_config,
+    phase_steps,
+    phase_worker,
+    train_side_by_side,
+)
 from pointforge.implant.demo.verdict import case_values, intervals, verdict_sentences
 from pointforge.implant.demo.workers import baseline_case, case_jobs, case_pool, run_cases
 from pointforge.implant.evaluate import Evaluation, summarise
+from pointforge.tasks.configs import load_train_config
 from pointforge.train.torchrun import worker_args
 from tests.helpers import TOY_TINY, write_raw_dataset
 
@@ -49,10 +57,23 @@ def test_a_used_folder_and_bad_settings_are_refused(tmp_path):
         (DemoSettings(split="train=000-009,tset=010-012"), "--split"),
         (DemoSettings(train_steps=(600, 0)), "--train-steps"),
         (DemoSettings(train_steps=(600,)), "--train-steps"),  # type: ignore[arg-type]
+        (DemoSettings(reach_mm=0.0), "--reach-mm must be a positive distance"),
+        (DemoSettings(config="skulfix"), "did you mean 'skullfix'"),
     ):
         with pytest.raises(UserError, match=message):
             run_demo(tmp_path / "new", settings)
     assert not (tmp_path / "new").exists()
+
+
+def test_the_skullfix_preset_trains_both_networks_and_the_reach_reaches_generation():
+    for task in DEMO_TASKS:
+        assert demo_config(task, "skullfix").name == "skullfix.yaml"
+        load_train_config(task, demo_config(task, "skullfix"))  # every key known, every value valid
+    pcdiff = load_train_config("pcdiff", demo_config("pcdiff", "skullfix")).task
+    assert pcdiff.prior.start_step == 400
+    s = DemoSettings(config="skullfix", reach_mm=8.0)
+    assert full_options(s).reach_mm == probe_options(s).reach_mm == 8.0
+    assert full_options(DemoSettings()).reach_mm is None
 
 
 def test_a_prepared_folder_is_used_as_it_is(tmp_path):

@@ -137,13 +137,22 @@ def _intro_and_verdict(summary: dict) -> tuple[str, str]:
     probe = f"{s['probe_ensemble']} proposals, {s['probe_steps']} steps"
     intro = (
         f"{data}, split {s['split']} by skull. "
-        f"Training: {s['minutes']:g} min of wall-clock time, PCDiff and the voxelizer side by side, "
+        f"Training: {_budget(s)}, PCDiff and the voxelizer side by side (preset {s.get('config', 'demo')}), "
         f"the models kept after each of {len(summary['curve'])} phases and probed on the validation cases ({probe}). "
         f"Test cases: the chosen phase, ensemble of {s['ensemble']}, sampler {s['sampler']}"
         + (f" {s['steps']} steps" if s["steps"] else "")
+        + (f", reach {s['reach_mm']:g} mm" if s.get("reach_mm") else "")
         + ". Intervals: 95 % bootstrap over the cases (2,000 resamples, seeded). Every number below was computed in this run."
     )
     return intro, verdict
+
+
+def _budget(s: dict) -> str:
+    """The training budget as the run was given it: steps (``--train-steps``) or wall-clock minutes."""
+    if s.get("train_steps"):
+        pcdiff, voxelizer = s["train_steps"]
+        return f"{pcdiff:,} PCDiff and {voxelizer:,} voxelizer steps"
+    return f"{s['minutes']:g} min of wall-clock time"
 
 
 def _sections(verdict: str) -> list[tuple[str, str | None, str | None]]:

@@ -105,7 +105,7 @@ def run_demo(
     s = settings or DemoSettings()
     s.validate()
     for task in DEMO_TASKS:
-        demo_config(task)  # an install without its presets is refused now, not after the data stage
+        demo_config(task, s.config)  # a missing preset is refused now, not after the data stage
     out = Path(out)
     check_out(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -38,6 +38,8 @@ class DemoSettings:
     # (PCDiff, voxelizer) steps instead of minutes: the same models on any machine, whatever its load
     # (equal-budget comparisons); the phases end at the same fractions of these.
     train_steps: tuple[int, int] | None = None
+    config: str = "demo"  # the packaged preset both networks train from (pcdiff/<config>.yaml, voxelizer/<config>.yaml)
+    reach_mm: float | None = None  # the clean-up keeps implant voxels within this distance of the points (generate's)
 
     def validate(self) -> None:
         if not self.minutes > 0:
@@ -63,6 +65,8 @@ class DemoSettings:
             raise UserError(
                 f"--train-steps must be two positive step counts (PCDiff,voxelizer), got {self.train_steps!r}"
             )
+        if self.reach_mm is not None and not self.reach_mm > 0:
+            raise UserError(f"--reach-mm must be a positive distance in mm, got {self.reach_mm}")
         if sorted(self.phases) != list(self.phases) or not self.phases or self.phases[-1] != 1.0:
             raise UserError("phases must increase and end at 1.0")
 

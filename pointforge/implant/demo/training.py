@@ -21,13 +21,13 @@ from pointforge.tasks.configs import resolve_config_path
 from pointforge.train.records import read_run_status
 from pointforge.train.torchrun import start_torchrun, worker_args
 
-# The two networks the demo trains, each from its packaged ``demo`` preset.
+# The two networks the demo trains, each from its packaged preset of the same name (``demo`` by default).
 DEMO_TASKS = ("pcdiff", "voxelizer")
 
 
-def demo_config(task: str) -> Path:
-    """The demo's training config for ``task``: the packaged ``pointforge/configs/<task>/demo.yaml``."""
-    return resolve_config_path(task, "demo")
+def demo_config(task: str, name: str = "demo") -> Path:
+    """The demo's training config for ``task``: the packaged ``pointforge/configs/<task>/<name>.yaml``."""
+    return resolve_config_path(task, name)
 
 
 def decays(config: Path) -> bool:
@@ -132,7 +132,7 @@ def _last_words(log: Path) -> str:
 def train_phases(out: Path, s: DemoSettings, prepared: Path, log: Callable[[str], None], progress) -> list[dict]:
     """Stage 2: both models trained side by side in phases; each phase's checkpoints kept (the learning curve)."""
     run_dirs = {task: out / "runs" / task for task in DEMO_TASKS}
-    configs = {task: demo_config(task) for task in DEMO_TASKS}
+    configs = {task: demo_config(task, s.config) for task in DEMO_TASKS}
     kept: list[dict] = []
     done_fraction = 0.0
     for k, fraction in enumerate(s.phases):
