@@ -119,7 +119,6 @@ def demo(
     ),
 ) -> None:
     """The whole system on synthetic data (or your own, --data): data → training → implants → evaluation against a baseline and an oracle → report."""
-    from pointforge.implant.demo.report_tables import format_score
     from pointforge.implant.demo.run import run_demo
     from pointforge.implant.demo.settings import DemoSettings
 
@@ -143,14 +142,21 @@ def demo(
         settings.train_steps = _step_pair(train_steps)
     with _StageBars() as bars:
         result = run_demo(out, settings, log=typer.echo, progress=bars)
+    _say_result(result, typer.echo)
+
+
+def _say_result(result, say) -> None:
+    """The demo's last lines: the means against the baseline and the oracle, and where the report is."""
+    from pointforge.implant.demo.report_tables import format_score
+
     s = result.summary
     chosen = s["curve"][s["chosen"]]
     beaten = [e["label"] for m, e in s["intervals"].items() if s["beats_baseline"][m]]
-    typer.echo(
+    say(
         f"mean DSC on {len(s['cases'])} test cases: PCDiff pipeline {format_score(s['pipeline_dsc_mean'])} "
         f"(the models after {chosen['minutes']:g} min, chosen on the validation cases), "
         f"baseline {format_score(s['baseline_dsc_mean'])}, oracle {format_score(s['oracle_dsc_mean'])}; "
         f"baseline beaten (95 % paired interval) on: {', '.join(beaten) or 'none'}; "
         f"total {s['timings_s']['total_s'] / 60:.1f} min"
     )
-    typer.echo(f"report: {result.report_html} (and {result.report_md.name})")
+    say(f"report: {result.report_html} (and {result.report_md.name})")
