@@ -25,7 +25,7 @@ class Replay:
 
     def __call__(self, x, t):
         assert torch.equal(t, self.t) and t.dtype == torch.int64
-        torch.testing.assert_close(x, self.x, rtol=0, atol=0)
+        close(x, self.x)  # the same noised input, to float32 rounding (the CPU's vector width moves an ulp)
         out = torch.full_like(x, float("nan"))
         out[:, :, -self.eps.shape[2] :] = self.eps
         return out
