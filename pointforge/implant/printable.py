@@ -185,7 +185,13 @@ def _mesh(solid: np.ndarray, grid: _Grid, skull: Volume):
     verts_mm = skull.voxel_to_physical(grid.start + verts * grid.step)
     if np.linalg.det(skull.affine()[:3, :3]) < 0:
         faces = faces[:, ::-1].copy()
-    return trimesh.Trimesh(vertices=verts_mm, faces=faces, process=False)
+    # The mesh as the STL holds it (float32), so that what is checked and measured is what is written: far
+    # from the origin (a CT's table position) vertices a few µm apart become one, and their triangles lines.
+    mesh = trimesh.Trimesh(vertices=verts_mm.astype(np.float32).astype(np.float64), faces=faces, process=False)
+    mesh.merge_vertices()
+    mesh.update_faces(mesh.nondegenerate_faces())
+    mesh.remove_unreferenced_vertices()
+    return mesh
 
 
 def measuring_pitch(options: PrintOptions, voxel_mm: float) -> float:

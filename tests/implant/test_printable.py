@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -141,6 +142,18 @@ def test_a_ct_series_case_is_printed_from_its_series_and_also_as_encapsulated_st
     assert "stl_dicom" not in measured_again and np.array_equal(
         trimesh.load(again, file_type="stl").vertices, from_series
     )
+
+
+def test_the_stl_read_back_is_watertight_far_from_the_origin(tmp_path, thin_case):
+    """An STL holds float32: far from the origin (a CT's table position, 1,700 mm for the Visible Human head)
+    neighbouring vertices round onto one another. The mesh is measured and checked as the file holds it."""
+    skull, implant = thin_case
+    far = replace(skull, origin=(10_000.0, 10_000.0, 10_000.0))  # float32 steps of 1/1024 mm: 8 triangles collapse
+    case, defective = a_case_folder(tmp_path, (far, implant))
+    stl, measured = write_printable(case, defective, PrintOptions(min_thickness_mm=3.0))
+    mesh = trimesh.load(stl, file_type="stl")
+    assert measured["watertight"] and mesh.is_watertight and mesh.volume > 0
+    assert min_wall_thickness(mesh, 0.5001, 4.5) >= 3.0
 
 
 def test_generate_writes_the_print_ready_stl_of_the_chosen_proposal_and_says_its_thickness(
