@@ -98,9 +98,10 @@ def generate(
     from pointforge.implant.options import GenerateOptions
 
     to_print = _print_options(printable, min_thickness, margin, proposals=1 if unet is not None else ensemble)
-    if to_print is not None and defective.is_dir():
+    if to_print is not None and defective.is_dir() and not is_dicom_series(defective):
         raise ConfigError(
-            f"{defective} is a folder; --printable, --min-thickness and --margin take one defective skull file"
+            f"{defective} is a dataset folder; --printable, --min-thickness and --margin take one case "
+            "(a skull file or a CT series)"
         )
     if unet is not None:
         if pcdiff is not None or voxelizer is not None:

@@ -34,10 +34,18 @@ import numpy as np
 
 from pointforge.data.ct_stack import StackGeometry, restack, stack_geometry
 from pointforge.data.prepare import resample_isotropic
-from pointforge.data.volumes import Volume
+from pointforge.data.volumes import Volume, read_binary_volume
 from pointforge.errors import DataError
 
-__all__ = ["BONE_HU", "CTSeries", "is_dicom_series", "read_ct_series", "ct_series_from_bytes", "bone_mask"]
+__all__ = [
+    "BONE_HU",
+    "CTSeries",
+    "is_dicom_series",
+    "read_ct_series",
+    "read_skull_input",
+    "ct_series_from_bytes",
+    "bone_mask",
+]
 
 BONE_HU = 300.0
 _BODY_AXIS_NOTE_MM = 180.0  # a cranium alone is shorter than this head to foot; longer bone has more joined to it
@@ -77,6 +85,15 @@ def read_ct_series(path: Path, *, max_voxels: int | None = None) -> CTSeries:
     with zipfile.ZipFile(path) as archive:
         members = [info for info in archive.infolist() if not info.is_dir()]
         return ct_series_from_bytes((archive.read(info) for info in members), max_voxels)
+
+
+def read_skull_input(path: Path) -> tuple[Volume, CTSeries | None]:
+    """The defective skull of an input (a binary NRRD/NIfTI mask, or a CT series as a folder or zip), and the
+    series it was made from (None for a mask): what ``generate`` reads, and the print-ready STL after it."""
+    if is_dicom_series(path):
+        series = read_ct_series(path)
+        return series.skull, series
+    return read_binary_volume(path), None
 
 
 def ct_series_from_bytes(files: Iterable[bytes], max_voxels: int | None = None) -> CTSeries:

@@ -17,8 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pointforge.data.dicom import CTSeries, is_dicom_series, read_ct_series
-from pointforge.data.volumes import Volume, read_binary_volume
+from pointforge.data.dicom import CTSeries, read_skull_input
 from pointforge.errors import UserError
 from pointforge.implant.models import Models
 from pointforge.implant.options import GenerateOptions
@@ -64,7 +63,7 @@ def generate_case(
     if out.exists() and not overwrite:
         raise UserError(f"{out} already exists; pass --overwrite to replace it, or choose another --out")
     started = time.perf_counter()
-    (defective, series), read_s = timed(lambda: _read_input(input_path))
+    (defective, series), read_s = timed(lambda: read_skull_input(input_path))
     result = generate_implant(
         defective, models, options, sampler=sampler, log=log, progress=progress, proposals_mm=proposals_mm
     )
@@ -90,14 +89,6 @@ def generate_case(
         preview=preview,
         dicom_sources=series.headers if series is not None else None,
     )
-
-
-def _read_input(path: Path) -> tuple[Volume, CTSeries | None]:
-    """The defective skull, and the CT series it was made from (None for a NRRD/NIfTI mask)."""
-    if is_dicom_series(path):
-        series = read_ct_series(path)
-        return series.skull, series
-    return read_binary_volume(path), None
 
 
 def _series_record(series: CTSeries) -> dict:

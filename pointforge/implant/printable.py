@@ -31,9 +31,11 @@ import numpy as np
 from scipy import ndimage
 
 from pointforge.atomic import atomic_path, atomic_write_text
+from pointforge.data.dicom import read_skull_input
 from pointforge.data.surface import bounding_box, make_well_composed, volume_to_mesh
 from pointforge.data.volumes import Volume, read_binary_volume
 from pointforge.errors import ConfigError, DataError, UserError
+from pointforge.implant.dicom_out import write_encapsulated_stl
 from pointforge.implant.thickness import min_wall_thickness
 
 __all__ = ["PrintOptions", "measuring_pitch", "printable_mesh", "write_printable"]
@@ -183,7 +185,13 @@ def _mesh(solid: np.ndarray, grid: _Grid, skull: Volume):
     verts_mm = skull.voxel_to_physical(grid.start + verts * grid.step)
     if np.linalg.det(skull.affine()[:3, :3]) < 0:
         faces = faces[:, ::-1].copy()
-    return trimesh.Trimesh(vertices=verts_mm, faces=faces, process=False)
+    # The mesh as the STL holds it (float32), so that what is checked and measured is what is written: far
+    # from the origin (a CT's table position) vertices a few µm apart become one, and their triangles lines.
+    mesh = trimesh.Trimesh(vertices=verts_mm.astype(np.float32).astype(np.float64), faces=faces, process=False)
+    mesh.merge_vertices()
+    mesh.update_faces(mesh.nondegenerate_faces())
+    mesh.remove_unreferenced_vertices()
+    return mesh
 
 
 def measuring_pitch(options: PrintOptions, voxel_mm: float) -> float:
@@ -231,10 +239,12 @@ def printable_mesh(implant: np.ndarray, skull: Volume, options: PrintOptions):
     }
 
 
-def write_printable(case: Path, skull_path: Path, options: PrintOptions) -> tuple[Path, dict]:
-    """The printable STL of a finished case folder (``generate``'s), made once per choice and setting into
-    ``case/printable/<case>-<slug>.stl`` (named for the case and the choice, so that a copy taken elsewhere still
-    says what it is) with its measurements beside it (``.json``); (the STL, the measurements)."""
+def write_printable(case: Path, input_path: Path, options: PrintOptions) -> tuple[Path, dict]:
+    """The printable STL of a finished case folder (``generate``'s, made from ``input_path``), made once per
+    choice and setting into ``case/printable/<case>-<slug>.stl`` (named for the case and the choice, so that a
+    copy taken elsewhere still says what it is) with its measurements beside it (``.json``); (the STL, the
+    measurements). For a CT series in, the same mesh also as Encapsulated STL in the series' Frame of Reference,
+    ``<case>-<slug>.dcm``, named in the measurements as ``stl_dicom``."""
     stem = f"{case.resolve().name}-{options.slug()}"  # no with_suffix: a slug such as t2.5mm has a dot of its own
     stl, record = case / "printable" / f"{stem}.stl", case / "printable" / f"{stem}.json"
     if stl.is_file() and record.is_file():
@@ -243,7 +253,7 @@ def write_printable(case: Path, skull_path: Path, options: PrintOptions) -> tupl
     if options.proposal is not None and options.proposal >= len(outputs["proposals"]):
         raise UserError(f"this case has proposals 0 to {len(outputs['proposals']) - 1}; choose one of them or 'vote'")
     chosen = outputs["implant"] if options.proposal is None else outputs["proposals"][options.proposal]
-    skull = read_binary_volume(skull_path)
+    skull, series = read_skull_input(input_path)
     implant = read_binary_volume(case / chosen, allow_empty=True).data
     mesh, measured = printable_mesh(implant, skull, options)
     measured["watertight"] = bool(mesh.is_watertight)
@@ -251,5 +261,9 @@ def write_printable(case: Path, skull_path: Path, options: PrintOptions) -> tupl
     stl.parent.mkdir(exist_ok=True)
     with atomic_path(stl, suffix=".stl") as tmp:
         mesh.export(tmp, file_type="stl")
+    if series is not None:
+        title = f"pointforge print-ready implant {options.slug()}"
+        write_encapsulated_stl(stl.parent / f"{stem}.dcm", stl.read_bytes(), series.headers, description=title)
+        measured["stl_dicom"] = f"{stem}.dcm"
     atomic_write_text(record, json.dumps(measured, indent=1))
     return stl, measured

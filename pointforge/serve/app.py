@@ -10,7 +10,8 @@ Routes (the OpenAPI schema is at ``/openapi.json``, browsable at ``/docs``):
 * ``GET /api/cases/{id}/files/{kind}`` a download (``implant``, ``uncertainty``, ``completed_skull``,
   ``report``; for a CT series in, ``seg`` and ``stl_dicom``); ``DELETE /api/cases/{id}`` removes a case that is not running;
 * ``POST /api/cases/{id}/printable`` makes the print-ready STL of the vote or one proposal at a minimum
-  thickness and margin, ``GET /api/cases/{id}/printable.stl`` downloads it; ``GET /api/audit`` the audit log;
+  thickness and margin, ``GET /api/cases/{id}/printable.stl`` downloads it (for a CT series in, also
+  ``printable.dcm``: the same mesh as Encapsulated STL); ``GET /api/audit`` the audit log;
 * ``GET /cases/{id}/view.html`` the 3-D view `generate` writes (and ``/cases/plotly.min.js``).
 
 Ids are made by the server and checked against the store before any file is
@@ -177,6 +178,11 @@ def _print_options(choice: str, min_thickness_mm: float, margin_mm: float) -> Pr
         raise HTTPException(400, str(exc)) from None
 
 
+def _printable_name(job: Job, options: PrintOptions, suffix: str) -> str:
+    """A print-ready file's download name: the case's label, its id and the choice."""
+    return f"{Path(job.name).name.split('.')[0] or 'case'}-{job.id}-{options.slug()}{suffix}"
+
+
 def _add_page_routes(app: FastAPI, settings: ServeSettings, tokens: TokenStore, audit: AuditLog) -> None:
     """The page, its script and style, the health check and the sign-in: what answers without a token."""
 
@@ -292,7 +298,10 @@ def _add_case_routes(app: FastAPI, cases: _Cases, layout: DataLayout) -> None:
         _, measured = await run_in_threadpool(cases.printable, job_id, options)
         cases.log(request, "print", job_id, options.slug())
         query = f"choice={choice}&min_thickness_mm={min_thickness_mm:g}&margin_mm={margin_mm:g}"
-        return {**measured, "download": f"/api/cases/{job_id}/printable.stl?{query}"}
+        links = {"download": f"/api/cases/{job_id}/printable.stl?{query}"}
+        if "stl_dicom" in measured:  # a CT series in: the same mesh as Encapsulated STL too
+            links["download_dicom"] = f"/api/cases/{job_id}/printable.dcm?{query}"
+        return {**{k: v for k, v in measured.items() if k != "stl_dicom"}, **links}
 
     @app.get("/api/cases/{job_id}/printable.stl")
     async def download_printable(
@@ -301,8 +310,20 @@ def _add_case_routes(app: FastAPI, cases: _Cases, layout: DataLayout) -> None:
         options = _print_options(choice, min_thickness_mm, margin_mm)
         stl, _ = await run_in_threadpool(cases.printable, job_id, options)
         cases.log(request, "download", job_id, f"stl {options.slug()}")
-        name = f"{Path(cases.job(job_id).name).name.split('.')[0] or 'case'}-{job_id}-{options.slug()}.stl"
-        return FileResponse(stl, filename=name, media_type="model/stl")
+        return FileResponse(stl, filename=_printable_name(cases.job(job_id), options, ".stl"), media_type="model/stl")
+
+    @app.get("/api/cases/{job_id}/printable.dcm")
+    async def download_printable_dicom(
+        request: Request, job_id: str, choice: str = "vote", min_thickness_mm: float = 0.0, margin_mm: float = 0.0
+    ) -> FileResponse:
+        """For a CT series in: the print-ready STL as Encapsulated STL, in the series' Frame of Reference."""
+        options = _print_options(choice, min_thickness_mm, margin_mm)
+        stl, measured = await run_in_threadpool(cases.printable, job_id, options)
+        if "stl_dicom" not in measured:
+            raise HTTPException(404, "this case has no DICOM STL (DICOM files are written for DICOM input only)")
+        cases.log(request, "download", job_id, f"stl_dicom {options.slug()}")
+        name = _printable_name(cases.job(job_id), options, ".dcm")
+        return FileResponse(stl.parent / measured["stl_dicom"], filename=name, media_type="application/dicom")
 
     @app.get("/cases/plotly.min.js", include_in_schema=False)
     def plotly_js() -> FileResponse:

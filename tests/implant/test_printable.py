@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -111,6 +112,50 @@ def test_the_chosen_implant_is_written_once_named_for_the_case_and_the_choice(tm
         write_printable(case, defective, PrintOptions(choice="2"))
 
 
+def test_a_ct_series_case_is_printed_from_its_series_and_also_as_encapsulated_stl_in_its_frame(tmp_path, thin_case):
+    """A case made from a CT series (a zip, as the service keeps it): the skull is read from the series again,
+    as `generate` read it, and the STL also comes as Encapsulated STL in the series' Frame of Reference."""
+    import pydicom
+
+    from pointforge.data.dicom import read_ct_series
+    from tests.dicom_series import ct_series_zip
+
+    skull, implant = thin_case
+    series_zip = tmp_path / "ct.zip"
+    series_zip.write_bytes(ct_series_zip(np.where(skull.data, 1200.0, 20.0), spacing=(2.0, 2.0, 2.0)))
+    series = read_ct_series(series_zip)
+    assert np.array_equal(series.skull.data, skull.data)  # the series' own grid: the implant lies on it
+    case, mask = a_case_folder(tmp_path, (series.skull, implant))
+    stl, measured = write_printable(case, series_zip, PrintOptions(choice="1", min_thickness_mm=3.0))
+    assert measured["measured_min_thickness_mm"] >= 3.0 and measured["stl_dicom"] == "case7-proposal1-t3mm-m0mm.dcm"
+    ds = pydicom.dcmread(stl.parent / measured["stl_dicom"])
+    assert ds.SOPClassUID == pydicom.uid.EncapsulatedSTLStorage and "proposal1-t3mm-m0mm" in ds.SeriesDescription
+    assert (
+        ds.FrameOfReferenceUID == series.frame_of_reference_uid
+        and ds.StudyInstanceUID == series.headers[0].StudyInstanceUID
+    )
+    assert bytes(ds.EncapsulatedDocument)[: ds.EncapsulatedDocumentLength] == stl.read_bytes()
+    from_series = trimesh.load(stl, file_type="stl").vertices
+    (stl.parent / measured["stl_dicom"]).rename(tmp_path / "kept.dcm")
+    stl.unlink()  # made again from the mask the series gives: the same mesh, in the same patient coordinates
+    again, measured_again = write_printable(case, mask, PrintOptions(choice="1", min_thickness_mm=3.0))
+    assert "stl_dicom" not in measured_again and np.array_equal(
+        trimesh.load(again, file_type="stl").vertices, from_series
+    )
+
+
+def test_the_stl_read_back_is_watertight_far_from_the_origin(tmp_path, thin_case):
+    """An STL holds float32: far from the origin (a CT's table position, 1,700 mm for the Visible Human head)
+    neighbouring vertices round onto one another. The mesh is measured and checked as the file holds it."""
+    skull, implant = thin_case
+    far = replace(skull, origin=(10_000.0, 10_000.0, 10_000.0))  # float32 steps of 1/1024 mm: 8 triangles collapse
+    case, defective = a_case_folder(tmp_path, (far, implant))
+    stl, measured = write_printable(case, defective, PrintOptions(min_thickness_mm=3.0))
+    mesh = trimesh.load(stl, file_type="stl")
+    assert measured["watertight"] and mesh.is_watertight and mesh.volume > 0
+    assert min_wall_thickness(mesh, 0.5001, 4.5) >= 3.0
+
+
 def test_generate_writes_the_print_ready_stl_of_the_chosen_proposal_and_says_its_thickness(
     tiny_implant_models, tmp_path
 ):
@@ -166,4 +211,4 @@ def test_a_print_ready_stl_is_refused_for_a_dataset_folder(tmp_path):
         "--min-thickness",
         2,
     )
-    assert isinstance(result.exception, UserError) and "is a folder; --printable" in str(result.exception)
+    assert isinstance(result.exception, UserError) and "is a dataset folder; --printable" in str(result.exception)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 from pointforge.data.volumes import write_volume
@@ -87,3 +88,50 @@ def test_a_view_and_a_printable_download_are_logged_and_the_stl_counts_towards_t
     # and the case itself was spared for the download that follows.
     assert store.get(case).bytes > len(stl.content) and store.get(case).status == "done"
     assert store.get(older).status == "evicted" and not layout.case(older).exists()
+
+
+def test_a_ct_series_case_offers_its_print_ready_stl_as_dicom_too_and_logs_that_download(tmp_path):
+    """A case uploaded as a zipped CT series: the print-ready STL is made from the series kept as the upload
+    (the skull read as `generate` read it), and offered as Encapsulated STL in the series' Frame of Reference."""
+    import numpy as np
+    import pydicom
+
+    from pointforge.data.dicom import read_ct_series
+    from pointforge.serve.store import new_job_id
+    from pointforge.serve.worker import DataLayout
+    from tests.dicom_series import ct_series_zip
+    from tests.implant.test_printable import a_case_folder, thin_dome
+
+    alice = TokenStore(tmp_path).add("alice")
+    client, store = client_for(tmp_path)
+    client.headers["Authorization"] = f"Bearer {alice}"
+    layout = DataLayout(tmp_path)
+    skull, implant = thin_dome()
+    job_id = new_job_id()
+    job = store.add(job_id, "head.zip", f"{job_id}.zip", "dicom-zip")
+    series_zip = layout.uploads / f"{job.id}.zip"
+    series_zip.write_bytes(ct_series_zip(np.where(skull.data, 1200.0, 20.0), spacing=(2.0, 2.0, 2.0)))
+    series = read_ct_series(series_zip)
+    made, _ = a_case_folder(tmp_path / "made", (series.skull, implant))
+    made.rename(layout.case(job.id))
+    store.claim()
+    store.finish(job.id, 1.0, 10)
+    asked = {"choice": "1", "min_thickness_mm": 3}
+    answer = client.post(f"/api/cases/{job.id}/printable", params=asked)
+    assert answer.status_code == 200, answer.text
+    assert (
+        answer.json()["download_dicom"] == f"/api/cases/{job.id}/printable.dcm?choice=1&min_thickness_mm=3&margin_mm=0"
+    )
+    got = client.get(answer.json()["download_dicom"])
+    named = got.headers["content-disposition"]
+    assert got.status_code == 200 and named.endswith(f'filename="head-{job.id}-proposal1-t3mm-m0mm.dcm"'), named
+    ds = pydicom.dcmread(io.BytesIO(got.content))
+    assert ds.FrameOfReferenceUID == series.frame_of_reference_uid and ds.Modality == "M3D"
+    assert [(e["action"], e["detail"]) for e in entries(tmp_path)] == [
+        ("print", "proposal1-t3mm-m0mm"),
+        ("download", "stl_dicom proposal1-t3mm-m0mm"),
+    ]
+    mask_case = a_done_case(store, layout, tmp_path / "made-nrrd", "skull.nrrd", size=10)  # a mask in: no DICOM
+    answer = client.post(f"/api/cases/{mask_case}/printable", params=asked)
+    assert answer.status_code == 200 and "download_dicom" not in answer.json()
+    assert client.get(f"/api/cases/{mask_case}/printable.dcm", params=asked).status_code == 404

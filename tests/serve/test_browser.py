@@ -95,7 +95,7 @@ def check_the_view(driver, tmp_path: Path):
     assert implant > 0.002, f"no implant in the agreement colours in the page's 3-D view ({implant:.4f})"
 
 
-def make_printable(driver, choice: str, thickness_mm: float) -> str:
+def make_printable(driver, choice: str, thickness_mm: float, timeout: float = 120) -> str:
     """Choose ``choice`` and the thickness on the page, make the STL; the result line the page shows."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
@@ -110,7 +110,7 @@ def make_printable(driver, choice: str, thickness_mm: float) -> str:
             "measured minimum" in driver.find_element(By.ID, "printable-result").text
             or driver.find_element(By.ID, "printable-error").text
         ),
-        120,
+        timeout,
         "the print-ready STL",
     )
     assert shown is True, f"the page refused the STL: {shown}"

@@ -129,7 +129,9 @@ async function makePrintable(event) {
       `(asked ${made.min_thickness_mm} mm, margin ${made.margin_mm} mm); ` +
       `overlap with the skull ${made.overlap_with_skull_mm3} mm³; ` +
       `${made.watertight ? "watertight" : "NOT watertight"}, ${made.volume_cm3} cm³`;
-    offer("stl", `STL (mm): ${what}, ${made.min_thickness_mm} mm, margin ${made.margin_mm} mm`, made.download);
+    const madeAs = `${what}, ${made.min_thickness_mm} mm, margin ${made.margin_mm} mm`;
+    offer("stl", `STL (mm): ${madeAs}`, made.download);
+    if (made.download_dicom) offer("stl_dicom_printable", `DICOM STL: ${madeAs}`, made.download_dicom);
   } catch (error) {
     $("printable-result").textContent = ""; $("printable-error").textContent = error.message;
   } finally { $("printable-button").disabled = false; }
