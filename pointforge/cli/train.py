@@ -29,7 +29,7 @@ ckpt_app = typer.Typer(help="Inspect and convert checkpoints.", no_args_is_help=
 
 
 def train_command(
-    task: str = typer.Argument(..., help="Task name: toy, pcdiff, voxelizer, upsampler."),
+    task: str = typer.Argument(..., help="Task name: toy, pcdiff, pcdiff_student, voxelizer, upsampler, unet."),
     overrides: Optional[List[str]] = typer.Argument(
         None, help="key=value overrides, e.g. optim.lr=1e-4 data.global_batch=16."
     ),

@@ -26,7 +26,13 @@ from pointforge.inference.voxelizer import load_voxelizer
 __all__ = ["FLAGS", "Models", "load_models", "named_flag"]
 
 # The command-line flag that takes each task's checkpoint.
-FLAGS = {"pcdiff": "--pcdiff", "voxelizer": "--voxelizer", "upsampler": "--upsample", "unet": "--unet"}
+FLAGS = {
+    "pcdiff": "--pcdiff",
+    "pcdiff_student": "--pcdiff",
+    "voxelizer": "--voxelizer",
+    "upsampler": "--upsample",
+    "unet": "--unet",
+}
 
 
 @dataclass
@@ -60,6 +66,14 @@ class Models:
                 "n_points": self.voxelizer_config.task.n_points,
             },
         }
+        student = self.pcdiff.student
+        if student is not None:
+            out["pcdiff"]["student"] = {
+                "calls": student.calls,
+                "teacher": student.teacher,
+                "teacher_sampler": student.teacher_sampler,
+                "teacher_steps": student.teacher_steps,
+            }
         if self.upsampler is not None:
             out["upsampler"] = {"checkpoint": self.upsampler_path, "ratio": self.upsampler.ratio}
         return out

@@ -246,7 +246,8 @@ def _postprocess(completed: list, dense: np.ndarray, work: _Work, defective: Vol
 
 def build_sampler(models: Models, options: GenerateOptions) -> Sampler:
     """The sampler ``options`` ask for on the PCDiff's own schedule (and prior): ConfigError when they do not fit."""
-    return proposal_sampler(options.sampler, options.steps, models.pcdiff.schedule, models.pcdiff.config.prior)
+    pcdiff = models.pcdiff
+    return proposal_sampler(options.sampler, options.steps, pcdiff.schedule, pcdiff.config.prior, pcdiff.student)
 
 
 def generate_implant(

@@ -30,6 +30,7 @@ from pointforge.nn.pvops.fps import furthest_point_sample_indices
 from pointforge.tasks.pcdiff.config import PCDiffConfig
 from pointforge.tasks.pcdiff.dataset import HALF_EXTENT
 from pointforge.tasks.pcdiff.frame import PriorSection, atlas_estimate, frame_condition, prior_points
+from pointforge.tasks.pcdiff.student import StudentConfig, student_sampler
 
 __all__ = ["GENERATE_STEPS", "proposal_sampler", "complete", "inside_volume"]
 
@@ -39,17 +40,45 @@ GENERATE_STEPS = {"ddim": 7}
 
 
 def proposal_sampler(
-    name: str, steps: int | None, schedule: NoiseSchedule | None, prior: PriorSection | None = None
+    name: str,
+    steps: int | None,
+    schedule: NoiseSchedule | None,
+    prior: PriorSection | None = None,
+    student: StudentConfig | None = None,
 ) -> Sampler:
     """Sampler ``name`` on the model's ``schedule``; ``steps`` None: :data:`GENERATE_STEPS`, else the sampler's default.
 
-    For a model trained with ``task.prior`` (its config's ``prior``) the sampler starts at the prior's step."""
+    For a model trained with ``task.prior`` (its config's ``prior``) the sampler starts at the prior's step.
+    A few-step ``student`` (:func:`~pointforge.inference.pcdiff.load_pcdiff`'s ``.student``) runs
+    its own DDIM steps (:func:`~pointforge.tasks.pcdiff.student.student_sampler`): ``ddim``
+    with ``steps`` None or its number of calls, a ConfigError for anything else."""
+    if student is not None:
+        return _student_sampler(name, steps, schedule, prior, student)
     if steps is None:
         steps = GENERATE_STEPS.get(str(name).lower())
     start = prior.start_step if prior is not None else None
     if steps is not None and start is not None:
         steps = min(steps, start + 1)
     return make_sampler(name, steps, schedule=schedule, start=start)
+
+
+def _student_sampler(
+    name: str, steps: int | None, schedule: NoiseSchedule | None, prior: PriorSection | None, student: StudentConfig
+) -> Sampler:
+    calls = student.calls
+    what = f"a {calls}-call student of {student.teacher_sampler}-{student.teacher_steps}"
+    if str(name).lower() != "ddim":
+        raise ConfigError(
+            f"this PCDiff is {what}; it samples with its own DDIM steps: use --sampler ddim (--steps {calls} or none)"
+        )
+    if steps is not None and steps != calls:
+        more = "more" if steps > calls else "fewer"
+        raise ConfigError(
+            f"--steps {steps} asks {what} for {more} calls than it was distilled for; use --steps {calls} "
+            f"or leave it out (its teacher, {student.teacher}, samples with more)"
+        )
+    assert schedule is not None  # load_pcdiff gives a student its teacher's schedule
+    return student_sampler(student, schedule, prior)
 
 
 def _as_points(skull_points: Any) -> tuple[np.ndarray, bool]:

@@ -42,6 +42,7 @@ __all__ = ["load"]
 # The result type of each task; a task not listed here loads as a plain LoadedModel.
 RESULT_TYPES: dict[str, type[LoadedModel]] = {
     "pcdiff": LoadedPCDiff,
+    "pcdiff_student": LoadedPCDiff,
     "voxelizer": LoadedVoxelizer,
     "upsampler": LoadedUpsampler,
     "unet": LoadedUNet,

@@ -62,7 +62,7 @@ class LoadedModel:
 
     @classmethod
     def extras(cls, cfg: TrainConfig) -> dict[str, Any]:
-        """A task's further fields, derived from the run config (none here)."""
+        """A task's further fields (or other values of the common ones), derived from the run config (none here)."""
         return {}
 
 
@@ -76,27 +76,33 @@ class WrongTaskCheckpoint(CheckpointError):
 
 
 def _not_ours_hint(path: Path, task: str | None) -> str:
-    if task == "pcdiff":
+    if task in ("pcdiff", "pcdiff_student"):
         return (
             f"an upstream PCDiff checkpoint must first be converted with `pointforge ckpt import-pcdiff {path} OUT.pt`"
         )
     return f"give one written by `pointforge train {task or 'TASK'}`"
 
 
-def open_checkpoint(path: str | os.PathLike, task: str | None = None) -> tuple[dict[str, Any], TrainConfig]:
+def open_checkpoint(
+    path: str | os.PathLike, task: str | tuple[str, ...] | None = None
+) -> tuple[dict[str, Any], TrainConfig]:
     """The checkpoint at ``path`` and its resolved config; one CheckpointError if it is not ``task``'s.
 
-    ``task=None`` accepts any task (the generic :func:`pointforge.inference.load`).
+    ``task``: a task name or the names a loader takes (PCDiff's: a PCDiff or its
+    few-step student); None accepts any task (the generic :func:`pointforge.inference.load`).
     """
     path = Path(path)
+    tasks = (task,) if isinstance(task, str) else task
     ckpt = load_checkpoint(path)
     if not is_pointforge_checkpoint(ckpt) or not isinstance(ckpt.get("config"), dict):
-        raise CheckpointError(f"{path} is not a pointforge training checkpoint; {_not_ours_hint(path, task)}")
+        hint = _not_ours_hint(path, tasks[0] if tasks else None)
+        raise CheckpointError(f"{path} is not a pointforge training checkpoint; {hint}")
     written_by = ckpt.get("task")
-    if task is not None and written_by != task:
+    if tasks is not None and written_by not in tasks:
+        names = " or ".join(f"'{name}'" for name in tasks)
         raise WrongTaskCheckpoint(
-            f"{path} is a checkpoint of task '{written_by}', not of task '{task}'; "
-            f"give one written by `pointforge train {task}` (pointforge.inference.load takes any task's)",
+            f"{path} is a checkpoint of task '{written_by}', not of task {names}; "
+            f"give one written by `pointforge train {tasks[0]}` (pointforge.inference.load takes any task's)",
             written_by,
         )
     try:
@@ -129,7 +135,7 @@ def from_checkpoint(
     load_model_state(model, ckpt[chosen])
     model.to(device).eval()
     step = (ckpt.get("progress") or {}).get("global_step")
-    return cls(
+    fields: dict[str, Any] = dict(
         model=model,
         config=cfg.task,
         run_config=cfg,
@@ -138,12 +144,17 @@ def from_checkpoint(
         source=str(path),
         task=cfg.run.task,
         step=step,
-        **cls.extras(cfg),
     )
+    fields.update(cls.extras(cfg))  # a task's extras may say what config sampling reads (a student: its teacher's)
+    return cls(**fields)
 
 
 def load_trained(
-    cls: type[L], path: str | os.PathLike, task: str | None, device: str | torch.device, weights: str
+    cls: type[L],
+    path: str | os.PathLike,
+    task: str | tuple[str, ...] | None,
+    device: str | torch.device,
+    weights: str,
 ) -> L:
     """Check the arguments, read ``path`` (``task``'s checkpoint, any task's for None) and build ``cls``."""
     check_weights(weights)

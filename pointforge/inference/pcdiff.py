@@ -1,6 +1,8 @@
 """Loading a trained PCDiff: the network, its noise schedule and its task config from a checkpoint.
 
-:func:`load_pcdiff` reads through the engine's one checkpoint loader. Apart
+:func:`load_pcdiff` reads through the engine's one checkpoint loader, a PCDiff's
+checkpoint or its few-step student's (:mod:`pointforge.tasks.pcdiff.student`),
+told apart by the task that wrote it. Apart
 from the task (:mod:`pointforge.tasks.pcdiff.task`) because using a trained
 network is a layer above training one; sampling implant proposals from it is
 the implant product's (:mod:`pointforge.implant.proposals`).
@@ -20,6 +22,7 @@ from pointforge.inference.loading import LoadedModel, Weights, load_trained
 from pointforge.nn.diffusion.schedule import NoiseSchedule
 from pointforge.nn.pvcnn import PVCNN2
 from pointforge.tasks.pcdiff.config import build_schedule
+from pointforge.tasks.pcdiff.student import PCDiffStudentTask, StudentConfig
 from pointforge.tasks.pcdiff.task import PCDiffTask
 from pointforge.train.logs import get_logger
 
@@ -38,13 +41,21 @@ CPU_EVAL_CHUNK_POINTS = 61440
 class LoadedPCDiff(LoadedModel):
     """A trained PCDiff (:class:`~pointforge.inference.loading.LoadedModel`) plus its noise schedule.
 
-    ``config`` is the task's :class:`~pointforge.tasks.pcdiff.config.PCDiffConfig`.
+    ``config`` is the task's :class:`~pointforge.tasks.pcdiff.config.PCDiffConfig`
+    (a student's: its teacher's, which says how it conditions and starts).
+    ``student``: for a few-step student, its task section (its ``calls``, the
+    teacher's sampler it reproduces, ``teacher`` the path it was distilled from);
+    None for a PCDiff.
     """
 
     schedule: NoiseSchedule | None = None
+    student: StudentConfig | None = None
 
     @classmethod
     def extras(cls, cfg: TrainConfig) -> dict[str, Any]:
+        if cfg.run.task == PCDiffStudentTask.name:
+            teacher = cfg.task.teacher_task
+            return {"config": teacher, "schedule": build_schedule(teacher.diffusion), "student": cfg.task}
         return {"schedule": build_schedule(cfg.task.diffusion)}
 
 
@@ -57,7 +68,9 @@ def load_pcdiff(
     """A trained PCDiff network (eval mode, on ``device``), its noise schedule and task config.
 
     Reads a pointforge checkpoint of the ``pcdiff`` task (a training run's
-    ``best.pt``/``latest.pt``, or ``pointforge ckpt import-pcdiff`` output)
+    ``best.pt``/``latest.pt``, or ``pointforge ckpt import-pcdiff`` output) or of
+    its few-step student (``pcdiff_student``: the result's ``student`` is set, and
+    :func:`~pointforge.implant.proposals.proposal_sampler` gives it its own steps)
     through the engine's checkpoint loader; ``weights`` follows the one EMA
     rule of :mod:`pointforge.inference.loading` (the result's ``.weights``
     says which were taken, and it is logged). On CPU the network evaluates in
@@ -66,15 +79,20 @@ def load_pcdiff(
     (:func:`~pointforge.devices.reuse_freed_memory`: no page faults for the same
     temporaries pass after pass, for the rest of the process).
     """
-    loaded = load_trained(LoadedPCDiff, checkpoint_path, PCDiffTask.name, device, weights)
+    loaded = load_trained(LoadedPCDiff, checkpoint_path, (PCDiffTask.name, PCDiffStudentTask.name), device, weights)
     if loaded.device.type == "cpu":
         reuse_freed_memory()
         for module in loaded.model.modules():
             if isinstance(module, PVCNN2):
                 module.eval_chunk_points = CPU_EVAL_CHUNK_POINTS
-    cfg = loaded.config
+    cfg, student = loaded.config, loaded.student
+    kind = (
+        "PCDiff"
+        if student is None
+        else (f"a {student.calls}-call PCDiff student of {student.teacher_sampler}-{student.teacher_steps}")
+    )
     log.info(
-        f"loaded PCDiff ({cfg.model} preset, {cfg.n_skull}+{cfg.n_implant} points, T={cfg.diffusion.timesteps}) "
+        f"loaded {kind} ({cfg.model} preset, {cfg.n_skull}+{cfg.n_implant} points, T={cfg.diffusion.timesteps}) "
         f"from {loaded.source}: {'EMA' if loaded.weights == 'ema' else 'trained (non-EMA)'} weights, step {loaded.step}"
     )
     return loaded

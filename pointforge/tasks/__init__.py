@@ -35,6 +35,12 @@ def _pcdiff() -> TaskFactory:
     return PCDiffTask
 
 
+def _pcdiff_student() -> TaskFactory:
+    from pointforge.tasks.pcdiff.student import PCDiffStudentTask
+
+    return PCDiffStudentTask
+
+
 def _voxelizer() -> TaskFactory:
     from pointforge.tasks.voxelizer import VoxelizerTask
 
@@ -57,6 +63,7 @@ def _unet() -> TaskFactory:
 _BUILTIN: dict[str, Callable[[], TaskFactory]] = {
     "toy": _toy,
     "pcdiff": _pcdiff,
+    "pcdiff_student": _pcdiff_student,
     "voxelizer": _voxelizer,
     "upsampler": _upsampler,
     "unet": _unet,

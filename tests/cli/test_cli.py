@@ -21,7 +21,8 @@ def test_the_torchrun_worker_entry_ends_like_the_pointforge_command():
         last = proc.stderr.strip().splitlines()[-1]
         assert (
             proc.returncode == 2
-            and last == "error: unknown task 'nosuch'; available tasks: pcdiff, toy, unet, upsampler, voxelizer"
+            and last
+            == "error: unknown task 'nosuch'; available tasks: pcdiff, pcdiff_student, toy, unet, upsampler, voxelizer"
         )
         assert "Traceback" not in proc.stderr
         proc = subprocess.run(

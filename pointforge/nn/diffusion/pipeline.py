@@ -38,7 +38,6 @@ def _start(cond: Tensor, n_generated: int, noise: Optional[Tensor], generator: O
     return noise.to(device=like.device, dtype=like.dtype)
 
 
-@torch.no_grad()
 def denoise(
     network: Denoiser,
     sampler: Sampler,
@@ -49,6 +48,7 @@ def denoise(
     noise: Optional[Tensor] = None,
     init: Optional[Tensor] = None,
     progress: Optional[ProgressCallback] = None,
+    grad: bool = False,
 ) -> Tensor:
     """Generate ``n_generated`` points for each conditioning cloud, calling ``network`` once per sampler step.
 
@@ -64,7 +64,25 @@ def denoise(
     the start is ``init`` diffused to the sampler's first (noisiest) step with
     the noise above, so a sampler built with ``start`` < T - 1 refines the
     estimate instead of drawing from pure noise.
+
+    ``grad``: record the whole chain for backpropagation (a few-step student
+    trains through its own sampling, :mod:`pointforge.tasks.pcdiff.student`);
+    by default sampling records nothing.
     """
+    with torch.set_grad_enabled(grad):
+        return _denoise(network, sampler, cond, n_generated, generator, noise, init, progress)
+
+
+def _denoise(
+    network: Denoiser,
+    sampler: Sampler,
+    cond: Tensor,
+    n_generated: int,
+    generator: Optional[torch.Generator],
+    noise: Optional[Tensor],
+    init: Optional[Tensor],
+    progress: Optional[ProgressCallback],
+) -> Tensor:
     check_cloud(cond, "cond")
     n_generated = check_n_generated(n_generated)
     condition = cond.to(work_dtype(cond.dtype))

@@ -56,6 +56,19 @@ def test_conditioning_points_never_change_and_no_graph_is_kept(sampler):
     assert progress == [(i, sampler.num_steps) for i in range(1, sampler.num_steps + 1)]
 
 
+def test_with_grad_the_chain_is_recorded_for_backpropagation():
+    cond = torch.randn(2, 3, SMALL["n_cond"], generator=torch.Generator().manual_seed(0))
+    model = RecordingDenoiser(SMALL["n_gen"])
+    sampler = DDIMSampler(2, spacing="trailing")
+    noise = torch.randn(2, 3, SMALL["n_gen"], generator=torch.Generator().manual_seed(1))
+    out = denoise(model, sampler, cond, SMALL["n_gen"], noise=noise, grad=True)
+    out[:, :, SMALL["n_cond"] :].square().sum().backward()
+    assert model.grad_enabled == [True, True] and model.weight.grad is not None and model.weight.grad != 0
+    with torch.no_grad():
+        again = denoise(model, sampler, cond, SMALL["n_gen"], noise=noise)
+    assert torch.equal(again, out.detach())
+
+
 @pytest.mark.parametrize("sampler", FAST_SAMPLERS, ids=lambda s: s.name)
 def test_sampling_is_deterministic_under_a_generator(sampler):
     cond = torch.randn(2, 3, SMALL["n_cond"], generator=torch.Generator().manual_seed(0))

@@ -52,10 +52,10 @@ def test_make_sampler(name, steps, kwargs, cls, expected_steps):
         (("ddpm",), dict(clamp=1.0), "clamp applies to the ddim"),
         (("ddpm",), dict(spacing="uniform"), "spacing applies"),
         (("ddim", 50, 1.5), {}, "eta must lie in [0, 1]"),
-        (("ddim", 1), {}, "between 2 and 1000"),
-        (("ddim", 1001), {}, "between 2 and 1000"),
+        (("ddim", 0), {}, "between 1 and 1000"),
+        (("ddim", 1001), {}, "between 1 and 1000"),
         (("ddim", 50), dict(clamp=0.0), "clamp must be positive"),
-        (("dpm++2m", 20), dict(spacing="karras"), "uniform, quadratic, logsnr"),
+        (("dpm++2m", 20), dict(spacing="karras"), "uniform, quadratic, logsnr, trailing"),
     ],
 )
 def test_make_sampler_errors(args, kwargs, fragment):
@@ -65,7 +65,7 @@ def test_make_sampler_errors(args, kwargs, fragment):
     assert set(SAMPLER_NAMES) == {"ddpm", "ddim", "dpm++2m"}
 
 
-@pytest.mark.parametrize("spacing", SPACINGS)
+@pytest.mark.parametrize("spacing", [s for s in SPACINGS if s != "trailing"])
 @pytest.mark.parametrize("steps", [2, 10, 20, 50])
 def test_respaced_grids_descend_from_last_step_to_zero(spacing, steps):
     grid = respaced_timesteps(SCHEDULE, steps, spacing)
@@ -73,6 +73,28 @@ def test_respaced_grids_descend_from_last_step_to_zero(spacing, steps):
     assert bool((grid.diff() < 0).all()) and len(grid) <= steps
     if steps <= 20:
         assert len(grid) == steps
+
+
+def test_a_trailing_grid_spends_no_call_at_the_clean_end_and_one_step_jumps_there():
+    assert respaced_timesteps(SCHEDULE, 2, "trailing").tolist() == [999, 500]
+    assert respaced_timesteps(SCHEDULE, 4, "trailing", start=99).tolist() == [99, 74, 50, 25]
+    for spacing in SPACINGS:
+        assert respaced_timesteps(SCHEDULE, 1, spacing, start=40).tolist() == [40]
+    # One DDIM step lands on the clean estimate itself.
+    sample, output = torch.randn(2, 3, 5), torch.randn(2, 3, 5)
+    one = DDIMSampler(1, schedule=SCHEDULE, start=40)
+    stepped = one.step(output, 40, sample)
+    assert torch.allclose(stepped.prev_sample, stepped.pred_x0)
+
+
+def test_a_step_under_grad_is_differentiable_and_under_no_grad_records_nothing():
+    sampler = DDIMSampler(2, spacing="trailing", schedule=SCHEDULE)
+    output = torch.randn(2, 3, 5, requires_grad=True)
+    sample = torch.randn(2, 3, 5)
+    sampler.step(output, 999, sample).prev_sample.sum().backward()
+    assert output.grad is not None and bool(output.grad.abs().sum() > 0)
+    with torch.no_grad():
+        assert not sampler.step(output, 999, sample).prev_sample.requires_grad
 
 
 def test_quadratic_grid_is_denser_at_low_noise():

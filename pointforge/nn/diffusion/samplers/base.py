@@ -27,7 +27,7 @@ from pointforge.nn.diffusion.schedule import NoiseSchedule, Timesteps, default_s
 
 __all__ = ["SPACINGS", "StepOutput", "respaced_timesteps", "Sampler"]
 
-SPACINGS = ("uniform", "quadratic", "logsnr")
+SPACINGS = ("uniform", "quadratic", "logsnr", "trailing")
 
 # In a sampler's step-to-next-step lookup: steps off its grid; -1 is "the clean end".
 _OFF_GRID = -2
@@ -56,15 +56,23 @@ def respaced_timesteps(
 
     ``uniform``: ``unique(round(linspace(0, T-1, steps)))`` as upstream's DDIM;
     ``quadratic``: uniform in ``sqrt(t)``, denser where little noise is left;
-    ``logsnr``: the steps nearest to a uniform grid in half-log-SNR. Rounding can
-    merge neighbours, so a grid may hold fewer than ``steps`` steps.
+    ``logsnr``: the steps nearest to a uniform grid in half-log-SNR;
+    ``trailing``: ``steps`` equal strides down from ``start``, the last stride
+    landing on the clean end (Lin et al., WACV 2024), so few steps spend no call
+    at ``t = 0`` (``[start, start/2]`` for two: a distilled student's grid).
+    Rounding can merge neighbours, so a grid may hold fewer than ``steps`` steps.
+    One step is ``[start]`` under every spacing: a single jump to the clean end.
     """
     if spacing not in SPACINGS:
         raise ConfigError(f"unknown step spacing {spacing!r}; choose one of: {', '.join(SPACINGS)}")
     last = schedule.num_timesteps - 1 if start is None else start
+    if steps == 1:
+        return torch.tensor([last], dtype=torch.int64)
     # numpy, not torch: linspace and round-half-to-even must equal upstream's bit for bit.
     if spacing == "uniform":
         grid = np.linspace(0, last, steps).round()
+    elif spacing == "trailing":
+        grid = np.linspace(last, 0, steps + 1)[:-1].round()
     elif spacing == "quadratic":
         grid = (np.linspace(0, math.sqrt(last), steps) ** 2).round()
     else:
@@ -103,7 +111,7 @@ class Sampler(ABC):
         if steps is None:
             self.timesteps = torch.arange(start, -1, -1)
         else:
-            steps = check_int(steps, f"{self.name} steps", 2, start + 1)
+            steps = check_int(steps, f"{self.name} steps", 1, start + 1)
             self.timesteps = respaced_timesteps(self.schedule, steps, spacing, start)
         # For each step on the grid, the step it moves to (-1: the clean end);
         # _OFF_GRID elsewhere.
@@ -134,7 +142,10 @@ class Sampler(ABC):
         ``noise`` (``[B, C, n]``) or ``generator`` feed stochastic samplers;
         ``previous`` (the last step's output) feeds multistep solvers; each
         sampler ignores what it does not use. Steps in float32 (float64 for
-        float64 input); ``prev_sample`` comes back in ``sample``'s dtype.
+        float64 input); ``prev_sample`` comes back in ``sample``'s dtype. The step
+        runs in the caller's grad mode: under ``torch.no_grad`` (as
+        :func:`~pointforge.nn.diffusion.pipeline.denoise` samples) it records
+        nothing, with grad on a distillation trains through it.
         """
         check_cloud(sample, "sample")
         if not isinstance(model_output, Tensor) or model_output.shape != sample.shape:
@@ -146,8 +157,7 @@ class Sampler(ABC):
             )
         steps = self._on_grid(t, sample.shape[0]).to(sample.device)
         work = sample.to(work_dtype(sample.dtype))
-        with torch.no_grad():
-            out = self._step(model_output.to(work.dtype), steps, work, noise, generator, previous)
+        out = self._step(model_output.to(work.dtype), steps, work, noise, generator, previous)
         out.prev_sample = out.prev_sample.to(sample.dtype)
         return out
 

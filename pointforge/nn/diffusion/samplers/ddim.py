@@ -65,9 +65,10 @@ class DDIMSampler(Sampler):
         kept = self.timesteps.flip(0)  # ascending
         ac32 = self.schedule.table("alphas_cumprod", torch.device("cpu"), torch.float32)
         before = torch.cat([torch.ones(1), ac32[kept[:-1]]])
-        respaced = NoiseSchedule(
-            (1.0 - ac32[kept] / before).double(), name="ddim-respaced", prediction=self.schedule.prediction
-        )
+        betas = (1.0 - ac32[kept] / before).double()
+        if len(kept) == 1:  # a schedule holds two steps at least; the dummy second one is never read
+            betas = torch.cat([betas, betas.new_tensor([0.5])])
+        respaced = NoiseSchedule(betas, name="ddim-respaced", prediction=self.schedule.prediction)
         ac64 = self.schedule.alphas_cumprod_float64
         exact = {
             "alphas_cumprod": ac64[kept],
@@ -84,7 +85,7 @@ class DDIMSampler(Sampler):
                 "sqrt_recip_alphas_cumprod",
                 "sqrt_recipm1_alphas_cumprod",
             ):
-                values = getattr(respaced, name) if source is None else source[name]
+                values = (getattr(respaced, name) if source is None else source[name])[: len(kept)]
                 full = torch.full((self.schedule.num_timesteps,), math.nan, dtype=precision)
                 full[kept] = values.to(precision)
                 tables[precision][name] = full
