@@ -55,9 +55,9 @@ class _StageBars:
             self.current = stage
         description = _STAGES.get(stage, stage)
         if stage == "generate" and info is not None:
-            description = f"generate test implants with the {info:g}-min models (cases)"
+            description = f"generate test implants with the models after {info} (cases)"
         if stage == "probe" and info is not None:
-            description = f"probe the {info:g}-min models on validation (cases)"
+            description = f"probe the models after {info} on validation (cases)"
         self.bars.update(f"{self.count} {stage}", done, total=total, description=description)
 
 
@@ -148,13 +148,15 @@ def demo(
 def _say_result(result, say) -> None:
     """The demo's last lines: the means against the baseline and the oracle, and where the report is."""
     from pointforge.implant.demo.report_tables import format_score
+    from pointforge.implant.demo.training import phase_name
 
     s = result.summary
     chosen = s["curve"][s["chosen"]]
     beaten = [e["label"] for m, e in s["intervals"].items() if s["beats_baseline"][m]]
     say(
         f"mean DSC on {len(s['cases'])} test cases: PCDiff pipeline {format_score(s['pipeline_dsc_mean'])} "
-        f"(the models after {chosen['minutes']:g} min, chosen on the validation cases), "
+        f"(the models after {phase_name(chosen['minutes'], chosen['steps'], bool(s['settings'].get('train_steps')))}, "
+        "chosen on the validation cases), "
         f"baseline {format_score(s['baseline_dsc_mean'])}, oracle {format_score(s['oracle_dsc_mean'])}; "
         f"baseline beaten (95 % paired interval) on: {', '.join(beaten) or 'none'}; "
         f"total {s['timings_s']['total_s'] / 60:.1f} min"

@@ -27,6 +27,7 @@ from pointforge.implant.demo.training import (
     DEMO_TASKS,
     decays,
     demo_config,
+    phase_name,
     phase_steps,
     phase_worker,
     train_side_by_side,
@@ -144,6 +145,9 @@ def test_a_step_budget_trains_each_phase_to_its_share_of_the_steps(tmp_path):
     cmd = phase_worker("pcdiff", constant, tmp_path / "run", tmp_path / "data", 7.5, "cpu", None, until_step=150)
     assert "train.max_steps=150" in cmd and "train.max_minutes=null" in cmd
     assert not any(a.startswith("train.max_minutes=7") for a in cmd)
+    steps = {"pcdiff": 3000, "voxelizer": 1500}
+    assert phase_name(2.5, steps, by_steps=True) == "3,000 PCDiff and 1,500 voxelizer steps"  # not the nominal minutes
+    assert phase_name(2.5, steps, by_steps=False) == "2.5 min"
 
 
 def _evaluation(dsc: dict[str, float | None], hd95: dict[str, float] | None = None) -> Evaluation:

@@ -9,6 +9,7 @@ from pathlib import Path
 from pointforge.atomic import atomic_write_bytes, atomic_write_text
 from pointforge.implant.demo.report_page import CaseCard, relative, write_report_html
 from pointforge.implant.demo.report_tables import format_score, tables
+from pointforge.implant.demo.training import phase_name
 from pointforge.implant.demo.verdict import verdict_sentences
 
 
@@ -118,10 +119,11 @@ def _intro_and_verdict(summary: dict) -> tuple[str, str]:
         if chosen.get("val_dsc_mean") is not None
         else "the last (no validation cases to choose by)"
     )
+    by_steps = bool(summary["settings"].get("train_steps"))
     n_cases = len(summary["cases"])
     n_skulls = len({c.split("/")[-1] for c in summary["cases"]})
     verdict = (
-        f"PCDiff + voxelizer (the models after {chosen['minutes']:g} min, chosen {how}) "
+        f"PCDiff + voxelizer (the models after {phase_name(chosen['minutes'], chosen['steps'], by_steps)}, chosen {how}) "
         f"reach a mean DSC of {format_score(summary['pipeline_dsc_mean'])} on {n_cases} test cases from "
         f"{n_skulls} skulls (a case without an implant counts as 0) against "
         f"{format_score(summary['baseline_dsc_mean'])} for the mean-registered-skull baseline and "

@@ -24,6 +24,7 @@ import numpy as np
 from pointforge.data.skulls.prepared import PreparedDataset
 from pointforge.implant.demo.budget import TimeSplit
 from pointforge.implant.demo.settings import DemoSettings
+from pointforge.implant.demo.training import phase_name
 from pointforge.implant.demo.workers import (
     Checkpoints,
     baseline_case,
@@ -118,10 +119,11 @@ def probe_phases(
     curve = []
     for snap in kept:
         entry = {"minutes": snap["minutes"], "steps": {n: snap[n]["step"] for n in ("pcdiff", "voxelizer")}}
+        name = phase_name(entry["minutes"], entry["steps"], s.train_steps is not None)
         entry.update(val_dsc_mean=None, val_failed={}, placement={}, val_cases=[c.case_id for c in cases])
         if cases:
             log(
-                f"[3/7] probing the models after {snap['minutes']:g} min on {len(cases)} validation cases "
+                f"[3/7] probing the models after {name} on {len(cases)} validation cases "
                 f"({options.ensemble} proposals, {options.sampler} {options.steps or 'all'} steps)"
             )
             start = time.perf_counter()
@@ -131,7 +133,7 @@ def probe_phases(
                 jobs,
                 _checkpoints(snap, s),
                 options,
-                progress=(lambda d, n: progress("probe", d, n, snap["minutes"])) if progress else None,
+                progress=(lambda d, n: progress("probe", d, n, name)) if progress else None,
             )
             evaluation, failed, placements = _collected(results, time.perf_counter() - start, times)
             entry.update(
@@ -162,9 +164,9 @@ def score_test(
     dataset = PreparedDataset(prepared)
     cases = dataset.split("test")
     root = out / "implants" / "test"
-    log(
-        f"[4/7] generating the {len(cases)} test cases' implants with the models after {snap['minutes']:g} min → {root}"
-    )
+    steps = {n: snap[n]["step"] for n in ("pcdiff", "voxelizer")}
+    name = phase_name(snap["minutes"], steps, s.train_steps is not None)
+    log(f"[4/7] generating the {len(cases)} test cases' implants with the models after {name} → {root}")
     write_plotly_js(out / PLOTLY_JS)  # once, before the workers link every case's view to it
     with times.timed("generating"):
         results = run_cases(
@@ -175,7 +177,7 @@ def score_test(
             full_options(s),
             str(root),
             str(out / PLOTLY_JS),
-            progress=(lambda d, n: progress("generate", d, n, snap["minutes"])) if progress else None,
+            progress=(lambda d, n: progress("generate", d, n, name)) if progress else None,
         )
     failed = {r["case_id"]: r["failed"] for r in results if r["failed"] is not None}
     for case_id, message in failed.items():

@@ -30,6 +30,14 @@ def demo_config(task: str, name: str = "demo") -> Path:
     return resolve_config_path(task, name)
 
 
+def phase_name(minutes: float, steps: dict, by_steps: bool) -> str:
+    """How a kept phase's models are named: by their step counts when the budget was steps
+    (``--train-steps``), else by the training minutes they had."""
+    if by_steps:
+        return f"{steps.get('pcdiff'):,} PCDiff and {steps.get('voxelizer'):,} voxelizer steps"
+    return f"{minutes:g} min"
+
+
 def decays(config: Path) -> bool:
     """Whether ``config``'s LR schedule decays (cosine or linear): the demo then spreads it over the whole budget."""
     sched = (yaml.safe_load(config.read_text()) or {}).get("sched") or {}
