@@ -44,6 +44,7 @@ case are in docs/experiments/implant.md ("The baseline, measured").
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -95,11 +96,34 @@ def surface_points_mm(mask: np.ndarray, affine: np.ndarray, n_points: int, *, se
 
 @dataclass(frozen=True)
 class AtlasSkull:
+    """One complete training skull, kept small: its mask cropped to the bone's box (one empty voxel
+    around it) and packed to bits, with ``affine`` for the cropped grid. Sixty full-resolution
+    SkullFix skulls held as bool arrays took 5.5 GB in each worker of the demo."""
+
     name: str
-    mask: np.ndarray  # bool, complete skull
-    affine: np.ndarray  # 4×4 voxel index → mm
+    bits: np.ndarray  # np.packbits of the cropped bool mask
+    shape: tuple[int, int, int]  # the cropped mask's shape
+    affine: np.ndarray  # 4×4 voxel index of the cropped mask → mm
     surface: np.ndarray  # [ATLAS_POINTS, 3] surface points in mm
     tree: cKDTree  # over ``surface``
+
+    @classmethod
+    def of(cls, name: str, mask: np.ndarray, affine: np.ndarray) -> "AtlasSkull":
+        """The skull of a bool ``mask`` on a grid with ``affine``, cropped and packed."""
+        nonzero = np.argwhere(mask)
+        lo = np.maximum(nonzero.min(axis=0) - 1, 0)
+        hi = np.minimum(nonzero.max(axis=0) + 2, mask.shape)
+        cropped = mask[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]]
+        shift = np.eye(4)
+        shift[:3, 3] = lo
+        surface = surface_points_mm(mask, affine, ATLAS_POINTS)
+        shape = (int(cropped.shape[0]), int(cropped.shape[1]), int(cropped.shape[2]))
+        return cls(name, np.packbits(cropped), shape, affine @ shift, surface, cKDTree(surface))
+
+    @property
+    def mask(self) -> np.ndarray:
+        """The cropped bool mask, unpacked (a new array each time)."""
+        return np.unpackbits(self.bits, count=math.prod(self.shape)).reshape(self.shape).astype(bool)
 
 
 class Atlas:
@@ -123,9 +147,7 @@ class Atlas:
         skulls = []
         for name, volume in zip(names, volumes):
             mask = _checked_mask(volume, f"atlas skull {name}")
-            affine = volume.affine()
-            surface = surface_points_mm(mask, affine, ATLAS_POINTS)
-            skulls.append(AtlasSkull(name, mask, affine, surface, cKDTree(surface)))
+            skulls.append(AtlasSkull.of(name, mask, volume.affine()))
         return cls(skulls)
 
     @classmethod
@@ -173,7 +195,8 @@ def _resample_into(skull: AtlasSkull, reg: Registration, target: Volume) -> np.n
     to_atlas = np.eye(4)
     to_atlas[:3, :3], to_atlas[:3, 3] = reg.matrix, reg.offset
     m = np.linalg.inv(skull.affine) @ to_atlas @ target.affine()  # target voxel → atlas voxel
-    nonzero = np.argwhere(skull.mask)
+    mask = skull.mask
+    nonzero = np.argwhere(mask)
     corners = np.array([[a, b, c] for a in (0, 1) for b in (0, 1) for c in (0, 1)], dtype=np.float64)
     corners = nonzero.min(axis=0) - 1 + corners * (nonzero.max(axis=0) - nonzero.min(axis=0) + 2)
     in_target = (corners - m[:3, 3]) @ np.linalg.inv(m[:3, :3]).T
@@ -184,7 +207,7 @@ def _resample_into(skull: AtlasSkull, reg: Registration, target: Volume) -> np.n
     if np.any(hi <= lo):
         return out
     out[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]] = ndimage.affine_transform(
-        skull.mask.astype(np.float32),
+        mask.astype(np.float32),
         m[:3, :3],
         offset=m[:3, :3] @ lo + m[:3, 3],
         output_shape=tuple(int(n) for n in hi - lo),

@@ -93,3 +93,18 @@ def test_bad_input_is_one_clear_data_error(skulls, atlas):
         B.mean_skull_implant(skulls[3].with_data(np.zeros(skulls[3].shape, bool)), atlas)
     with pytest.raises(DataError, match="atlas must be an Atlas"):
         B.mean_skull_implant(skulls[3], [skulls[0]])
+
+
+def test_an_atlas_skull_keeps_its_bone_box_packed_and_resamples_as_the_whole_mask(skulls):
+    """Sixty full-resolution skulls must fit a worker: each is cropped to its box and packed to bits;
+    seen from a grid, the cropped skull gives what the whole mask gives."""
+    whole = np.zeros((SIZE + 20,) * 3, dtype=bool)
+    whole[5 : 5 + SIZE, 10 : 10 + SIZE, 15 : 15 + SIZE] = skulls[0].data  # the bone well inside a larger grid
+    volume = Volume(whole, spacing=skulls[0].spacing, origin=(0.0, 0.0, 0.0))
+    skull = B.Atlas.from_volumes([volume]).skulls[0]
+    assert skull.bits.nbytes * 8 < whole.size / 2 and skull.mask.sum() == whole.sum()
+    lo = np.argwhere(whole).min(axis=0) - 1
+    np.testing.assert_allclose(skull.affine[:3, 3], volume.affine()[:3, :3] @ lo + volume.affine()[:3, 3])
+    identity = B.Registration(np.eye(3), np.zeros(3), residual_before_mm=0.0, residual_after_mm=0.0, iterations=0)
+    seen = B._resample_into(skull, identity, volume)
+    np.testing.assert_allclose(seen, whole.astype(np.float32), atol=1e-5)
