@@ -35,14 +35,16 @@ def test_demo_bars_one_per_network_while_training_then_per_stage(slow_plain, cap
         bars.bars.plain = True
         bars("train", 1, 60, {"pcdiff": 3, "voxelizer": None})
         bars("train", 30, 60, {"pcdiff": 40, "voxelizer": 12})
-        bars("generate", 1, 2, 1.25)
+        bars("generate", 1, 2, "1.25 min")
         bars("train", 1, 120, {"pcdiff": 41, "voxelizer": 13})  # the next phase
         bars("score", 2, 2, None)
-        bars("probe", 1, 4, 2.5)
+        bars("probe", 1, 4, "3,000 PCDiff and 3,000 voxelizer steps")
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("train pcdiff: step 3 (2%)") and err[1].startswith("train voxelizer: step … (2%)")
-    assert err[2].startswith("generate test implants with the 1.25-min models (cases): 1/2 (50%)")
+    assert err[2].startswith("generate test implants with the models after 1.25 min (cases): 1/2 (50%)")
     assert err[3].startswith("train pcdiff: step 41") and err[4].startswith("train voxelizer: step 13")
     assert err[5].startswith("score (cases): 2/2 (100%)")
-    assert err[6].startswith("probe the 2.5-min models on validation (cases): 1/4 (25%)")
+    assert err[6].startswith(
+        "probe the models after 3,000 PCDiff and 3,000 voxelizer steps on validation (cases): 1/4 (25%)"
+    )
     assert len(bars.bars.tasks) == 7  # two training phases × two networks, generate, score, probe

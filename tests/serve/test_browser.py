@@ -95,8 +95,9 @@ def check_the_view(driver, tmp_path: Path):
     assert implant > 0.002, f"no implant in the agreement colours in the page's 3-D view ({implant:.4f})"
 
 
-def make_printable(driver, choice: str, thickness_mm: float, timeout: float = 120) -> str:
-    """Choose ``choice`` and the thickness on the page, make the STL; the result line the page shows."""
+def make_printable(driver, choice: str, thickness_mm: float, timeout: float = 300) -> str:
+    """Choose ``choice`` and the thickness on the page, make the STL; the result line the page shows.
+    ``timeout`` guards a hang, not a speed: on two loaded cores the STL took over 120 s."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
 
