@@ -180,11 +180,6 @@ def test_the_downloaded_stl_reads_at_least_as_thick_as_asked_at_a_sixth_of_it(on
     assert min(shown_mm, min_wall_thickness(mesh, 0.5001, 4.5)) >= 3.0, on_the_page["result"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="at a measuring voxel of 0.4 mm the tiny models' 1-litre implant shows a 0.8 mm membrane: the "
-    "smoothing before meshing half-fills slits a working voxel (1.25 mm) wide; the reading at T/6 misses it",
-)
 def test_the_downloaded_stl_is_at_least_as_thick_as_asked_measured_finer(on_the_page):
     mesh = trimesh.load(on_the_page["stls"][0], file_type="stl")
     assert min_wall_thickness(mesh, 0.4, 4.5) >= 3.0
