@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -424,7 +425,10 @@ def test_two_jobs_launched_monitored_stopped_resumed_and_a_crash_shown(tmp_path,
     assert final.status == "finished", (a / "console.log").read_text()[-3000:]
     assert final.step == final.total_steps == 12 * 8 and final.world_size == 2
     log = (a / "train.log").read_text()
-    assert f"at epoch {stopped_step // 8}, step {stopped_step}" in log.split("resumed from", 1)[1].splitlines()[0]
+    # Stopped at the last step of an epoch, the checkpoint is that epoch's step 8 of 8, not the next one's step 0.
+    resumed = re.search(r"at epoch (\d+), step (\d+) \(step (\d+) of the epoch\)", log.split("resumed from", 1)[1])
+    epoch, step, within = (int(g) for g in resumed.groups())
+    assert step == stopped_step and 0 <= within <= 8 and epoch * 8 + within == stopped_step, resumed.group(0)
     assert "random streams are re-seeded" in log
 
 
