@@ -116,7 +116,7 @@ def generate_folder(
                     models,
                     options,
                     overwrite=target.exists(),
-                    title=f"{case.case_id} ({case.defect})",
+                    title=f"{case.case_id} ({case.defect})" if case.defect else case.case_id,
                     progress=step_progress,
                     label=label,
                     viewer_js=viewer_js,

@@ -34,6 +34,7 @@ from pointforge.implant.demo.training import (
 )
 from pointforge.implant.demo.verdict import case_values, intervals, verdict_sentences
 from pointforge.implant.demo.workers import baseline_case, case_jobs, case_pool, run_cases
+from pointforge.implant.demo.worst import why_it_fails, worst_cases
 from pointforge.implant.evaluate import Evaluation, summarise
 from pointforge.tasks.configs import load_train_config
 from pointforge.train.torchrun import worker_args
@@ -276,6 +277,11 @@ def report_inputs(tmp_path: Path):
         **{name: ev.summary for name, ev in scored.items()},
         **{f"{name}_dsc_mean": mean_dsc(ev, cases) for name, ev in scored.items()},
         "intervals": intervals(scored, cases),
+        "worst": worst_cases(
+            {name: {r["case_id"]: r["dsc"] for r in ev.rows} for name, ev in scored.items()},
+            cases,
+            failed={"random_1/001": "no implant"},
+        ),
         "timings_s": {"data_s": 10.0, "total_s": 600.0},
         "time_split_s": {"data": 10.0, "training": 360.0, "generating": 150.0, "scoring": 30.0, "report": 0.0}
         | {"other": 50.0, "total": 600.0},
@@ -315,6 +321,28 @@ def test_the_report_gives_intervals_counts_failures_as_zero_and_says_who_wins(tm
     assert "<img src='curve.png'" in html_text
     assert "DSC 0.800 (baseline 0.500)" in html_text and "failed: no implant" in html_text  # one card per case
     assert "no 3-D view" in html_text  # bilateral/001's folder here has a report.json but no view.html
+    # The worst cases, the failed one first, each with why it fails.
+    worst = text.split("## The worst test cases, and why")[1]
+    assert worst.index("**random_1/001** (DSC –): no implant: no implant (counted as DSC 0).") < worst.index(
+        "**bilateral/001** (DSC 0.800): of its DSC loss 0.200"
+    )
+    assert "the atlas estimate PCDiff starts from gave 0.600 (+0.200 by PCDiff)" in worst
+    assert "<h2 id='worst'>The worst test cases, and why</h2>" in html_text
+
+
+def test_a_case_s_loss_is_split_between_the_voxelizer_chain_and_pcdiff_s_points():
+    place = {"centroid_error": 3.94, "spread_ratio": 0.88, "pred_to_true": 1.6, "true_to_pred": 5.4}
+    said = why_it_fails(0.70, oracle=0.80, start=0.51, placement=place)
+    assert said.startswith("of its DSC loss 0.300, 0.200 is lost by the voxelizer and clean-up")
+    assert "reach 0.800 here) and 0.100 by PCDiff's points: mostly the voxelizer and clean-up" in said
+    assert "gave 0.510 (+0.190 by PCDiff)" in said and "centred 3.9 mm" in said and "5.4 mm from the nearest" in said
+    assert "mostly PCDiff's points" in why_it_fails(0.60, oracle=0.95)
+    assert "PCDiff stayed near it" in why_it_fails(0.75, start=0.74)
+    assert why_it_fails(None, failed="the proposals fall outside the volume").startswith("no implant: the proposals")
+    dsc = {"pipeline": {"a": 0.9, "b": 0.5, "c": float("nan"), "d": 0.7}, "oracle": {"b": 0.8}}
+    found = worst_cases(dsc, ["a", "b", "c", "d"], [{"case": "b", **place}], n=3)
+    assert [w["case_id"] for w in found] == ["c", "b", "d"]  # no score counts as the worst
+    assert found[1]["oracle_dsc"] == 0.8 and "centred 3.9 mm" in found[1]["why"] and found[0]["dsc"] is None
 
 
 def test_the_phase_is_chosen_on_the_validation_cases_never_the_test_cases():
@@ -341,6 +369,9 @@ def test_a_tiny_demo_runs_end_to_end(tmp_path):
     assert len(list((tmp_path / "demo" / "baseline").glob("*/*/implant.nrrd"))) == 5
     text = result.report_md.read_text()
     assert "dome" in text and "Where the demo's time went" in text and "[3/7] probing" in "\n".join(said)
+    assert len(s["worst"]) == 3 and "## The worst test cases, and why" in text
+    scored = [w["why"] for w in s["worst"] if w["dsc"] is not None]  # a tiny run's case may have failed
+    assert all("is lost by the voxelizer and clean-up" in why and "centred" in why for why in scored)
 
 
 def test_placement_puts_generated_points_on_the_prepared_grid_of_a_resampled_volume():

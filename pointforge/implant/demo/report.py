@@ -75,9 +75,11 @@ def write_report(out: Path, summary: dict, test: dict, baseline_eval) -> tuple[P
     intro, verdict = _intro_and_verdict(summary)
     sections = _sections(verdict)
     commands = _reproduce_commands()
-    md_path = _write_markdown(out, intro, sections, found, previews, commands)
+    md_path = _write_markdown(out, intro, sections, found, previews, _worst_md(summary, test, out), commands)
     cards = _cards(summary, test, baseline_eval, out)
-    html_path = write_report_html(out / "report.html", intro, sections, found, cards, commands)
+    by_id = {card.case_id: card for card in cards}
+    worst = [(by_id[w["case_id"]], w["why"]) for w in summary.get("worst", []) if w["case_id"] in by_id]
+    html_path = write_report_html(out / "report.html", intro, sections, found, cards, commands, worst=worst)
     return md_path, html_path
 
 
@@ -192,7 +194,21 @@ def _sections(verdict: str) -> list[tuple[str, str | None, str | None]]:
     ]
 
 
-def _write_markdown(out: Path, intro: str, sections, found, previews, commands) -> Path:
+def _worst_md(summary: dict, test: dict, out: Path) -> list[str]:
+    """The report.md section on the worst cases: each with why it fails and its preview."""
+    if not summary.get("worst"):
+        return []
+    md = ["## The worst test cases, and why", ""]
+    md += ["The lowest DSC first; report.html shows each in 3-D.", ""]
+    for w in summary["worst"]:
+        md += [f"**{w['case_id']}** (DSC {format_score(w['dsc'])}): {w['why']}.", ""]
+        preview = test["root"] / w["case_id"] / "preview.png"
+        if preview.is_file():
+            md += [f"![{w['case_id']}]({os.path.relpath(preview, out)})", ""]
+    return md
+
+
+def _write_markdown(out: Path, intro: str, sections, found, previews, worst: list[str], commands) -> Path:
     md = ["# pointforge demo report", "", intro, ""]
     for title, key, text in sections:
         md += [f"## {title}", ""]
@@ -205,6 +221,7 @@ def _write_markdown(out: Path, intro: str, sections, found, previews, commands) 
     md += ["## Previews (chosen models)", ""]
     md += [f"**{caption}**\n\n![{caption}]({rel})\n" for caption, rel in previews]
     md += ["Every case's turnable 3-D view (`view.html` in its folder) is linked from report.html.", ""]
+    md += worst
     md += ["## Reproduce at full scale on GPUs", ""]
     md += [f"{what}:\n\n```\n{cmd}\n```\n" for what, cmd in commands]
     md_path = out / "report.md"

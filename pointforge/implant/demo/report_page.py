@@ -2,9 +2,9 @@
 
 Plain HTML and CSS, no script of its own: the text and tables, the learning
 curve, then a gallery with one card per held-out case (its four-view preview as
-a thumbnail, its scores, a link to its turnable ``view.html``), the first
-case's 3-D view embedded below the gallery, and the commands that reproduce
-each step at full scale. Every link is relative, so the output folder can be
+a thumbnail, its scores, a link to its turnable ``view.html``), the worst
+cases with why each fails and their 3-D views embedded, and the commands that
+reproduce each step at full scale. Every link is relative, so the output folder can be
 moved or zipped whole and opened anywhere, offline.
 """
 
@@ -72,16 +72,32 @@ def _card(card: CaseCard) -> str:
 
 
 def _gallery(cards: list[CaseCard]) -> list[str]:
-    parts = [
+    return [
         "<h2 id='cases'>Every test case (chosen models)</h2>",
         "<p>Each picture shows the defective skull (bone) and the implant coloured by how many proposals agree "
         "(yellow: all). Click a case to turn it in 3-D, switch each proposal on and off, and measure in mm.</p>",
         "<div class='gallery'>" + "".join(_card(c) for c in cards) + "</div>",
     ]
-    first = next((c for c in cards if c.view), None)
-    if first is not None:
-        parts.append(f"<h3>{html.escape(first.case_id)} in 3-D (drag to turn, scroll to zoom)</h3>")
-        parts.append(f"<iframe class='view' src='{html.escape(first.view or '')}' title='3-D view'></iframe>")
+
+
+def _worst(worst: list[tuple[CaseCard, str]]) -> list[str]:
+    """The worst cases, each with why it fails and its 3-D view embedded (drag to turn, scroll to zoom)."""
+    if not worst:
+        return []
+    parts = [
+        "<h2 id='worst'>The worst test cases, and why</h2>",
+        "<p>The lowest DSC first. Each case's loss is split between the voxelizer and clean-up (what they lose "
+        "given the true implant points) and PCDiff's points; drag a view to turn it, scroll to zoom.</p>",
+    ]
+    for card, why in worst:
+        parts.append(f"<h3>{html.escape(card.case_id)}: {html.escape(card.scores)}</h3><p>{html.escape(why)}</p>")
+        if card.view:
+            parts.append(
+                f"<iframe class='view' src='{html.escape(card.view)}' title='{html.escape(card.case_id)} in 3-D' "
+                "loading='lazy'></iframe>"
+            )
+        else:
+            parts.append("<p>(no 3-D view)</p>")
     return parts
 
 
@@ -93,14 +109,17 @@ def write_report_html(
     cards: list[CaseCard],
     commands: list[tuple[str, str]],
     *,
+    worst: list[tuple[CaseCard, str]] = (),
     curve_image: str | None = "curve.png",
 ) -> Path:
     """The page at ``path``: ``sections`` are (title, table name or None, text or None), a section
-    without a table is a highlighted verdict; the curve image follows the ``curve`` table."""
+    without a table is a highlighted verdict; the curve image follows the ``curve`` table; ``worst``:
+    the worst cases' cards with why each fails, shown with their 3-D views after the gallery."""
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>pointforge demo report</title>"
         f"<style>{STYLE}</style></head><body><h1>pointforge demo report</h1>",
-        "<nav><a href='#cases'>cases and 3-D views</a><a href='#reproduce'>reproduce on GPUs</a></nav>",
+        "<nav><a href='#cases'>cases</a><a href='#worst'>the worst, in 3-D</a>"
+        "<a href='#reproduce'>reproduce on GPUs</a></nav>",
         f"<p>{html.escape(intro)}</p>",
     ]
     for title, key, text in sections:
@@ -114,6 +133,7 @@ def write_report_html(
         if key == "curve" and curve_image:
             parts.append(f"<img src='{html.escape(curve_image)}' alt='learning curve: mean DSC over training minutes'>")
     parts += _gallery(cards)
+    parts += _worst(list(worst))
     parts.append("<h2 id='reproduce'>Reproduce at full scale on GPUs</h2>")
     parts += [f"<p>{html.escape(w)}:</p><pre>{html.escape(c)}</pre>" for w, c in commands]
     parts.append("</body></html>")

@@ -28,6 +28,7 @@ from pointforge.implant.demo.settings import DemoResult, DemoSettings, check_out
 from pointforge.implant.demo.training import DEMO_TASKS, demo_config, train_phases
 from pointforge.implant.demo.verdict import beats, intervals
 from pointforge.implant.demo.workers import case_pool
+from pointforge.implant.demo.worst import worst_cases
 from pointforge.implant.evaluate import evaluate_predictions, write_reports
 
 
@@ -50,6 +51,12 @@ def _summary(s: DemoSettings, case_ids: list[str], curve: list[dict], test: dict
         **{f"{name}_dsc_mean": mean_dsc(ev, case_ids) for name, ev in scored.items()},
         "intervals": found,
         "beats_baseline": beats(found),
+        "worst": worst_cases(
+            {name: {r["case_id"]: r.get("dsc") for r in ev.rows} for name, ev in scored.items()},
+            case_ids,
+            test.get("placements", ()),
+            test["failed"],
+        ),
         **extra,
     }
 

@@ -187,7 +187,13 @@ def score_test(
         evaluation = evaluate_predictions(root, raw, cases=case_ids, progress=scoring_progress(progress))
         write_reports(evaluation, root)
         placements = placement_rows(dataset, root, cases)
-    return {"root": root, "failed": failed, "evaluation": evaluation, "placement": mean_placement(placements)}
+    return {
+        "root": root,
+        "failed": failed,
+        "evaluation": evaluation,
+        "placement": mean_placement(placements),
+        "placements": placements,
+    }
 
 
 def chosen_phase(curve: list[dict]) -> int:

@@ -227,7 +227,7 @@ def write_case(job: CaseJob, checkpoints: Checkpoints, options: GenerateOptions,
                 _models(checkpoints),
                 options,
                 overwrite=target.exists(),
-                title=f"{job.case_id} ({job.defect})",
+                title=f"{job.case_id} ({job.defect})" if job.defect else job.case_id,
                 viewer_js=viewer_js,
             )
         except Exception as err:  # noqa: BLE001 - one case must never stop the others
