@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import io
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -25,55 +24,13 @@ import trimesh
 from matplotlib.image import imread
 
 from pointforge.implant.thickness import min_wall_thickness
-from pointforge.serve.tokens import TokenStore
 from tests.implant.test_browser import colour_fractions
-from tests.serve.live import LiveServer
+from tests.serve.page import CHROMEDRIVER, CHROMIUM, NO_BROWSER, case_open_on_the_page, make_printable, wait_for
 
-CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser") if shutil.which(n)), None)
-CHROMEDRIVER = shutil.which("chromedriver")
 pytestmark = [
-    pytest.mark.skipif(
-        CHROMIUM is None or CHROMEDRIVER is None,
-        reason="no chromium or chromedriver on PATH (apt-get install chromium chromium-driver; .ci/run installs them)",
-    ),
+    pytest.mark.skipif(CHROMIUM is None or CHROMEDRIVER is None, reason=NO_BROWSER),
     pytest.mark.timeout(600),  # the tiny models may be trained first, in the session fixture
 ]
-
-
-def browser(downloads: Path):
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e .[dev])")
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in ("--headless=new", "--no-sandbox", "--use-angle=swiftshader", "--enable-unsafe-swiftshader"):
-        options.add_argument(flag)
-    options.add_argument("--window-size=1200,1800")
-    options.add_argument(f"--user-data-dir={downloads.parent / 'chromium-profile'}")
-    options.add_experimental_option("prefs", {"download.default_directory": str(downloads)})
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=str(CHROMEDRIVER)))
-    driver.execute_cdp_cmd("Page.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)})
-    return driver
-
-
-def wait_for(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = condition()
-        if found:
-            return found
-        time.sleep(0.25)
-    pytest.fail(f"timed out waiting for {what}")
-
-
-def sign_in_and_upload(driver, token: str, skull: Path):
-    from selenium.webdriver.common.by import By
-
-    wait_for(lambda: driver.find_element(By.ID, "signin").is_displayed(), 30, "the sign-in form")
-    driver.find_element(By.ID, "token").send_keys(token)
-    driver.find_element(By.CSS_SELECTOR, "#signin-form button").click()
-    wait_for(lambda: driver.find_element(By.ID, "main").is_displayed(), 30, "the page after signing in")
-    driver.find_element(By.ID, "file").send_keys(str(skull))
-    driver.find_element(By.ID, "upload-button").click()
 
 
 def check_the_view(driver, tmp_path: Path):
@@ -95,29 +52,6 @@ def check_the_view(driver, tmp_path: Path):
     assert implant > 0.002, f"no implant in the agreement colours in the page's 3-D view ({implant:.4f})"
 
 
-def make_printable(driver, choice: str, thickness_mm: float, timeout: float = 300) -> str:
-    """Choose ``choice`` and the thickness on the page, make the STL; the result line the page shows.
-    ``timeout`` guards a hang, not a speed: on two loaded cores the STL took over 120 s."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select
-
-    Select(driver.find_element(By.ID, "printable-choice")).select_by_value(choice)
-    field = driver.find_element(By.ID, "min-thickness")
-    field.clear()
-    field.send_keys(f"{thickness_mm:g}")
-    driver.find_element(By.ID, "printable-button").click()
-    shown = wait_for(
-        lambda: (
-            "measured minimum" in driver.find_element(By.ID, "printable-result").text
-            or driver.find_element(By.ID, "printable-error").text
-        ),
-        timeout,
-        "the print-ready STL",
-    )
-    assert shown is True, f"the page refused the STL: {shown}"
-    return driver.find_element(By.ID, "printable-result").text
-
-
 @pytest.fixture(scope="module")
 def on_the_page(tiny_models, tmp_path_factory) -> dict:
     """One session on the page, as a person would: sign in as alice, upload, open the case and its 3-D view,
@@ -126,37 +60,21 @@ def on_the_page(tiny_models, tmp_path_factory) -> dict:
 
     pcdiff, voxelizer, skull = tiny_models
     tmp_path = tmp_path_factory.mktemp("page")
-    downloads = tmp_path / "downloads"
-    downloads.mkdir()
-    tokens = TokenStore(tmp_path / "data")
-    alice, admin = tokens.add("alice"), tokens.add("root", admin=True)
-    tokens.close()
-    server = LiveServer(tmp_path / "data", pcdiff, voxelizer)
-    driver = browser(downloads)
-    try:
-        driver.get(server.url)
-        sign_in_and_upload(driver, alice, skull)
-        link = wait_for(
-            lambda: driver.find_elements(By.CSS_SELECTOR, "#cases tr.done a"), 120, "the case to finish on the page"
-        )[0]
-        case = link.get_attribute("href").rsplit("#", 1)[1]
-        link.click()
+    with case_open_on_the_page(tmp_path, pcdiff, voxelizer, skull, timeout=120) as page:
+        driver = page.driver
         check_the_view(driver, tmp_path)
         summary = driver.find_element(By.ID, "case-summary").text
         result = make_printable(driver, choice="1", thickness_mm=3.0)
         driver.find_element(By.ID, "download-stl").click()
-        wait_for(lambda: list(downloads.glob("*.stl")), 60, "the STL download")
-        wait_for(lambda: not list(downloads.glob("*.crdownload")), 30, "the download to complete")
+        wait_for(lambda: list(page.downloads.glob("*.stl")), 60, "the STL download")
+        wait_for(lambda: not list(page.downloads.glob("*.crdownload")), 30, "the download to complete")
         refused = [e["message"] for e in driver.get_log("browser") if "Content Security Policy" in e["message"]]
-        audit = server.client.get("/api/audit", headers={"Authorization": f"Bearer {admin}"})
-    finally:
-        driver.quit()
-        server.kill()
+        audit = page.server.client.get("/api/audit", headers={"Authorization": f"Bearer {page.admin}"})
     return {
-        "case": case,
+        "case": page.case,
         "summary": summary,
         "result": result,
-        "stls": list(downloads.glob("*.stl")),
+        "stls": list(page.downloads.glob("*.stl")),
         "csp_refusals": refused,
         "audit": audit,
     }

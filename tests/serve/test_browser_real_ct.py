@@ -30,11 +30,9 @@ import pytest
 import trimesh
 
 from pointforge.implant.thickness import min_wall_thickness
-from pointforge.serve.tokens import TokenStore
 from tests.dicom_series import nearest_mm, seg_points
 from tests.helpers import run_cli_process
-from tests.serve.live import LiveServer
-from tests.serve.test_browser import CHROMEDRIVER, CHROMIUM, browser, make_printable, sign_in_and_upload, wait_for
+from tests.serve.page import CHROMEDRIVER, CHROMIUM, NO_BROWSER, case_open_on_the_page, make_printable, wait_for
 
 REAL = Path(os.environ.get("POINTFORGE_REAL_CT", "/nonexistent"))
 SLICES = 120  # the top of the head: the cranial vault, without the mandible and spine
@@ -46,10 +44,7 @@ pytestmark = [
         not (REAL / "female_head").is_dir(),
         reason="set POINTFORGE_REAL_CT to a folder holding female_head/ (docs/serve.md) to run this",
     ),
-    pytest.mark.skipif(
-        CHROMIUM is None or CHROMEDRIVER is None,
-        reason="no chromium or chromedriver on PATH (apt-get install chromium chromium-driver; .ci/run installs them)",
-    ),
+    pytest.mark.skipif(CHROMIUM is None or CHROMEDRIVER is None, reason=NO_BROWSER),
     pytest.mark.timeout(1800),  # a busy 2-core machine; the tiny models may be trained first
 ]
 
@@ -109,29 +104,10 @@ def real_case(tiny_models, tmp_path_factory) -> dict:
 
     pcdiff, voxelizer, _ = tiny_models
     tmp_path = tmp_path_factory.mktemp("real-ct-page")
-    downloads = tmp_path / "downloads"
-    downloads.mkdir()
     upload = tmp_path / "female_head_top.zip"
     frame, bone = defective_head_zip(REAL / "female_head", upload)
-    tokens = TokenStore(tmp_path / "data")
-    alice, admin = tokens.add("alice"), tokens.add("root", admin=True)
-    tokens.close()
-    server = LiveServer(tmp_path / "data", pcdiff, voxelizer)
-    driver = browser(downloads)
-    try:
-        driver.get(server.url)
-        sign_in_and_upload(driver, alice, upload)
-        link = wait_for(
-            lambda: (
-                driver.find_elements(By.CSS_SELECTOR, "#cases tr.done a")
-                or driver.find_elements(By.CSS_SELECTOR, "#cases tr.failed")
-            ),
-            900,
-            "the case to finish on the page",
-        )[0]
-        assert link.tag_name == "a", f"the case failed: {link.text}\n{server.job.output()[-2000:]}"
-        case = link.get_attribute("href").rsplit("#", 1)[1]
-        link.click()
+    with case_open_on_the_page(tmp_path, pcdiff, voxelizer, upload, timeout=900) as page:
+        driver, downloads = page.driver, page.downloads
         wait_for(lambda: driver.find_element(By.ID, "case-checks").text, 30, "the reader's notes on the page")
         checks = driver.find_element(By.ID, "case-checks").text
         result = make_printable(driver, choice="1", thickness_mm=THICKNESS_MM, timeout=900)
@@ -140,19 +116,15 @@ def real_case(tiny_models, tmp_path_factory) -> dict:
             driver.find_element(By.ID, f"download-{kind}").click()
             wait_for(lambda: set(downloads.glob("*.dcm")) - before, 120, f"the {kind} download")
             wait_for(lambda: not list(downloads.glob("*.crdownload")), 60, "the download to complete")
-    finally:
-        driver.quit()
-    try:
+        page.close_browser()
         code, said, stderr = run_cli_process("serve", "token", "revoke", "alice", "--data-dir", tmp_path / "data")
         assert code == 0, stderr
-        with httpx.Client(base_url=server.url, timeout=30) as client:
-            refused = client.get("/api/cases", headers={"Authorization": f"Bearer {alice}"})
-            signin = client.post("/api/session", json={"token": alice})
-        audit = server.client.get("/api/audit", headers={"Authorization": f"Bearer {admin}"})
-    finally:
-        server.kill()
+        with httpx.Client(base_url=page.server.url, timeout=30) as client:
+            refused = client.get("/api/cases", headers={"Authorization": f"Bearer {page.alice}"})
+            signin = client.post("/api/session", json={"token": page.alice})
+        audit = page.server.client.get("/api/audit", headers={"Authorization": f"Bearer {page.admin}"})
     return {
-        "case": case,
+        "case": page.case,
         "frame": frame,
         "bone": bone,
         "checks": checks,
