@@ -111,6 +111,11 @@ def demo(
     reach_mm: float = typer.Option(
         None, "--reach-mm", help="Keep implant voxels within this many mm of the generated points (as generate)."
     ),
+    skull_points: int = typer.Option(
+        None,
+        "--skull-points",
+        help="Defective-skull points the voxelizer is given beside the implant points (as generate).",
+    ),
     data: Path = typer.Option(
         None,
         "--data",
@@ -135,6 +140,7 @@ def demo(
         data=None if data is None else str(data),
         config=config,
         reach_mm=reach_mm,
+        skull_points=skull_points,
     )
     if split is not None:
         settings.split = split

@@ -46,6 +46,12 @@ _REACH_MM = typer.Option(
     help="Clean-up keeps only implant voxels within this many mm of a generated implant point "
     "(default: the whole ball around the points, as upstream).",
 )
+_SKULL_POINTS = typer.Option(
+    None,
+    "--skull-points",
+    help="Defective-skull points the voxelizer is given beside each proposal's implant points "
+    "(default: as many as it was trained on; docs/implant.md).",
+)
 _LABEL = typer.Option(
     None,
     "--label",
@@ -82,6 +88,7 @@ def generate(
     overwrite: bool = typer.Option(False, "--overwrite", help="One case: replace an existing --out folder."),
     components: float = _COMPONENTS,
     reach_mm: float = _REACH_MM,
+    skull_points: int = _SKULL_POINTS,
     label: float = _LABEL,
     printable: str = _PRINTABLE,
     min_thickness: float = _MIN_THICKNESS,
@@ -116,7 +123,13 @@ def generate(
             param_hint="--pcdiff" if pcdiff is None else "--voxelizer",
         )
     options = GenerateOptions(
-        ensemble=ensemble, sampler=sampler, steps=steps, seed=seed, components=components, reach_mm=reach_mm
+        ensemble=ensemble,
+        sampler=sampler,
+        steps=steps,
+        seed=seed,
+        components=components,
+        reach_mm=reach_mm,
+        skull_points=skull_points,
     )
     use_threads(threads)
     dataset = defective.is_dir() and not is_dicom_series(defective)

@@ -33,6 +33,9 @@ class GenerateOptions:
     # Clean-up keeps only candidate voxels this close (mm) to a generated implant point; None: the whole ball
     # around the points (upstream). On real skulls the excess far from the points set HD95 (docs/implant.md).
     reach_mm: float | None = None
+    # Defective-skull points the voxelizer is given beside each proposal's implant points; None: as many as it
+    # was trained on (at least PCDiff's n_skull). The density moves the solid (docs/implant.md, "skull points").
+    skull_points: int | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -50,5 +53,9 @@ class GenerateOptions:
             raise ConfigError(f"--components must be a fraction in (0, 1], got {self.components}")
         if self.reach_mm is not None and not self.reach_mm > 0:
             raise ConfigError(f"--reach-mm must be a positive distance in mm, got {self.reach_mm}")
+        if self.skull_points is not None and (
+            isinstance(self.skull_points, bool) or not isinstance(self.skull_points, int) or self.skull_points < 64
+        ):
+            raise ConfigError(f"--skull-points must be an integer of at least 64, got {self.skull_points!r}")
         if self.subsample not in ("random", "fps"):
             raise ConfigError(f"subsample must be random or fps, got {self.subsample!r}")

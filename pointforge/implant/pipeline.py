@@ -208,10 +208,13 @@ def _solve_resolution(work: Volume, models: Models, options: GenerateOptions, cu
 def _voxelize(dense, skull_pts, work: Volume, models: Models, options: GenerateOptions, progress, cube) -> list:
     """One completed-skull volume per proposal: a fresh skull subsample plus the proposal, through the voxelizer.
 
-    The skull part has ``voxelizer n_points - n_implant`` points (at least PCDiff's ``n_skull``), so the
-    voxelizer sees as many points as it was trained on; ``cube``: its unit cube on ``work``'s grid.
+    The skull part has ``options.skull_points`` points, by default ``voxelizer n_points - n_implant`` (at
+    least PCDiff's ``n_skull``), as many as the voxelizer was trained on; ``cube``: its unit cube on
+    ``work``'s grid.
     """
-    n_vox_skull = max(int(models.voxelizer_config.task.n_points) - dense.shape[1], models.pcdiff.config.n_skull)
+    n_vox_skull = options.skull_points or max(
+        int(models.voxelizer_config.task.n_points) - dense.shape[1], models.pcdiff.config.n_skull
+    )
     rng = np.random.default_rng(int(options.seed))
     resolution = _solve_resolution(work, models, options, cube)
     completed = []

@@ -60,6 +60,7 @@ def test_a_used_folder_and_bad_settings_are_refused(tmp_path):
         (DemoSettings(train_steps=(600, 0)), "--train-steps"),
         (DemoSettings(train_steps=(600,)), "--train-steps"),  # type: ignore[arg-type]
         (DemoSettings(reach_mm=0.0), "--reach-mm must be a positive distance"),
+        (DemoSettings(skull_points=10), "--skull-points must be at least 64"),
         (DemoSettings(config="skulfix"), "did you mean 'skullfix'"),
     ):
         with pytest.raises(UserError, match=message):
@@ -76,6 +77,8 @@ def test_the_skullfix_preset_trains_both_networks_and_the_reach_reaches_generati
     s = DemoSettings(config="skullfix", reach_mm=8.0)
     assert full_options(s).reach_mm == probe_options(s).reach_mm == 8.0
     assert full_options(DemoSettings()).reach_mm is None
+    s = DemoSettings(skull_points=6144)
+    assert full_options(s).skull_points == probe_options(s).skull_points == 6144
 
 
 def test_a_prepared_folder_is_used_as_it_is(tmp_path):

@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from pointforge.cli.main import app
 from pointforge.data.skulls.prepared import PreparedDataset
-from pointforge.data.volumes import read_volume, write_volume
+from pointforge.data.volumes import Volume, read_volume, write_volume
 from pointforge.errors import UserError
 from pointforge.implant.case import generate_case
 from pointforge.implant.folder import generate_folder
@@ -289,6 +289,8 @@ def test_wrong_options_are_config_errors(models, tmp_path):
         ({"sampler": "ddpm", "steps": 10}, "ddpm runs all"),
         ({"components": 1.5}, "--components must be a fraction"),
         ({"reach_mm": 0.0}, "--reach-mm must be a positive distance"),
+        ({"skull_points": 10}, "--skull-points must be an integer of at least 64"),
+        ({"skull_points": True}, "--skull-points must be an integer"),
     ):
         with pytest.raises(ConfigError, match=message):  # when the options are made, or before the input is read
             generate_case(tmp_path / "nothing.nrrd", tmp_path / "out", models, GenerateOptions(**options))
@@ -353,6 +355,26 @@ def test_an_upsampler_densifies_each_proposal_before_voxelising(trained, tmp_pat
     assert report["mesh"]["watertight"]
     with pytest.raises(UserError, match="is a pcdiff checkpoint, given as --upsample; give it as --pcdiff"):
         load_models(pc, vox, device="cpu", upsample=pc)
+
+
+def test_the_voxelizer_gets_as_many_skull_points_as_asked_and_by_default_as_trained(models, monkeypatch):
+    from pointforge.implant import pipeline
+
+    seen = []
+
+    def counted(model, points, reference, **kwargs):
+        seen.append(len(points))
+        return reference.with_data(np.zeros(reference.shape, dtype=bool))
+
+    monkeypatch.setattr(pipeline, "points_to_volume", counted)
+    dense = np.zeros((2, models.pcdiff.config.n_implant, 3))
+    skull = np.random.default_rng(0).uniform(0, 40, (9000, 3))
+    work = Volume(np.zeros((40, 40, 40), dtype=bool), spacing=(1.0, 1.0, 1.0))
+    trained = max(models.voxelizer_config.task.n_points - dense.shape[1], models.pcdiff.config.n_skull)
+    for asked, expected in ((None, trained), (4096, 4096)):
+        seen.clear()
+        pipeline._voxelize(dense, skull, work, models, replace(FAST, skull_points=asked), None, cube=None)
+        assert seen == [expected + dense.shape[1]] * 2
 
 
 def test_too_many_proposals_for_memory_are_refused_up_front_with_the_largest_that_fits(trained, models, tmp_path):

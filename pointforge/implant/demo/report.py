@@ -146,6 +146,7 @@ def _intro_and_verdict(summary: dict) -> tuple[str, str]:
         f"Test cases: the chosen phase, ensemble of {s['ensemble']}, sampler {s['sampler']}"
         + (f" {s['steps']} steps" if s["steps"] else "")
         + (f", reach {s['reach_mm']:g} mm" if s.get("reach_mm") else "")
+        + (f", {s['skull_points']:,} skull points in the voxelizer" if s.get("skull_points") else "")
         + ". Intervals: 95 % bootstrap over the cases (2,000 resamples, seeded). Every number below was computed in this run."
     )
     return intro, verdict

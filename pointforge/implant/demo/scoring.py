@@ -41,14 +41,26 @@ from pointforge.implant.view import PLOTLY_JS, write_plotly_js
 
 def full_options(s: DemoSettings) -> GenerateOptions:
     """The demo's generation for the test cases and the oracle: its ensemble, sampler, steps and reach."""
-    return GenerateOptions(ensemble=s.ensemble, sampler=s.sampler, steps=s.steps, seed=s.seed, reach_mm=s.reach_mm)
+    return GenerateOptions(
+        ensemble=s.ensemble,
+        sampler=s.sampler,
+        steps=s.steps,
+        seed=s.seed,
+        reach_mm=s.reach_mm,
+        skull_points=s.skull_points,
+    )
 
 
 def probe_options(s: DemoSettings) -> GenerateOptions:
     """The probe's generation: the same sampler with fewer proposals and steps (:mod:`.budget`)."""
     steps = None if s.steps is None else min(s.steps, s.probe_steps)
     return GenerateOptions(
-        ensemble=min(s.ensemble, s.probe_ensemble), sampler=s.sampler, steps=steps, seed=s.seed, reach_mm=s.reach_mm
+        ensemble=min(s.ensemble, s.probe_ensemble),
+        sampler=s.sampler,
+        steps=steps,
+        seed=s.seed,
+        reach_mm=s.reach_mm,
+        skull_points=s.skull_points,
     )
 
 

@@ -40,6 +40,7 @@ class DemoSettings:
     train_steps: tuple[int, int] | None = None
     config: str = "demo"  # the packaged preset both networks train from (pcdiff/<config>.yaml, voxelizer/<config>.yaml)
     reach_mm: float | None = None  # the clean-up keeps implant voxels within this distance of the points (generate's)
+    skull_points: int | None = None  # defective-skull points beside the implant points in the voxelizer (generate's)
 
     def validate(self) -> None:
         if not self.minutes > 0:
@@ -67,6 +68,8 @@ class DemoSettings:
             )
         if self.reach_mm is not None and not self.reach_mm > 0:
             raise UserError(f"--reach-mm must be a positive distance in mm, got {self.reach_mm}")
+        if self.skull_points is not None and self.skull_points < 64:
+            raise UserError(f"--skull-points must be at least 64, got {self.skull_points}")
         if sorted(self.phases) != list(self.phases) or not self.phases or self.phases[-1] != 1.0:
             raise UserError("phases must increase and end at 1.0")
 
