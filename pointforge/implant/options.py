@@ -34,7 +34,7 @@ class GenerateOptions:
     # around the points (upstream). On real skulls the excess far from the points set HD95 (docs/implant.md).
     reach_mm: float | None = None
     # Defective-skull points the voxelizer is given beside each proposal's implant points; None: as many as it
-    # was trained on (at least PCDiff's n_skull). The density moves the solid (docs/implant.md, "skull points").
+    # was trained on (at least PCDiff's n_skull). The density moves the solid (docs/implant.md, "Skull points").
     skull_points: int | None = None
 
     def __post_init__(self) -> None:
