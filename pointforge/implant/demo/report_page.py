@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,7 +110,7 @@ def write_report_html(
     cards: list[CaseCard],
     commands: list[tuple[str, str]],
     *,
-    worst: list[tuple[CaseCard, str]] = (),
+    worst: Sequence[tuple[CaseCard, str]] = (),
     curve_image: str | None = "curve.png",
 ) -> Path:
     """The page at ``path``: ``sections`` are (title, table name or None, text or None), a section
