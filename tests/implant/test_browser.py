@@ -89,7 +89,7 @@ def test_report_html_shows_tables_thumbnails_and_an_embedded_3d_view_in_chromium
     text = report.read_text()
     assert "href='implants/test/bilateral/001/view.html'" in text
     assert "src='implants/test/bilateral/001/preview.png'" in text
-    pixels = screenshot(report, tmp_path / "report.png", 1000, 4400)
+    pixels = screenshot(report, tmp_path / "report.png", 1000, 5200)
     rows = np.flatnonzero((pixels.std(axis=(1, 2)) > 0.02))
     assert rows.size and rows.max() > 1500, "the page ends early: tables, curve or gallery missing"
     bone, implant = colour_fractions(pixels)
