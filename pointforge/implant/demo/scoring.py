@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import time
 from concurrent.futures import Executor
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -52,16 +53,9 @@ def full_options(s: DemoSettings) -> GenerateOptions:
 
 
 def probe_options(s: DemoSettings) -> GenerateOptions:
-    """The probe's generation: the same sampler with fewer proposals and steps (:mod:`.budget`)."""
+    """The probe's generation: the test cases' options with fewer proposals and steps (:mod:`.budget`)."""
     steps = None if s.steps is None else min(s.steps, s.probe_steps)
-    return GenerateOptions(
-        ensemble=min(s.ensemble, s.probe_ensemble),
-        sampler=s.sampler,
-        steps=steps,
-        seed=s.seed,
-        reach_mm=s.reach_mm,
-        skull_points=s.skull_points,
-    )
+    return replace(full_options(s), ensemble=min(s.ensemble, s.probe_ensemble), steps=steps)
 
 
 def spread_cases(cases: list, n: int) -> list:
