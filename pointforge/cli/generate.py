@@ -60,7 +60,7 @@ _LABEL = typer.Option(
 _PRINTABLE = typer.Option(
     None,
     "--printable",
-    help="One case: also write a print-ready STL of 'vote' (the implant) or proposal K (0, 1, ...); "
+    help="Also write a print-ready STL (for a dataset folder: of every case) of 'vote' (the implant) or proposal K (0, 1, ...); "
     "the default when --min-thickness or --margin is given is vote.",
 )
 _MIN_THICKNESS = typer.Option(
@@ -100,16 +100,10 @@ def generate(
     """
     from pointforge.data.dicom import is_dicom_series
     from pointforge.devices import use_threads
-    from pointforge.errors import ConfigError
     from pointforge.implant.models import load_models
     from pointforge.implant.options import GenerateOptions
 
     to_print = _print_options(printable, min_thickness, margin, proposals=1 if unet is not None else ensemble)
-    if to_print is not None and defective.is_dir() and not is_dicom_series(defective):
-        raise ConfigError(
-            f"{defective} is a dataset folder; --printable, --min-thickness and --margin take one case "
-            "(a skull file or a CT series)"
-        )
     if unet is not None:
         if pcdiff is not None or voxelizer is not None:
             raise typer.BadParameter("give either --unet, or --pcdiff with --voxelizer, not both", param_hint="--unet")
@@ -141,7 +135,7 @@ def generate(
         raise typer.BadParameter(f"{defective}: no such file or folder", param_hint="DEFECTIVE")
     models = load_models(pcdiff, voxelizer, device=device, upsample=upsample)
     if dataset:
-        _generate_folder(defective, out, models, options, split=split, label=label)
+        _generate_folder(defective, out, models, options, split=split, label=label, printable=to_print)
     else:
         _generate_case(defective, out, models, options, overwrite=overwrite, label=label)
         _write_printable(out, defective, to_print)
@@ -203,7 +197,7 @@ def _stage_bars(bars: Bars):
     return on_step
 
 
-def _generate_folder(defective: Path, out: Path, models, options, *, split: str, label) -> None:
+def _generate_folder(defective: Path, out: Path, models, options, *, split: str, label, printable) -> None:
     from pointforge.implant.folder import generate_folder
 
     with Bars() as bars:
@@ -217,6 +211,7 @@ def _generate_folder(defective: Path, out: Path, models, options, *, split: str,
             progress=lambda done, total: bars.update("cases", done, total=total, description=f"cases ({split} split)"),
             step_progress=_stage_bars(bars),
             label=label,
+            printable=printable,
         )
     _say_folder(result, out)
 
@@ -252,6 +247,8 @@ def _say_folder(result, out: Path) -> None:
         f"{len(result.done)} generated, {len(result.skipped)} already done, {len(result.failed)} failed "
         f"({result.seconds:.0f} s) → {out} (3-D views: {out}/<case>/view.html)"
     )
+    if result.printed:
+        typer.echo(f"{len(result.printed)} print-ready STL(s), each with its measurements: {out}/<case>/printable/")
     for case_id, message in result.failed.items():
         typer.secho(f"case {case_id}: {message}", err=True, fg=typer.colors.RED)
     if result.failed:

@@ -17,6 +17,7 @@ from pointforge.errors import ConfigError, DataError, UserError, disk_full_cause
 from pointforge.implant.case import generate_case
 from pointforge.implant.models import Models
 from pointforge.implant.options import GenerateOptions
+from pointforge.implant.printable import PrintOptions, write_printable
 from pointforge.implant.view import PLOTLY_JS
 from pointforge.implant.writer import case_done
 
@@ -71,6 +72,7 @@ class FolderResult:
     done: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # complete from an earlier run
     failed: dict[str, str] = field(default_factory=dict)
+    printed: dict[str, str] = field(default_factory=dict)  # case → its print-ready STL, when one was asked for
     seconds: float = 0.0
 
 
@@ -86,6 +88,7 @@ def generate_folder(
     step_progress: Callable[[str, int, int], None] | None = None,
     label: float | None = None,
     viewer_js: str | os.PathLike | None = None,
+    printable: PrintOptions | None = None,
 ) -> FolderResult:
     """Every case of ``root`` (see :func:`cases_of`) into ``out/<case_id>/``.
 
@@ -95,6 +98,9 @@ def generate_folder(
     counts cases, ``step_progress(stage, done, total)`` the steps within one
     (:func:`~pointforge.implant.case.generate_case`'s ``progress``). Every
     case's view.html loads one plotly.js, ``viewer_js`` (default ``out/plotly.min.js``).
+    With ``printable``, every generated case (new or from an earlier run) also gets that print-ready STL
+    (:func:`~pointforge.implant.printable.write_printable`, made once per setting); a case whose STL cannot
+    be made is failed with the reason and keeps its implant.
     """
     say = log or (lambda _msg: None)
     t0 = time.perf_counter()
@@ -106,10 +112,10 @@ def generate_folder(
         progress(0, len(cases))  # the count starts now, not when the first case is done
     for k, case in enumerate(cases):
         target = out / case.case_id
-        if case_done(target):
-            result.skipped.append(case.case_id)
-        else:
-            try:
+        try:
+            if case_done(target):
+                result.skipped.append(case.case_id)
+            else:
                 generate_case(
                     case.source,
                     target,
@@ -122,17 +128,27 @@ def generate_folder(
                     viewer_js=viewer_js,
                 )
                 result.done.append(case.case_id)
-            except Exception as err:  # noqa: BLE001 - one case must never stop the others
-                if disk_full_cause(err) is not None:
-                    raise  # ... except a full disk, which would fail every case after it the same way
-                message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                if not isinstance(err, UserError):
-                    message = f"{type(err).__name__}: {message}"
-                    say(traceback.format_exc().rstrip())
-                result.failed[case.case_id] = message
-                say(f"case {case.case_id} failed: {message}")
+            if printable is not None:
+                stl, _ = write_printable(target, case.source, printable)
+                result.printed[case.case_id] = str(stl)
+        except Exception as err:  # noqa: BLE001 - one case must never stop the others
+            if disk_full_cause(err) is not None:
+                raise  # ... except a full disk, which would fail every case after it the same way
+            _record_failure(result, case.case_id, err, say)
         if progress:
             progress(k + 1, len(cases))
     result.seconds = time.perf_counter() - t0
     atomic_write_text(out / "summary.json", json.dumps(asdict(result), indent=1))
     return result
+
+
+def _record_failure(result: FolderResult, case_id: str, err: Exception, say: Callable[[str], None]) -> None:
+    """One line for a case that failed (a user's error as it is, anything else with its type and traceback)."""
+    message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if not isinstance(err, UserError):
+        message = f"{type(err).__name__}: {message}"
+        say(traceback.format_exc().rstrip())
+    if case_id in result.done or case_id in result.skipped:
+        message = f"print-ready STL: {message}"
+    result.failed[case_id] = message
+    say(f"case {case_id} failed: {message}")

@@ -30,6 +30,7 @@ from pointforge.implant.case import generate_case
 from pointforge.implant.folder import generate_folder
 from pointforge.implant.models import load_models
 from pointforge.implant.options import GenerateOptions
+from pointforge.implant.printable import PrintOptions
 from pointforge.implant.writer import case_done
 from pointforge.tasks import get_task
 from pointforge.tasks.configs import load_train_config
@@ -161,8 +162,10 @@ def test_anisotropic_nifti_in_gives_nifti_out_on_its_own_grid(trained, models, t
     assert any("isotropic" in note for note in report["notes"])
 
 
-def test_folder_mode_is_resumable_and_one_bad_case_does_not_stop_the_rest(trained, models, tmp_path):
-    """Three test cases, the first corrupt: the other two are written; a second run skips them."""
+def test_folder_mode_is_resumable_and_one_bad_case_does_not_stop_the_rest(trained, models, tmp_path, monkeypatch):
+    """Three test cases, the first corrupt: the other two are written; a second run skips them. A print-ready
+    STL asked for is made for every written case, new or skipped, and one that cannot be made fails its case
+    alone, which keeps its implant."""
     root, _, _, _ = trained
     data = PreparedDataset(root)
     cases = data.split("test")[:3]
@@ -198,6 +201,25 @@ def test_folder_mode_is_resumable_and_one_bad_case_does_not_stop_the_rest(traine
     second = generate_folder(copy, out, models, FAST, split="test")
     assert sorted(second.skipped) == sorted(first.done) and not second.done
     assert (out / cases[1].case_id / "report.json").stat().st_mtime_ns == stamp
+
+    import pointforge.implant.folder as folder
+
+    printed = []
+
+    def fake_print(case, source, options):  # write_printable itself: test_printable.py
+        printed.append((case.relative_to(out).as_posix(), source, options))
+        if printed[-1][0] == cases[2].case_id:
+            raise UserError("measured 1.00 mm after growing it 2 times")
+        return case / "printable" / "it.stl", {}
+
+    monkeypatch.setattr(folder, "write_printable", fake_print)
+    third = generate_folder(copy, out, models, FAST, split="test", printable=PrintOptions(min_thickness_mm=2))
+    assert sorted(third.skipped) == sorted(c.case_id for c in cases[1:]) and not third.done
+    assert [name for name, *_ in printed] == [c.case_id for c in cases[1:]]
+    assert list(third.printed) == [cases[1].case_id] and third.failed[cases[2].case_id] == (
+        "print-ready STL: measured 1.00 mm after growing it 2 times"
+    )
+    assert case_done(out / cases[2].case_id)  # its implant is kept
 
 
 def test_a_failure_while_writing_leaves_nothing_that_looks_complete(trained, models, tmp_path, monkeypatch):

@@ -196,19 +196,22 @@ def test_wrong_print_options_are_refused_in_one_line_before_any_work(tmp_path, a
     assert not out.exists()
 
 
-def test_a_print_ready_stl_is_refused_for_a_dataset_folder(tmp_path):
-    result = run_cli(
-        "generate",
-        tmp_path,
-        "--pcdiff",
-        "p.pt",
-        "--voxelizer",
-        "v.pt",
-        "--out",
-        tmp_path / "o",
-        "--margin",
-        1,
-        "--min-thickness",
-        2,
-    )
-    assert isinstance(result.exception, UserError) and "is a dataset folder; --printable" in str(result.exception)
+def test_generate_on_a_dataset_folder_asks_for_the_print_ready_stl_of_every_case_and_says_so(
+    tiny_implant_models, tmp_path, monkeypatch
+):
+    """The CLI's part; the folder run's (every case, new or done, a failure per case) is in test_pipeline."""
+    root, _, pcdiff, voxelizer = tiny_implant_models
+    import pointforge.implant.folder as folder
+
+    asked = {}
+
+    def fake_folder(_root, out, _models, _options, **kwargs):
+        asked.update(kwargs)
+        return folder.FolderResult(done=["a", "b"], printed={"a": "a.stl", "b": "b.stl"})
+
+    monkeypatch.setattr(folder, "generate_folder", fake_folder)
+    models = ("--pcdiff", pcdiff, "--voxelizer", voxelizer, "-n", 2, "--device", "cpu")
+    result = run_cli("generate", root, *models, "--out", tmp_path / "o", "--printable", 1, "--min-thickness", 2)
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert asked["printable"] == PrintOptions(choice="1", min_thickness_mm=2.0)
+    assert "2 print-ready STL(s)" in result.output
