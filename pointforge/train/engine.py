@@ -369,6 +369,9 @@ class _Trainer:
         model = ema.module if (ema is not None and self.cfg.train.eval_ema) else self.model
         metrics = self.evaluator.evaluate(model, epoch, self.state.global_step)
         self.metrics.record_eval(global_step=self.state.global_step, epoch=epoch, metrics=metrics)
+        if self.env.is_main and metrics:
+            for warning in self.task.health(metrics):
+                log.warning(f"step {self.state.global_step}: {warning}")
         return metrics
 
     def _save(self, *, end_of_epoch: bool, eval_metrics: dict[str, float] | None = None) -> None:

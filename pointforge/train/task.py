@@ -97,6 +97,12 @@ instance (``train(MyTask(), cfg)``). The contract, method by method:
     It may write files under ``ctx.out_dir`` (rank 0's is the run dir's
     ``eval/epoch-NNNN``).
 
+``health(metrics)``
+    Optional: what an evaluation's metrics say has gone wrong (a model that
+    collapsed to a trivial output), each a line of what to do about it. The
+    engine logs each as a warning on rank 0 after every evaluation; training
+    goes on. Default: nothing.
+
 ``parameters(model)``
     Optional: parameter groups for the optimizer (e.g. no weight decay on
     norms). Default: ``model.parameters()``.
@@ -192,6 +198,9 @@ class Task:
 
     def evaluate(self, model: nn.Module, loader: DataLoader, ctx: EvalContext) -> Mapping[str, float]:
         return {}
+
+    def health(self, metrics: Mapping[str, float]) -> Sequence[str]:
+        return ()
 
     def parameters(self, model: nn.Module) -> Iterable[Any]:
         return model.parameters()

@@ -225,7 +225,8 @@ def test_tiny_config_trains_from_nothing(trained):
     run = Path(cfg.run.dir)
     assert result.best["metric"] == "val_iou" and (run / "checkpoints" / "best.pt").is_file()
     evals = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if "val_iou" in line]
-    assert len(evals) == 4 and {"val_loss", "val_l2", "val_iou"} <= set(evals[-1])
+    assert len(evals) == 4 and {"val_loss", "val_l2", "val_iou", "val_fill"} <= set(evals[-1])
+    assert 0 < evals[-1]["val_fill"] < 10
     best = ck.load_checkpoint(run / "checkpoints" / "best.pt")
     assert best["progress"]["best_value"] == max(e["val_iou"] for e in evals)
 
@@ -338,3 +339,10 @@ def test_the_frame_is_not_used_in_training_and_a_bare_build_has_none(trained):
     points = torch.rand(1, 256, 3, generator=torch.Generator().manual_seed(1))
     a, b = bare.eval()(points), framed.eval()(points)
     assert torch.equal(a.points, b.points) and torch.equal(a.normals, b.normals) and torch.equal(a.psr, b.psr)
+
+
+def test_a_collapsed_voxelizer_is_named_with_what_to_do_and_a_working_one_is_not():
+    task = get_task("voxelizer")
+    said = task.health({"val_iou": 0.0, "val_fill": 0.0001})
+    assert len(said) == 1 and "collapsed" in said[0] and "sched.warmup_steps=100" in said[0]
+    assert task.health({"val_iou": 0.45, "val_fill": 1.1}) == [] and task.health({"val_loss": 1.0}) == []

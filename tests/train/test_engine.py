@@ -372,3 +372,18 @@ def test_train_state_is_the_checkpoint_progress_layout_and_tracks_the_best_once(
     out = window.summary(global_batch=8, accumulation=1, skipped_steps=1)
     assert out["loss"] == 1.0 and out["lr"] == 0.05 and out["it_per_s"] == 1.0 and out["samples_per_s"] == 8.0
     assert out["data_wait_frac"] == 0.25 and out["grad_norm"] == 3.0 and out["mae"] == 3.0
+
+
+def test_what_a_task_says_is_wrong_after_an_evaluation_is_logged_as_a_warning_with_its_step(tmp_path):
+    from pointforge.tasks.toy import ToyTask
+
+    class Collapsing(ToyTask):
+        def health(self, metrics):
+            return [f"val_loss {metrics['val_loss']:.3g}: collapsed, train again"] if "val_loss" in metrics else []
+
+    cfg = make_cfg(tmp_path, "train.epochs=2", "train.eval_every=1")
+    train(Collapsing(), cfg)
+    warned = [line for line in (Path(cfg.run.dir) / "train.log").read_text().splitlines() if "collapsed" in line]
+    assert len(warned) == 2 and "WARNING" in warned[0] and ": val_loss " in warned[0]
+    steps = sorted(int(line.split("step ")[1].split(":")[0]) for line in warned)
+    assert steps[0] > 0 and steps[1] == 2 * steps[0]
