@@ -45,7 +45,7 @@ test: $(STAMP)
 	$(VENV)/bin/ruff format --check $(LINTED)
 	$(VENV)/bin/mypy pointforge
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q -m "not slow" -n 2 --dist loadfile tests
+	$(PY) -m pytest -q -m "not slow" -n 2 --dist loadfile --durations=25 tests
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow tests
