@@ -260,5 +260,5 @@ class VoxelizerTask(Task):
         return [
             f"the voxelizer has collapsed: validation IoU {value:.3g} with a solid of {metrics.get('val_fill', 0):.2g} "
             "times the true volume; such a run did not recover in the runs measured: stop it and train again with another "
-            "train.seed (the collapse follows the seed; a warm-up did not prevent it) or at optim.lr=1e-3 (slower to learn)"
+            "train.seed (the collapse follows the seed; a warm-up did not prevent it) or at optim.lr=1e-3"
         ]
