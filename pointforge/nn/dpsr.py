@@ -306,7 +306,11 @@ def dpsr(
 
 
 class DPSR(nn.Module):
-    """Module form of :func:`dpsr` with its settings fixed at construction."""
+    """Module form of :func:`dpsr` with its settings fixed at construction.
+
+    With ``memory_limit`` None each solve shape is checked against the memory available the first
+    time it is seen only: a training run's shape is the same every step (see ``forward``).
+    """
 
     def __init__(
         self,
@@ -326,19 +330,30 @@ class DPSR(nn.Module):
         self.memory_limit = memory_limit
         self.chunk = int(chunk)
         self.backend = backends.check_backend("DPSR", backend)
+        # Solves already checked against the memory available then (memory_limit None). A training
+        # run solves the same shapes every step: checked again, another process's passing peak would
+        # stop it mid-run with a ConfigError for a solve that already ran. A shape seen once is left
+        # to the allocator, whose own out-of-memory error still stops a real shortage.
+        self._checked: set[tuple] = set()
 
     def forward(self, points: Tensor, normals: Tensor) -> Tensor:
-        return dpsr(
+        limit = self.memory_limit
+        key = (tuple(points.shape), points.dtype, points.device, torch.is_grad_enabled())
+        if limit is None and key in self._checked:
+            limit = math.inf
+        out = dpsr(
             points,
             normals,
             self.res,
             self.sigma,
             shift=self.shift,
             scale=self.scale,
-            memory_limit=self.memory_limit,
+            memory_limit=limit,
             chunk=self.chunk,
             backend=self.backend,
         )
+        self._checked.add(key)
+        return out
 
     def extra_repr(self) -> str:
         return f"res={self.res}, sigma={self.sigma}, shift={self.shift}, scale={self.scale}, backend={self.backend!r}"

@@ -347,6 +347,26 @@ def test_grid_too_large_for_the_memory_limit_raises_before_allocating():
     assert isinstance(info.value, UserError)
 
 
+def test_module_checks_the_available_memory_once_per_solve_shape(monkeypatch):
+    # A training run solves one shape every step: another process's passing peak must not stop it
+    # mid-run (it did: a voxelizer run refused a 0.08 GiB solve at step 1,450). A new shape is checked.
+    import pointforge.nn.dpsr as dpsr_module
+
+    points, normals = _sphere_cloud(4, center=(0.5, 0.5, 0.5), radius=0.2)
+    solver = DPSR(16, sigma=1.0)
+    free = {"bytes": 1 << 40}
+    monkeypatch.setattr(dpsr_module, "available_memory_bytes", lambda device: free["bytes"])
+    first = solver(points, normals)
+    free["bytes"] = 1
+    assert torch.equal(solver(points, normals), first)
+    with pytest.raises(ConfigError, match="memory available"):
+        solver(points.repeat(2, 1, 1), normals.repeat(2, 1, 1))
+    with pytest.raises(ConfigError, match="memory available"):
+        dpsr(points, normals, 16, sigma=1.0)  # the function has no memory of earlier solves
+    with pytest.raises(ConfigError, match="memory limit"):
+        DPSR(16, sigma=1.0, memory_limit=1)(points, normals)  # an explicit limit is checked every call
+
+
 def test_memory_estimate_grows_with_the_grid_batch_and_gradients():
     f = dpsr_memory_bytes
     grid = 512**3 * 4
