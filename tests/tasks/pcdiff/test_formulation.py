@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from scipy.spatial import cKDTree
 
 from pointforge.errors import ConfigError
 from pointforge.nn.diffusion.conditioning import MarkConditioning, network_output
@@ -198,6 +199,22 @@ def test_atlas_estimate_finds_the_missing_cap_of_a_shell():
     assert np.linalg.norm(box - skull[cap].mean(axis=0)) > 30.0  # what no estimate would give
 
 
+def test_atlas_estimate_on_denser_points_reaches_the_rim():
+    # The registration fits 2,000 points either way; testing for missing bone on 6,000 lets a
+    # 6 mm gap find bone near the rim that 12 mm (the default) leaves out and 2,000 points miss.
+    atlas = [_shell(np.zeros(3), r, 6000, s) for r, s in ((78.0, 1), (80.0, 2), (83.0, 3))]
+    skull = _shell(np.array([5.0, -3.0, 2.0]), 81.0, 8000, 4)
+    cap = (skull - skull.mean(axis=0)) @ np.array([0.6, 0.0, 0.8]) > 81.0 * np.cos(np.deg2rad(30))
+
+    def uncovered(**kw):  # mean distance from the true cap to the estimate's nearest point, mm
+        return cKDTree(estimate_implant(skull[~cap], atlas, bend_mm=15.0, **kw).points).query(skull[cap])[0].mean()
+
+    default, sparse = uncovered(), uncovered(gap_mm=6.0)
+    dense = uncovered(gap_mm=6.0, points=6000, register_points=2000)
+    assert dense < 0.5 * default and dense < 0.85 * sparse
+    assert uncovered(register_points=2000) == default  # register_points = points: the same estimate
+
+
 def test_atlas_estimate_drops_a_small_stray_piece():
     # A second, small hole far from the cap: every atlas skull misses bone there too,
     # but it is a stray piece next to the cap's, and only pieces=0 keeps it.
@@ -270,6 +287,7 @@ def test_framed_model_carries_its_atlas_through_a_state_dict():
         ("task.frame.crop=0", "task.frame.crop"),
         ("task.frame.pieces=1.5", "task.frame.pieces"),
         ("task.frame.bend_mm=-1", "task.frame.bend_mm"),
+        ("task.frame.scale=1 task.frame.register_points=3000", "task.frame.register_points"),
         ("task.diffusion.prediction=eps task.diffusion.zero_terminal_snr=true", "x0 or v"),
         ("task.frame.scale=1 task.rotate_degrees=10", "rotate_degrees"),
     ],
