@@ -111,15 +111,13 @@ def estimate_implant(
     agree: float = 0.5,
     pieces: float = 0.5,
     bend_mm: float = 0.0,
-    register_points: int | None = None,
 ) -> ImplantEstimate:
     """The bone missing from a defective skull (mm), from complete skulls: its centre and its points.
 
     Each atlas skull's surface (``[M, 3]`` mm) is registered onto the defective
     skull (trimmed ICP from the defective points onto the atlas, the direction
-    that needs no knowledge of the defect; both drawn down to ``register_points``,
-    ``points`` when None) and mapped back; its points farther than ``gap_mm`` from
-    every one of ``points`` defective-skull points are bone this skull says is
+    that needs no knowledge of the defect) and mapped back; its points farther
+    than ``gap_mm`` from every defective-skull point are bone this skull says is
     missing. Skulls differ in shape, so each also "misses" bone where it merely
     differs; the defect is what *every* atlas skull misses. Each missing point
     gets a vote: how many atlas skulls have a missing point within ``radius_mm``.
@@ -130,10 +128,6 @@ def estimate_implant(
     (:func:`main_pieces`), and the centre is the centroid of their points with
     the most votes.
 
-    Denser points than the registration's (an atlas of ``points`` surface points
-    a skull) let a smaller ``gap_mm`` tell missing bone from the spacing between
-    samples; the registration, the costly part, keeps its own count.
-
     Measured on the demo data (10 synthetic skulls at 64³, 3.6 mm voxels, 6
     atlas skulls, 20 validation and test cases): mean centre error 6.6 mm, median
     3.8 mm; the median of per-skull centroids gave 18 mm mean, the box centre
@@ -141,18 +135,14 @@ def estimate_implant(
     """
     if not atlas_mm:
         raise DataError("the implant-frame atlas has no skulls; train with at least one complete training skull")
-    fit = points if register_points is None else register_points
-    fit_points = subsample_fixed(defective_mm, fit)
-    defective = fit_points if fit == points else subsample_fixed(defective_mm, points)
+    defective = subsample_fixed(defective_mm, points)
     tree = cKDTree(defective)
     found = []
     for skull in atlas_mm:
-        target = SurfaceTarget.of(subsample_fixed(skull, fit))
-        reg = register(fit_points, target, iterations=30)
-        fitted = invert(reg, target.surface)
-        mapped = fitted if fit == points else invert(reg, subsample_fixed(skull, points))
+        target = SurfaceTarget.of(subsample_fixed(skull, points))
+        mapped = invert(register(defective, target, iterations=30), target.surface)
         if bend_mm > 0:
-            mapped = _bent_along(mapped, fitted, fit_points, bend_mm, gap_mm)
+            mapped = bent(mapped, defective, tree, bend_mm, gap_mm)
         found.append(mapped[tree.query(mapped)[0] > gap_mm])
     if not sum(len(m) for m in found):
         # Nothing is missing from the view of any atlas skull: no better guess than the skull itself.
@@ -170,7 +160,7 @@ def _votes(found: list[np.ndarray], radius_mm: float) -> tuple[np.ndarray, np.nd
     """Every atlas skull's missing points together, each with how many skulls have one within ``radius_mm``.
 
     One k-d tree a skull: memory grows with the points, not with their neighbours (a ball query
-    over a dense atlas's missing points took gigabytes)."""
+    over the missing points of an 8,000-point atlas took gigabytes)."""
     missing = np.concatenate(found)
     votes = np.zeros(len(missing), dtype=np.int64)
     for own in found:
@@ -178,22 +168,6 @@ def _votes(found: list[np.ndarray], radius_mm: float) -> tuple[np.ndarray, np.nd
             dist, _ = cKDTree(own).query(missing, distance_upper_bound=radius_mm * (1 + 1e-9) + 1e-12)
             votes += dist <= radius_mm
     return missing, votes
-
-
-def _bent_along(mapped: np.ndarray, fitted: np.ndarray, defective: np.ndarray, sigma_mm: float, reach_mm: float):
-    """``mapped`` moved by :func:`bent`'s field, computed on the registration's points ``fitted``.
-
-    Where ``mapped`` are those points, exactly :func:`bent`; denser points take the field from their four
-    nearest registration points (inverse-distance weights): it is smooth over ``sigma_mm``, far wider
-    than the points' spacing, and computing it at every dense point would cost their number squared."""
-    moved = bent(fitted, defective, cKDTree(defective), sigma_mm, reach_mm)
-    if mapped is fitted:
-        return moved
-    dist, nearest = cKDTree(fitted).query(mapped, k=min(4, len(fitted)))
-    dist, nearest = dist.reshape(len(mapped), -1), nearest.reshape(len(mapped), -1)
-    weight = 1.0 / np.maximum(dist, 1e-6)
-    weight /= weight.sum(axis=1, keepdims=True)
-    return mapped + ((moved - fitted)[nearest] * weight[..., None]).sum(axis=1)
 
 
 def bent(atlas: np.ndarray, defective: np.ndarray, tree: cKDTree, sigma_mm: float, reach_mm: float) -> np.ndarray:
@@ -243,8 +217,7 @@ class FrameSection:
     crop: float = 2.5  # conditioning points drawn from the skull within this radius of the centre, normalised units
     gap_mm: float = 12.0  # atlas bone farther than this from the defective skull counts as missing
     radius_mm: float = 10.0  # missing points of every atlas skull within this radius agree on the defect
-    atlas_points: int = 2000  # surface points kept per atlas skull (and drawn from the defective skull)
-    register_points: int | None = None  # of them, the registration fits this many (None: all atlas_points)
+    atlas_points: int = 2000  # surface points kept per atlas skull
     pieces: float = 0.5  # estimate pieces kept: at least this fraction of the largest piece's points (0: all)
     bend_mm: float = (
         0.0  # after registration, atlas bone follows the defective skull by a smooth field this wide (0: off)
@@ -266,11 +239,6 @@ class FrameSection:
             raise ConfigError(f"config key '{prefix}.pieces' must lie in [0, 1], got {self.pieces}")
         if self.atlas_points < 100:
             raise ConfigError(f"config key '{prefix}.atlas_points' must be at least 100, got {self.atlas_points}")
-        if self.register_points is not None and not 100 <= self.register_points <= self.atlas_points:
-            raise ConfigError(
-                f"config key '{prefix}.register_points' must be from 100 to atlas_points ({self.atlas_points}) "
-                f"or null, got {self.register_points}"
-            )
 
 
 def prior_points(points: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -348,7 +316,6 @@ def atlas_estimate(
         agree=agree,
         pieces=section.pieces,
         bend_mm=section.bend_mm,
-        register_points=section.register_points,
     )
     return ImplantEstimate(center=found.center / spacing, points=found.points / spacing)
 
