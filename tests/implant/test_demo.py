@@ -74,6 +74,10 @@ def test_the_skullfix_preset_trains_both_networks_and_the_reach_reaches_generati
         load_train_config(task, demo_config(task, "skullfix"))  # every key known, every value valid
     pcdiff = load_train_config("pcdiff", demo_config("pcdiff", "skullfix")).task
     assert pcdiff.prior.start_step == 400
+    # The voxelizer trains on the points generate gives it: PCDiff's implant points beside 6,144 skull points.
+    voxelizer = load_train_config("voxelizer", demo_config("voxelizer", "skullfix")).task
+    assert round(voxelizer.n_points * voxelizer.implant_fraction) == pcdiff.n_implant
+    assert voxelizer.n_points - pcdiff.n_implant == 6144
     s = DemoSettings(config="skullfix", reach_mm=8.0)
     assert full_options(s).reach_mm == probe_options(s).reach_mm == 8.0
     assert full_options(DemoSettings()).reach_mm is None
