@@ -78,8 +78,8 @@ class Generated:
 
     defective: Volume
     implant: np.ndarray  # bool
-    proposals: list[np.ndarray]  # bool, one implant per proposal
-    agreement: np.ndarray  # float32 in [0, 1]
+    proposals: list[np.ndarray]  # bool, one implant per proposal (empty when not asked for)
+    agreement: np.ndarray | None  # float32 in [0, 1] (None when not asked for)
     implant_points: np.ndarray  # [n, P, 3] generated implant points, input voxel coordinates
     timings: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -287,9 +287,11 @@ def _voxelize(dense, skull_pts, work: Volume, models: Models, options: GenerateO
     return completed
 
 
-def _postprocess(completed: list, dense: np.ndarray, work: _Work, defective: Volume, options: GenerateOptions, timings):
-    """The voted implant, each proposal's own implant and their agreement, on the input's grid
-    (:func:`~pointforge.implant.postprocess.implant_and_agreement`, which fills ``timings``)."""
+def _postprocess(
+    completed: list, dense: np.ndarray, work: _Work, defective: Volume, options: GenerateOptions, timings, each: bool
+):
+    """The voted implant, and with ``each`` each proposal's own implant and their agreement, on the input's
+    grid (:func:`~pointforge.implant.postprocess.implant_and_agreement`, which fills ``timings``)."""
     implant, own, agreement = implant_and_agreement(
         completed,
         work.volume.data,
@@ -298,10 +300,11 @@ def _postprocess(completed: list, dense: np.ndarray, work: _Work, defective: Vol
         components=options.components,
         reach_mm=options.reach_mm,
         timings=timings,
+        each=each,
     )
     implant = work.to_input(implant, binary=True)
     own = [work.to_input(m, binary=True) for m in own]
-    agreement = work.to_input(agreement, binary=False)
+    agreement = None if agreement is None else work.to_input(agreement, binary=False)
     implant &= ~defective.data  # resampling back must not put implant voxels into bone
     return implant, own, agreement
 
@@ -321,6 +324,7 @@ def generate_implant(
     log: Callable[[str], None] | None = None,
     progress: Progress | None = None,
     proposals_mm: np.ndarray | None = None,
+    each: bool = True,
 ) -> Generated:
     """Run the pipeline on one defective skull (a bool :class:`Volume`, e.g. from read_binary_volume).
 
@@ -329,7 +333,9 @@ def generate_implant(
     the input, so a wrong sampler fails first). ``proposals_mm`` (``[n, P, 3]``
     physical coordinates) replaces PCDiff's proposals: the rest of the pipeline
     alone, e.g. fed the true implant points to measure what the voxelizer and
-    clean-up can reach (the demo's oracle row).
+    clean-up can reach (the demo's oracle row). ``each=False`` skips each proposal's own implant and
+    the agreement map (``Generated.proposals`` empty, ``agreement`` None): the voted implant alone,
+    which is all that scoring reads.
 
     ``progress(stage, done, total)`` is called as sampler steps and voxelised
     proposals complete. Raises DataError when the result is empty (no implant
@@ -367,7 +373,7 @@ def generate_implant(
     completed, timings["voxelize_s"] = timed(lambda: _voxelize(dense, skull_pts, work, models, options, progress, cube))
     say(f"voxelize: {len(completed)} completed skulls ({timings['voxelize_s']:.1f} s)")
     (implant, own, agreement), timings["postprocess_s"] = timed(
-        lambda: _postprocess(completed, dense, grid, defective, options, timings)
+        lambda: _postprocess(completed, dense, grid, defective, options, timings, each)
     )
     if not implant.any():
         raise DataError(

@@ -134,6 +134,13 @@ def labelled(mask: np.ndarray, label: float) -> np.ndarray:
     return mask.astype(np.float32) * np.float32(label)
 
 
+def _agreement(result: Generated) -> np.ndarray:
+    """The case's agreement map; a result generated without it (``each=False``: scoring only) cannot be written."""
+    if result.agreement is None:
+        raise ValueError("this result has no agreement map (generated with each=False); generate it with each=True")
+    return result.agreement
+
+
 def _volume_job(path: Path, ref: Volume, data: Callable[[], np.ndarray]) -> Callable[[], Any]:
     """Write ``data()`` on ``ref``'s grid to ``path`` when called (the array is made in the worker, not before)."""
     return lambda: write_volume(path, ref.with_data(data()))
@@ -143,7 +150,7 @@ def _volume_jobs(result: Generated, folder: Path, files: dict, label: float) -> 
     """One callable per volume file (and the points), the largest first."""
     ref = result.defective
     jobs: list[Callable[[], Any]] = [
-        _volume_job(folder / files["uncertainty"], ref, lambda: result.agreement.astype(np.float32, copy=False)),
+        _volume_job(folder / files["uncertainty"], ref, lambda: _agreement(result).astype(np.float32, copy=False)),
         _volume_job(folder / files["completed_skull"], ref, lambda: labelled(result.completed, label)),
         _volume_job(folder / files["implant"], ref, lambda: labelled(result.implant, label)),
         lambda: np.save(folder / files["points"], result.implant_points),
@@ -165,7 +172,7 @@ def _write_preview(result: Generated, folder: Path, files: dict, title: str) -> 
                 (0.95, 0.45, 0.1),
                 1.0,
                 "implant (colour: agreement of proposals, yellow = all)",
-                values=result.agreement,
+                values=_agreement(result),
                 cmap="plasma",
             ),
         ],
@@ -202,6 +209,7 @@ def write_case(
     written into ``folder`` itself). With ``dicom_sources`` (the CT slices' headers),
     the implant is also written as a DICOM Segmentation and the mesh as Encapsulated STL."""
     t = time.perf_counter()
+    _agreement(result)  # refused before anything is written
     ref = result.defective
     folder.mkdir(parents=True, exist_ok=True)
     files: dict[str, Any] = {
@@ -260,7 +268,7 @@ def _write_dicom(result: Generated, mesh, folder: Path, files: dict, title: str,
 def _case_summary(result: Generated, files: dict, mesh, solid: np.ndarray) -> dict:
     ref = result.defective
     spacing = [float(s) for s in ref.spacing]
-    inside = result.agreement[result.implant]
+    inside = _agreement(result)[result.implant]
     voxel_mm3 = float(np.prod(spacing))
     return {
         "outputs": files,

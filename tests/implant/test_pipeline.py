@@ -563,3 +563,24 @@ def test_a_voxelizer_without_a_frame_sees_the_volumes_own_cube(trained, models, 
     assert any("carries no training cube" in note for note in result.notes)
     unframed = generate_implant(defective, replace(models, voxelizer_frame=None), FAST)
     assert np.array_equal(result.implant, unframed.implant) and result.implant.any()
+
+
+def test_scoring_without_each_proposals_implant_gives_the_same_implant_and_cannot_be_written(trained, models, tmp_path):
+    """``each=False`` (the demo's scoring) skips the own implants and the agreement map, not the implant;
+    such a result is refused by the writer before anything is written."""
+    from pointforge.data.volumes import read_binary_volume
+    from pointforge.implant.pipeline import generate_implant
+    from pointforge.implant.writer import write_case
+
+    root, _, _, _ = trained
+    data = PreparedDataset(root)
+    case = next(c for c in data.split("test") if c.defect == "parietotemporal")
+    defective = read_binary_volume(Path(data.meta(case.defective)["source"]))
+    full = generate_implant(defective, models, FAST)
+    voted = generate_implant(defective, models, FAST, each=False)
+    assert voted.implant.any() and np.array_equal(voted.implant, full.implant)
+    assert voted.proposals == [] and voted.agreement is None and len(full.proposals) == FAST.ensemble
+    assert "agreement_s" not in voted.timings and "vote_s" in voted.timings
+    with pytest.raises(ValueError, match="each=True"):
+        write_case(voted, tmp_path / "case", suffix=".nrrd", report={})
+    assert not (tmp_path / "case").exists()

@@ -175,6 +175,11 @@ def test_implant_and_agreement_is_the_serial_chain_and_the_whole_volume_mean():
     whole = (np.sum(alone, axis=0, dtype=np.float32) / np.float32(len(alone))).astype(np.float32)
     assert agreement.dtype == np.float32 and np.array_equal(agreement, whole)
     assert set(np.unique(agreement)) > {0.0, 1.0} and set(timings) == {"vote_s", "agreement_s"}
+    alone_timings: dict = {}
+    only, none, no_map = pp.implant_and_agreement(
+        proposals, defective, points, spacing=(0.45,) * 3, components=0.2, timings=alone_timings, each=False
+    )
+    assert np.array_equal(only, voted) and none == [] and no_map is None and set(alone_timings) == {"vote_s"}
 
 
 def test_agreement_map_of_implants_in_far_apart_corners():
@@ -220,3 +225,14 @@ def test_reach_cuts_excess_joined_to_the_implant_far_from_its_points():
     assert (near & plug).sum() == plug.sum()  # the implant itself stays whole
     with pytest.raises(DataError, match="spacing"):
         pp.implant_from_proposals([completed], defective, points, reach_mm=4.0)
+
+
+@pytest.mark.parametrize("size", [3, 5])
+@pytest.mark.parametrize("fill", [0.1, 0.5, 0.9])
+def test_binary_median_is_scipys_median_filter(size, fill):
+    """Counting gives the median filter's mask exactly (odd sizes, zeros outside), sparse to dense."""
+    mask = np.random.default_rng([size, int(fill * 10)]).random((30, 41, 27)) < fill
+    want = ndimage.median_filter(mask.astype(np.uint8), size=size, mode="constant") > 0
+    assert np.array_equal(pp.binary_median(mask, size), want)
+    with pytest.raises(ValueError, match="odd"):
+        pp.binary_median(mask, 4)
