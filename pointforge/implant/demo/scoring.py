@@ -28,6 +28,7 @@ from pointforge.implant.demo.settings import DemoSettings
 from pointforge.implant.demo.training import phase_name
 from pointforge.implant.demo.workers import (
     Checkpoints,
+    atlas_surfaces,
     baseline_case,
     case_jobs,
     placement_mm,
@@ -245,14 +246,17 @@ def run_given(
 
 
 def run_baseline(dataset: PreparedDataset, out: Path, pool: Executor, times: TimeSplit, progress=None) -> dict:
-    """Mean-of-registered-training-skulls implants for the test split into ``out/<case_id>/implant.nrrd``."""
+    """Mean-of-registered-training-skulls implants for the test split into ``out/<case_id>/implant.nrrd``;
+    the atlas skulls' surfaces are computed first, once each, side by side (``out/atlas_surfaces.npz``)."""
     cases = dataset.split("test")
     with times.timed("generating"):
+        surfaces = atlas_surfaces(pool, str(dataset.root), out / "atlas_surfaces.npz")
         results = run_cases(
             pool,
             baseline_case,
             case_jobs(dataset, cases),
             str(out),
+            str(surfaces),
             progress=(lambda d, n: progress("baseline", d, n, None)) if progress else None,
         )
     seconds = sum(r["generating_s"] for r in results)

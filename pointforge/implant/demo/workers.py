@@ -34,7 +34,7 @@ from pointforge.data.surface import surface_points
 from pointforge.data.volumes import read_binary_volume, write_volume
 from pointforge.devices import use_threads
 from pointforge.errors import DataError, UserError, disk_full_cause
-from pointforge.implant.baseline import Atlas, mean_skull_implant
+from pointforge.implant.baseline import Atlas, atlas_surface, mean_skull_implant, prepared_skulls
 from pointforge.implant.case import generate_case
 from pointforge.implant.metrics import evaluate_case
 from pointforge.implant.models import Models, load_models
@@ -111,8 +111,31 @@ def _dataset(root: str) -> PreparedDataset:
 
 
 @lru_cache(maxsize=1)
-def _atlas(root: str) -> Atlas:
-    return Atlas.from_prepared(_dataset(root), split="train")
+def _atlas(root: str, surfaces: str) -> Atlas:
+    """The training skulls' atlas, their surfaces read from ``surfaces`` (:func:`atlas_surfaces`'s file)."""
+    with np.load(surfaces) as found:
+        known = dict(zip(found["names"].tolist(), found["surfaces"]))
+    return Atlas.from_prepared(_dataset(root), split="train", surfaces=known)
+
+
+def atlas_surface_of(prepared: str, skull_id: str) -> tuple[str, np.ndarray]:
+    """One training skull's atlas surface (:func:`~pointforge.implant.baseline.atlas_surface`): the costly
+    part of the baseline's atlas, computed once per skull on the pool instead of once per worker."""
+    for name, read in prepared_skulls(_dataset(prepared), "train"):
+        if name == skull_id:
+            volume = read()
+            return name, atlas_surface(volume.data, volume.affine())
+    raise DataError(f"{prepared}: no training skull {skull_id!r}")
+
+
+def atlas_surfaces(pool: Executor, prepared: str, path: Path) -> Path:
+    """Every training skull's atlas surface, computed side by side on the pool, saved to ``path``
+    (npz: ``names``, the skull ids, and ``surfaces``, their points in mm, ``[skulls, ATLAS_POINTS, 3]``)."""
+    names = [name for name, _ in prepared_skulls(_dataset(prepared), "train")]
+    found = [future.result() for future in [pool.submit(atlas_surface_of, prepared, n) for n in names]]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, names=np.array([name for name, _ in found]), surfaces=np.stack([points for _, points in found]))
+    return path
 
 
 def _source(dataset: PreparedDataset, points: str) -> Path:
@@ -169,7 +192,7 @@ def score_case(job: CaseJob, checkpoints: Checkpoints, options: GenerateOptions,
     elif source == "prior":
         given = atlas_points(defective, models, options, rng)
     try:
-        generated = generate_implant(defective, models, options, proposals_mm=given)
+        generated = generate_implant(defective, models, options, proposals_mm=given, each=False)  # scored only
     except DataError as err:
         return {"case_id": job.case_id, "failed": str(err).splitlines()[0], "generating_s": time.perf_counter() - start}
     generating = time.perf_counter() - start
@@ -238,10 +261,12 @@ def write_case(job: CaseJob, checkpoints: Checkpoints, options: GenerateOptions,
     return {"case_id": job.case_id, "failed": failed, "generating_s": time.perf_counter() - start}
 
 
-def baseline_case(job: CaseJob, out: str) -> dict:
-    """The case's defect filled with the mean of the registered training skulls, into ``out/<case_id>/implant.nrrd``."""
+def baseline_case(job: CaseJob, out: str, surfaces: str) -> dict:
+    """The case's defect filled with the mean of the registered training skulls, into ``out/<case_id>/implant.nrrd``;
+    ``surfaces``: the atlas surfaces' file (:func:`atlas_surfaces`)."""
     dataset = _dataset(job.prepared)
     start = time.perf_counter()
     defective = read_binary_volume(_source(dataset, job.defective_points))
-    write_volume(Path(out) / job.case_id / "implant.nrrd", mean_skull_implant(defective, _atlas(job.prepared)))
+    atlas = _atlas(job.prepared, surfaces)
+    write_volume(Path(out) / job.case_id / "implant.nrrd", mean_skull_implant(defective, atlas))
     return {"case_id": job.case_id, "generating_s": time.perf_counter() - start}
