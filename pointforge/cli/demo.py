@@ -41,13 +41,15 @@ class _StageBars:
             if done < self.train_done or self.current != "train":  # a new training phase
                 self.count += 1
             self.current, self.train_done = "train", done
-            for name, step in (info or {}).items():
+            for name, state in (info or {}).items():
+                step, until = state["step"], state["until"]
+                said = f"step {step if step is not None else '…'}"
+                if until is None:  # a time budget: seconds of it
+                    done_of, said_of = (round(done), round(total)), said
+                else:  # a step budget (--train-steps): its steps, so the time left is the steps'
+                    done_of, said_of = (step or 0, until), f"{said} of {until:,}"
                 self.bars.update(
-                    f"{self.count} {name}",
-                    round(done),
-                    total=round(total),
-                    description=f"train {name}",
-                    detail=f"step {step if step is not None else '…'}",
+                    f"{self.count} {name}", done_of[0], total=done_of[1], description=f"train {name}", detail=said_of
                 )
             return
         if stage != self.current:
@@ -122,6 +124,12 @@ def demo(
         help="A raw SkullBreak or SkullFix folder (any size or spacing), or a folder `data prepare` wrote from one, "
         "to run on instead of synthetic skulls (--family, --skulls and --size then do not apply).",
     ),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="Finish the run an earlier demo began in --out (stopped, killed, out of time), with the same options: "
+        "the prepared data, the trained phases and the written test cases are kept.",
+    ),
 ) -> None:
     """The whole system on synthetic data (or your own, --data): data → training → implants → evaluation against a baseline and an oracle → report."""
     from pointforge.implant.demo.run import run_demo
@@ -147,7 +155,7 @@ def demo(
     if train_steps is not None:
         settings.train_steps = _step_pair(train_steps)
     with _StageBars() as bars:
-        result = run_demo(out, settings, log=typer.echo, progress=bars)
+        result = run_demo(out, settings, log=typer.echo, progress=bars, resume=resume)
     _say_result(result, typer.echo)
 
 

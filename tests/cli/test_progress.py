@@ -33,10 +33,10 @@ def test_plain_lines_say_how_far_and_the_time_left_without_flooding(slow_plain):
 def test_demo_bars_one_per_network_while_training_then_per_stage(slow_plain, capsys):
     with _StageBars() as bars:
         bars.bars.plain = True
-        bars("train", 1, 60, {"pcdiff": 3, "voxelizer": None})
-        bars("train", 30, 60, {"pcdiff": 40, "voxelizer": 12})
+        bars("train", 1, 60, {"pcdiff": _at(3), "voxelizer": _at(None)})
+        bars("train", 30, 60, {"pcdiff": _at(40), "voxelizer": _at(12)})
         bars("generate", 1, 2, "1.25 min")
-        bars("train", 1, 120, {"pcdiff": 41, "voxelizer": 13})  # the next phase
+        bars("train", 1, 120, {"pcdiff": _at(41), "voxelizer": _at(13)})  # the next phase
         bars("score", 2, 2, None)
         bars("probe", 1, 4, "3,000 PCDiff and 3,000 voxelizer steps")
     err = capsys.readouterr().err.splitlines()
@@ -48,3 +48,19 @@ def test_demo_bars_one_per_network_while_training_then_per_stage(slow_plain, cap
         "probe the models after 3,000 PCDiff and 3,000 voxelizer steps on validation (cases): 1/4 (25%)"
     )
     assert len(bars.bars.tasks) == 7  # two training phases × two networks, generate, score, probe
+
+
+def _at(step, until=None) -> dict:
+    return {"step": step, "until": until}
+
+
+def test_demo_bars_count_steps_under_a_step_budget(slow_plain, capsys):
+    """With --train-steps each network's bar is its steps of its target (the phase's seconds say nothing of it)."""
+    with _StageBars() as bars:
+        bars.bars.plain = True
+        bars("train", 30, 75, {"pcdiff": _at(500, 2500), "voxelizer": _at(None, 1500)})
+        bars("train", 74, 75, {"pcdiff": _at(2500, 2500), "voxelizer": _at(1500, 1500)})
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("train pcdiff: step 500 of 2,500 (20%)")
+    assert err[1].startswith("train voxelizer: step … of 1,500 (0%)")
+    assert err[2].startswith("train pcdiff: step 2500 of 2,500 (100%)") and len(err) == 4

@@ -8,6 +8,7 @@ end-to-end run (a minute or two) is marked slow.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from pointforge.data.skulls.prepared import PreparedDataset
 from pointforge.data.synthetic.dataset import synthesize
 from pointforge.data.volumes import read_binary_volume
 from pointforge.errors import DataError, UserError
+from pointforge.implant.baseline import Atlas, mean_skull_implant
 from pointforge.implant.demo.budget import TimeSplit
 from pointforge.implant.demo.report import write_report
 from pointforge.implant.demo.run import run_demo
@@ -33,7 +35,7 @@ from pointforge.implant.demo.training import (
     train_side_by_side,
 )
 from pointforge.implant.demo.verdict import case_values, intervals, verdict_sentences
-from pointforge.implant.demo.workers import baseline_case, case_jobs, case_pool, run_cases
+from pointforge.implant.demo.workers import atlas_surfaces, baseline_case, case_jobs, case_pool, run_cases
 from pointforge.implant.demo.worst import why_it_fails, worst_cases
 from pointforge.implant.evaluate import Evaluation, summarise
 from pointforge.tasks.configs import load_train_config
@@ -47,8 +49,10 @@ def test_a_used_folder_and_bad_settings_are_refused(tmp_path):
     used = tmp_path / "used"
     used.mkdir()
     (used / "report.md").write_text("an earlier demo")
-    with pytest.raises(UserError, match="already exists and is not empty"):
+    with pytest.raises(UserError, match="already exists and is not empty.*or --resume"):
         run_demo(used, DemoSettings(minutes=1))
+    with pytest.raises(UserError, match="--resume: .* holds no demo run"):
+        run_demo(used, DemoSettings(minutes=1), resume=True)
     assert (used / "report.md").read_text() == "an earlier demo"
     for settings, message in (
         (DemoSettings(minutes=0), "--minutes"),
@@ -229,17 +233,27 @@ def test_the_time_split_adds_up_to_the_total():
 
 
 def test_the_worker_pool_runs_cases_in_order_and_writes_the_baseline(tmp_path):
+    """The atlas surfaces are computed once on the pool and shared; the implants are those of an atlas
+    built in one process."""
     raw, prepared = tmp_path / "raw", tmp_path / "prepared"
-    synthesize(raw, 2, 64, 0, family="domes")
-    prepare_dataset(raw, prepared, n_points=1000, seed=0, split="0.5,0,0.5", workers=1)
+    synthesize(raw, 3, 64, 0, family="domes")
+    prepare_dataset(raw, prepared, n_points=1000, seed=0, split="0.67,0,0.33", workers=1)
     dataset = PreparedDataset(prepared)
     jobs = case_jobs(dataset, dataset.split("test")[:3])
     seen = []
     with case_pool(2) as pool:
-        results = run_cases(pool, baseline_case, jobs, str(tmp_path / "baseline"), progress=lambda d, n: seen.append(d))
+        surfaces = atlas_surfaces(pool, str(prepared), tmp_path / "baseline" / "atlas_surfaces.npz")
+        base = str(tmp_path / "baseline")
+        results = run_cases(pool, baseline_case, jobs, base, str(surfaces), progress=lambda d, n: seen.append(d))
     assert [r["case_id"] for r in results] == [j.case_id for j in jobs] and seen == [0, 1, 2, 3]
-    for job in jobs:
-        assert read_binary_volume(tmp_path / "baseline" / job.case_id / "implant.nrrd").data.any()
+    with np.load(surfaces) as found:
+        names = found["names"].tolist()
+        assert sorted(names) == sorted({c.skull_id for c in dataset.split("train")}) and len(names) == 2
+    atlas = Atlas.from_prepared(dataset, "train")
+    for job, case in zip(jobs, dataset.split("test")[:3]):
+        written = read_binary_volume(tmp_path / "baseline" / job.case_id / "implant.nrrd").data
+        defective = read_binary_volume(Path(dataset.meta(case.defective)["source"]))
+        assert written.any() and np.array_equal(written, mean_skull_implant(defective, atlas).data)
 
 
 def report_inputs(tmp_path: Path):
@@ -379,6 +393,13 @@ def test_a_tiny_demo_runs_end_to_end(tmp_path):
     assert len(s["worst"]) == 3 and "## The worst test cases, and why" in text
     scored = [w["why"] for w in s["worst"] if w["dsc"] is not None]  # a tiny run's case may have failed
     assert all("is lost by the voxelizer and clean-up" in why and "centred" in why for why in scored)
+
+    # Resumed with other settings: refused, nothing touched; with the same: the same models, the same result.
+    with pytest.raises(UserError, match=r"other settings \(ensemble 2 → 3\)"):
+        run_demo(tmp_path / "demo", replace(settings, ensemble=3), resume=True)
+    again = run_demo(tmp_path / "demo", settings, log=said.append, resume=True).summary
+    assert [c["steps"] for c in again["curve"]] == [c["steps"] for c in s["curve"]]
+    assert again["pipeline_dsc_mean"] == s["pipeline_dsc_mean"] and again["chosen"] == s["chosen"]
 
 
 def test_placement_puts_generated_points_on_the_prepared_grid_of_a_resampled_volume():

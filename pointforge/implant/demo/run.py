@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -24,7 +23,14 @@ from pointforge.implant.demo.scoring import (
     score_test,
     scoring_progress,
 )
-from pointforge.implant.demo.settings import DemoResult, DemoSettings, check_out, make_data
+from pointforge.implant.demo.settings import (
+    DemoResult,
+    DemoSettings,
+    check_out,
+    make_data,
+    record_settings,
+    settings_record,
+)
 from pointforge.implant.demo.training import DEMO_TASKS, demo_config, train_phases
 from pointforge.implant.demo.verdict import beats, intervals
 from pointforge.implant.demo.workers import case_pool
@@ -37,7 +43,7 @@ def _summary(s: DemoSettings, case_ids: list[str], curve: list[dict], test: dict
     chosen = chosen_phase(curve)
     found = intervals(scored, case_ids, seed=s.seed)
     return {
-        "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(s).items()},
+        "settings": settings_record(s),
         "cases": case_ids,
         "curve": [{k: v for k, v in c.items() if k != "val_evaluation"} for c in curve],
         "chosen": chosen,
@@ -107,15 +113,24 @@ def run_demo(
     *,
     log: Callable[[str], None] = print,
     progress=None,
+    resume: bool = False,
 ) -> DemoResult:
-    """Run every stage into ``out``. ``progress(stage, done, total, info)`` reports long stages."""
+    """Run every stage into ``out``. ``progress(stage, done, total, info)`` reports long stages.
+
+    ``resume``: finish the run an earlier call with the same settings began in ``out`` (stopped,
+    killed, out of time): the prepared volumes are kept, each training phase resumes from its last
+    checkpoint (one already trained only starts and stops), the test cases already written are kept,
+    and everything after is done again."""
     s = settings or DemoSettings()
     s.validate()
     for task in DEMO_TASKS:
         demo_config(task, s.config)  # a missing preset is refused now, not after the data stage
     out = Path(out)
-    check_out(out)
+    check_out(out, s, resume=resume)
     out.mkdir(parents=True, exist_ok=True)
+    record_settings(out, s)
+    if resume:
+        log(f"resuming the demo in {out}")
     times, stages = TimeSplit(), {}
     started = t = time.perf_counter()
     with times.timed("data"):
@@ -125,7 +140,7 @@ def run_demo(
 
     t = time.perf_counter()
     with times.timed("training"):
-        kept = train_phases(out, s, prepared, log, progress)
+        kept = train_phases(out, s, prepared, log, progress, resume=resume)
     stages["train_s"] = time.perf_counter() - t
 
     curve, test, scored, base_stats = _score(out, s, kept, (raw, prepared), times, stages, log, progress)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from pointforge.atomic import atomic_write_text
 from pointforge.data.prepare import prepare_dataset
 from pointforge.data.skulls.splits import check_split
 from pointforge.data.synthetic.dataset import FAMILIES, synthesize
@@ -82,9 +83,35 @@ class DemoResult:
     summary: dict = field(default_factory=dict)
 
 
-def check_out(out: Path) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UserError(f"{out} already exists and is not empty; give a new --out (the demo never overwrites results)")
+SETTINGS_FILE = "demo_settings.json"
+
+
+def settings_record(s: DemoSettings) -> dict:
+    """The settings as ``demo_settings.json`` holds them (what a resumed run must match)."""
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(s).items()}
+
+
+def check_out(out: Path, s: DemoSettings, *, resume: bool = False) -> None:
+    """A new (or empty) ``out``; with ``resume``, the folder of an earlier run with the same settings."""
+    if not resume:
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise UserError(
+                f"{out} already exists and is not empty; give a new --out (the demo never overwrites results), "
+                "or --resume to finish the run that wrote it"
+            )
+        return
+    try:
+        earlier = json.loads((out / SETTINGS_FILE).read_text())
+    except (OSError, ValueError):
+        raise UserError(f"--resume: {out} holds no demo run ({SETTINGS_FILE} is missing); drop --resume") from None
+    changed = sorted(k for k, v in settings_record(s).items() if earlier.get(k) != v)
+    if changed:
+        said = ", ".join(f"{k} {earlier.get(k)!r} → {settings_record(s)[k]!r}" for k in changed)
+        raise UserError(f"--resume: {out} was run with other settings ({said}); give the same options, or a new --out")
+
+
+def record_settings(out: Path, s: DemoSettings) -> None:
+    atomic_write_text(out / SETTINGS_FILE, json.dumps(settings_record(s), indent=1))
 
 
 def _already_prepared(prepared: Path, s: DemoSettings, log: Callable[[str], None]) -> tuple[Path, Path]:

@@ -7,6 +7,7 @@ torchrun launcher (:func:`pointforge.train.torchrun.start_torchrun`), the way
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
@@ -15,6 +16,7 @@ from typing import Any, Callable
 
 import yaml
 
+from pointforge.atomic import atomic_path, atomic_write_text
 from pointforge.errors import DataError
 from pointforge.implant.demo.settings import DemoSettings
 from pointforge.tasks.configs import resolve_config_path
@@ -87,11 +89,18 @@ def _status(run_dir: Path) -> dict[str, Any]:
 
 
 def train_side_by_side(
-    jobs: dict[str, list[str]], run_dirs: dict[str, Path], minutes: float, *, progress=None
+    jobs: dict[str, list[str]],
+    run_dirs: dict[str, Path],
+    minutes: float,
+    *,
+    progress=None,
+    until: dict[str, int] | None = None,
 ) -> dict[str, dict]:
     """Run each job (``train`` arguments) as a torchrun job of one process, all at once; wait for all.
 
-    Shows progress; a failed job is one clear error naming its log
+    ``progress(seconds, budget seconds, {name: {"step", "until"}})`` every second: each job's global
+    step and, for a step budget (``until``: the step each job trains to), its target, else None.
+    A failed job is one clear error naming its log
     (``RUNS/<name>.log``). Interrupted, the jobs are asked to stop: each
     worker finishes its step and writes a checkpoint.
     """
@@ -106,7 +115,7 @@ def train_side_by_side(
                 progress(
                     min(time.monotonic() - t0, minutes * 60 * 0.99),
                     minutes * 60,
-                    {n: _status(run_dirs[n]).get("global_step") for n in procs},
+                    {n: _steps(_status(run_dirs[n]), (until or {}).get(n)) for n in procs},
                 )
             time.sleep(1.0)
     except BaseException:
@@ -121,8 +130,12 @@ def train_side_by_side(
         raise DataError(f"training {name} failed (exit {failed[name]}): {_last_words(log)}; full log: {log}")
     final = {n: _status(run_dirs[n]) for n in procs}
     if progress:
-        progress(minutes * 60, minutes * 60, {n: final[n].get("global_step") for n in procs})
+        progress(minutes * 60, minutes * 60, {n: _steps(final[n], (until or {}).get(n)) for n in procs})
     return final
+
+
+def _steps(status: dict[str, Any], until: int | None) -> dict[str, int | None]:
+    return {"step": status.get("global_step"), "until": until}
 
 
 def _log(run_dir: Path, name: str) -> Path:
@@ -137,13 +150,43 @@ def _last_words(log: Path) -> str:
     return said[-1] if said else " | ".join(lines[-3:])
 
 
-def train_phases(out: Path, s: DemoSettings, prepared: Path, log: Callable[[str], None], progress) -> list[dict]:
-    """Stage 2: both models trained side by side in phases; each phase's checkpoints kept (the learning curve)."""
+PHASES_FILE = "phases.json"  # the phases trained so far (their kept checkpoints), written after each
+
+
+def _kept_phases(out: Path, resume: bool) -> list[dict]:
+    """The phases an earlier run in ``out`` finished (``resume``), else none."""
+    path = out / PHASES_FILE
+    if not (resume and path.is_file()):
+        return []
+    try:
+        kept = json.loads(path.read_text())
+    except ValueError:
+        raise DataError(f"{path} is unreadable; delete it to train every phase again") from None
+    missing = [
+        c["checkpoint"] for k in kept for c in (k["pcdiff"], k["voxelizer"]) if not Path(c["checkpoint"]).is_file()
+    ]
+    if missing:
+        raise DataError(f"{missing[0]} (a trained phase's model) is gone; delete {path} to train every phase again")
+    return kept
+
+
+def train_phases(
+    out: Path, s: DemoSettings, prepared: Path, log: Callable[[str], None], progress, *, resume: bool = False
+) -> list[dict]:
+    """Stage 2: both models trained side by side in phases; each phase's checkpoints kept (the learning curve).
+
+    With ``resume``, the phases ``phases.json`` lists as trained are kept as they are, and the next one
+    resumes from its runs' last checkpoints: exactly to its steps under a step budget; under a time
+    budget it trains its share of the minutes again from there (each launch's clock starts at zero)."""
     run_dirs = {task: out / "runs" / task for task in DEMO_TASKS}
     configs = {task: demo_config(task, s.config) for task in DEMO_TASKS}
-    kept: list[dict] = []
+    kept = _kept_phases(out, resume)
     done_fraction = 0.0
     for k, fraction in enumerate(s.phases):
+        if k < len(kept):
+            log(f"[2/7] phase {k + 1}/{len(s.phases)} was trained by the run being resumed: kept")
+            done_fraction = fraction
+            continue
         minutes = (fraction - done_fraction) * s.minutes
         budget = (
             f"{minutes:.2f} min (to {fraction * s.minutes:.2f} of {s.minutes:g} min)"
@@ -164,20 +207,29 @@ def train_phases(out: Path, s: DemoSettings, prepared: Path, log: Callable[[str]
             )
             for i, n in enumerate(run_dirs)
         }
+        until = (
+            None if s.train_steps is None else {n: phase_steps(t, fraction) for n, t in zip(run_dirs, s.train_steps)}
+        )
         status = train_side_by_side(
-            jobs, run_dirs, minutes, progress=(lambda d, n, info: progress("train", d, n, info)) if progress else None
+            jobs,
+            run_dirs,
+            minutes,
+            progress=(lambda d, n, info: progress("train", d, n, info)) if progress else None,
+            until=until,
         )
         snapshot: dict[str, Any] = {"minutes": round(fraction * s.minutes, 3)}
         for name in run_dirs:
             src = Path(status[name].get("last_checkpoint") or run_dirs[name] / "checkpoints" / "latest.pt")
             dst = out / "checkpoints" / f"{name}-{fraction * s.minutes:.2f}min.pt"
             dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, dst)
+            with atomic_path(dst, suffix=".pt") as tmp:
+                shutil.copyfile(src, tmp)
             snapshot[name] = {
                 "checkpoint": str(dst),
                 "step": status[name].get("global_step"),
                 "metrics": status[name].get("metrics", {}),
             }
         kept.append(snapshot)
+        atomic_write_text(out / PHASES_FILE, json.dumps(kept, indent=1))
         done_fraction = fraction
     return kept
