@@ -149,11 +149,9 @@ def demo(
         config=config,
         reach_mm=reach_mm,
         skull_points=skull_points,
+        train_steps=None if train_steps is None else _step_pair(train_steps),
+        split=DemoSettings.split if split is None else split,
     )
-    if split is not None:
-        settings.split = split
-    if train_steps is not None:
-        settings.train_steps = _step_pair(train_steps)
     with _StageBars() as bars:
         result = run_demo(out, settings, log=typer.echo, progress=bars, resume=resume)
     _say_result(result, typer.echo)
