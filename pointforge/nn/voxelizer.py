@@ -11,7 +11,8 @@ The network (as PCDiff's voxelization stage configures Shape-as-Points):
 * decoders: two small ResNet MLPs fed the trilinearly sampled grid features.
   One predicts ``num_offset`` offsets per input point (times ``offset_scale``),
   giving ``num_offset * N`` points; the other predicts a normal at each of them.
-  The points are then clamped to ``[0, clamp_max]`` (0.99 upstream), which keeps
+  With ``max_offset`` set, each offset component is bounded smoothly,
+  ``max_offset * tanh(offset / max_offset)`` (not upstream; see the config). The points are then clamped to ``[0, clamp_max]`` (0.99 upstream), which keeps
   them inside DPSR's domain.
 * DPSR (:mod:`pointforge.nn.dpsr`) turns the oriented points into the indicator
   grid: about +0.5 outside, -0.5 inside.
@@ -93,6 +94,10 @@ class VoxelizerConfig:
     decoder_blocks: int = 5
     num_offset: int = 7
     offset_scale: float = 0.001
+    # A smooth bound on each offset component, in the unit cube; None: unbounded, as upstream. Unbounded, a
+    # voxelizer can fling its points onto the clamp's faces, where the clamp passes no gradient back: every
+    # collapsed run measured had done so (docs/experiments/realskulls.md).
+    max_offset: float | None = None
     normal_normalize: bool = False
     clamp_max: float = 0.99
 
@@ -137,6 +142,16 @@ class VoxelizerConfig:
             raise ConfigError(f"voxelizer config clamp_max must lie in (0, 1), got {self.clamp_max}")
         if self.offset_scale <= 0:
             raise ConfigError(f"voxelizer config offset_scale must be positive, got {self.offset_scale}")
+        bound = self.max_offset
+        if bound is not None and (
+            isinstance(bound, bool)
+            or not isinstance(bound, (int, float))
+            or not 0 < bound < 1
+            or not math.isfinite(bound)
+        ):
+            raise ConfigError(
+                f"voxelizer config max_offset must be a number in (0, 1) (a fraction of the unit cube) or None, got {bound!r}"
+            )
         if self.dpsr_sigma < 0:
             raise ConfigError(f"voxelizer config dpsr_sigma must be >= 0, got {self.dpsr_sigma}")
         for where, channels in _unet_groupnorm_channels(self):
@@ -410,9 +425,12 @@ class VoxelizerNet(nn.Module):
         b, n, _ = points.shape
         k = self.cfg.num_offset
         features = self.encoder(points)
-        offsets = self.decoder_offset(points, features).reshape(b, n * k, 3)
+        offsets = self.cfg.offset_scale * self.decoder_offset(points, features).reshape(b, n * k, 3)
+        bound = self.cfg.max_offset
+        if bound is not None:
+            offsets = bound * torch.tanh(offsets / bound)
         # Each input point's k copies are consecutive, matching the offsets' layout.
-        moved = points[:, :, None, :].expand(b, n, k, 3).reshape(b, n * k, 3) + self.cfg.offset_scale * offsets
+        moved = points[:, :, None, :].expand(b, n, k, 3).reshape(b, n * k, 3) + offsets
         normals = self.decoder_normal(moved, features)
         moved = moved.clamp(0.0, self.cfg.clamp_max)
         if self.cfg.normal_normalize:

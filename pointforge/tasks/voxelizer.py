@@ -259,7 +259,7 @@ class VoxelizerTask(Task):
             return []
         return [
             f"the voxelizer has collapsed: validation IoU {value:.3g} with a solid of {metrics.get('val_fill', 0):.2g} "
-            "times the true volume; such a run did not recover in the runs measured: stop it and train again with another "
-            "train.seed (the collapse follows the seed; a warm-up did not prevent it) or at optim.lr=1e-3 (it kept every "
-            "seed alive at 1,024 points, not at 6,400)"
+            "times the true volume; such a run did not recover in the runs measured (its offsets had flung the points "
+            "onto the grid's faces): stop it and train again with task.model.max_offset=0.05, which bounds the offsets "
+            "and kept every seed measured alive, or with another train.seed"
         ]

@@ -86,6 +86,32 @@ def test_presets_and_overrides_validate():
         VoxelizerConfig.preset("tiny", offset_scale="0.001")
     with pytest.raises(ConfigError, match="dpsr_memory_limit"):
         VoxelizerConfig.preset("tiny", dpsr_memory_limit=-1)
+    for bad in (0.0, 1.5, "0.05", True):
+        with pytest.raises(ConfigError, match="max_offset"):
+            VoxelizerConfig.preset("tiny", max_offset=bad)
+
+
+def test_max_offset_bounds_every_offset_and_keeps_small_ones():
+    # A decoder whose offsets have run away (the collapse: points flung onto the clamp's faces)
+    # stays within max_offset of its input point with the bound, and reaches the faces without it.
+    torch.manual_seed(0)
+    points = _sphere_like_cloud(200, seed=3)
+    free, bounded = VoxelizerNet("tiny"), VoxelizerNet(VoxelizerConfig.preset("tiny", max_offset=0.05))
+    bounded.load_state_dict(free.state_dict())
+    with torch.no_grad():
+        for net in (free, bounded):
+            last = net.decoder_offset.fc_out
+            last.bias.fill_(800.0)
+    far = (free.oriented_points(points)[0].view(1, 200, 7, 3) - points[:, :, None]).abs().amax()
+    near = (bounded.oriented_points(points)[0].view(1, 200, 7, 3) - points[:, :, None]).abs().amax()
+    assert far > 0.2 and near <= 0.05 + 1e-6
+    # Offsets far below the bound move by a fraction of a percent (tanh's slope at zero is one).
+    torch.manual_seed(0)
+    free, bounded = VoxelizerNet("tiny"), VoxelizerNet(VoxelizerConfig.preset("tiny", max_offset=0.05))
+    bounded.load_state_dict(free.state_dict())
+    a, b = free.oriented_points(points)[0], bounded.oriented_points(points)[0]
+    moved = (a - points.repeat_interleave(7, 1)).abs()
+    assert 0 < moved.max() < 0.005 and (a - b).abs().max() <= 0.01 * moved.max()
 
 
 def test_tiny_forward_and_backward_shapes():

@@ -344,5 +344,10 @@ def test_the_frame_is_not_used_in_training_and_a_bare_build_has_none(trained):
 def test_a_collapsed_voxelizer_is_named_with_what_to_do_and_a_working_one_is_not():
     task = get_task("voxelizer")
     said = task.health({"val_iou": 0.0, "val_fill": 0.0001})
-    assert len(said) == 1 and "collapsed" in said[0] and "train.seed" in said[0] and "optim.lr=1e-3" in said[0]
+    assert (
+        len(said) == 1
+        and "collapsed" in said[0]
+        and "train.seed" in said[0]
+        and "task.model.max_offset=0.05" in said[0]
+    )
     assert task.health({"val_iou": 0.45, "val_fill": 1.1}) == [] and task.health({"val_loss": 1.0}) == []
