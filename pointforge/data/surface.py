@@ -107,6 +107,40 @@ def bounding_box(mask: np.ndarray, margin: int = 0) -> tuple[slice, slice, slice
     return x, y, z
 
 
+def downsample_mask(mask: np.ndarray, max_grid: int) -> tuple[np.ndarray, int]:
+    """``mask`` in blocks of ``factor``³ voxels (the fewest that give at most ``max_grid`` per side), a block
+    set where at least a quarter of its voxels are (a grid not divisible by ``factor`` is padded with zeros).
+
+    Only the blocks over the mask's box are counted, in integers: outside it every block is empty."""
+    factor = int(np.ceil(max(mask.shape) / max_grid))
+    if factor <= 1:
+        return mask, 1
+    out = np.zeros([-(-s // factor) for s in mask.shape], dtype=bool)
+    box = bounding_box(mask)
+    if box is None:
+        return out, factor
+    lo = [b.start // factor for b in box]
+    hi = [-(-b.stop // factor) for b in box]
+    part = mask[tuple(slice(a * factor, b * factor) for a, b in zip(lo, hi))]
+    part = np.pad(part, [(0, (b - a) * factor - n) for a, b, n in zip(lo, hi, part.shape)])
+    shp = [b - a for a, b in zip(lo, hi)]
+    blocks = part.view(np.uint8).reshape(shp[0], factor, shp[1], factor, shp[2], factor)
+    counts = blocks.sum(axis=5, dtype=np.int32).sum(axis=3).sum(axis=1)
+    out[tuple(slice(a, b) for a, b in zip(lo, hi))] = 4 * counts >= factor**3  # mean >= 0.25, exactly
+    return out, factor
+
+
+def decimate(vertices: np.ndarray, faces: np.ndarray, max_faces: int) -> tuple[np.ndarray, np.ndarray]:
+    """The mesh with at most ``max_faces`` faces, by quadric error (fast-simplification, through trimesh);
+    unchanged when it has no more."""
+    import trimesh
+
+    if len(faces) <= max_faces:
+        return vertices, faces
+    small = trimesh.Trimesh(vertices, faces, process=False).simplify_quadric_decimation(face_count=max_faces)
+    return np.asarray(small.vertices, dtype=np.float64), np.asarray(small.faces, dtype=np.int64)
+
+
 def make_well_composed(mask: np.ndarray, max_passes: int = 10) -> np.ndarray:
     """Fill the voxels that make 6- and 26-connectivity disagree, in place.
 

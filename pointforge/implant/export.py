@@ -2,8 +2,9 @@
 
 Previews are rendered with matplotlib's 3-D polygons (no display needed): each
 layer is a binary volume turned into a shaded surface mesh. Volumes are
-down-sampled to at most ``max_grid`` voxels per side first so a 512³ case
-renders in seconds; the preview is for looking, not measuring.
+down-sampled to at most ``max_grid`` voxels per side first and each surface
+decimated to at most ``max_faces`` triangles, so a 512³ case renders in
+seconds; the preview is for looking, not measuring.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from pointforge.atomic import atomic_path
-from pointforge.data.surface import bounding_box, volume_to_mesh
+from pointforge.data.surface import decimate, downsample_mask, volume_to_mesh
 
 # (elevation, azimuth, title) for matplotlib's view_init. With the synthetic
 # skulls' convention (axis 0 left→right, axis 1 anterior→posterior, axis 2
@@ -27,6 +28,10 @@ SURGICAL_VIEWS = (
     (80, -90, "superior"),
 )
 
+# Faces per layer in a preview: matplotlib sorts and draws every triangle in every panel (its time grows with
+# them), and a panel a few hundred pixels wide shows no more.
+PREVIEW_FACES = 30_000
+
 
 @dataclass
 class Layer:
@@ -36,29 +41,6 @@ class Layer:
     label: str = ""
     values: np.ndarray | None = None  # optional per-voxel scalar in [0,1] to colour by (e.g. uncertainty)
     cmap: str = "plasma"
-
-
-def _downsample(mask: np.ndarray, max_grid: int) -> tuple[np.ndarray, int]:
-    """``mask`` in blocks of ``factor``³ voxels (the fewest that give at most ``max_grid`` per side), a block
-    set where at least a quarter of its voxels are (a grid not divisible by ``factor`` is padded with zeros).
-
-    Only the blocks over the mask's box are counted, in integers: outside it every block is empty."""
-    factor = int(np.ceil(max(mask.shape) / max_grid))
-    if factor <= 1:
-        return mask, 1
-    out = np.zeros([-(-s // factor) for s in mask.shape], dtype=bool)
-    box = bounding_box(mask)
-    if box is None:
-        return out, factor
-    lo = [b.start // factor for b in box]
-    hi = [-(-b.stop // factor) for b in box]
-    part = mask[tuple(slice(a * factor, b * factor) for a, b in zip(lo, hi))]
-    part = np.pad(part, [(0, (b - a) * factor - n) for a, b, n in zip(lo, hi, part.shape)])
-    shp = [b - a for a, b in zip(lo, hi)]
-    blocks = part.view(np.uint8).reshape(shp[0], factor, shp[1], factor, shp[2], factor)
-    counts = blocks.sum(axis=5, dtype=np.int32).sum(axis=3).sum(axis=1)
-    out[tuple(slice(a, b) for a, b in zip(lo, hi))] = 4 * counts >= factor**3  # mean >= 0.25, exactly
-    return out, factor
 
 
 def _smooth_mesh(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -83,8 +65,9 @@ def _shade(verts: np.ndarray, faces: np.ndarray, base: np.ndarray) -> np.ndarray
     return np.clip(base * lam[:, None], 0, 1)
 
 
-def _layer_meshes(layers: list[Layer], spacing, max_grid: int) -> tuple[list, np.ndarray, np.ndarray]:
-    """Each non-empty layer's triangles (mm) with shaded RGBA colours, and the bounds of all their vertices."""
+def _layer_meshes(layers: list[Layer], spacing, max_grid: int, max_faces: int) -> tuple[list, np.ndarray, np.ndarray]:
+    """Each non-empty layer's triangles (mm, at most ``max_faces``) with shaded RGBA colours, and the bounds
+    of all their vertices."""
     from matplotlib import colormaps
 
     meshes = []
@@ -92,10 +75,10 @@ def _layer_meshes(layers: list[Layer], spacing, max_grid: int) -> tuple[list, np
     for layer in layers:
         if not layer.mask.any():
             continue
-        small, factor = _downsample(layer.mask, max_grid)
+        small, factor = downsample_mask(layer.mask, max_grid)
         if not small.any():
             continue
-        verts, faces = _smooth_mesh(small)
+        verts, faces = decimate(*_smooth_mesh(small), max_faces)
         verts = (verts * factor) * np.asarray(spacing)
         if layer.values is not None:
             vals_small = layer.values[::factor, ::factor, ::factor]
@@ -119,10 +102,13 @@ def _draw_views(fig, meshes: list, views, centre: np.ndarray, half: float) -> No
     """One 3-D panel per view, every mesh in each, all on the same cube around ``centre``."""
     from mpl_toolkits.mplot3d.art3d import Poly3DCollection
 
+    # One collection of every layer's triangles: mplot3d sorts triangles by depth within a collection but
+    # draws whole collections in one order per panel, which hid the implant behind the skull from above.
+    tris = np.concatenate([t for t, _, _ in meshes])
+    colors = np.concatenate([c for _, c, _ in meshes])
     for k, (elev, azim, name) in enumerate(views):
         ax = fig.add_subplot(1, len(views), k + 1, projection="3d")
-        for tris, colors, _ in meshes:
-            ax.add_collection3d(Poly3DCollection(tris, facecolors=colors, edgecolors="none", linewidths=0))
+        ax.add_collection3d(Poly3DCollection(tris, facecolors=colors, edgecolors="none", linewidths=0))
         for i, setter in enumerate((ax.set_xlim, ax.set_ylim, ax.set_zlim)):
             setter(centre[i] - half, centre[i] + half)
         ax.set_box_aspect((1, 1, 1))
@@ -139,6 +125,7 @@ def render_preview(
     views=SURGICAL_VIEWS,
     title: str = "",
     max_grid: int = 128,
+    max_faces: int = PREVIEW_FACES,
     dpi: int = 90,
 ) -> Path:
     """Write a PNG with one panel per view showing every layer's surface. Atomic."""
@@ -147,7 +134,7 @@ def render_preview(
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    meshes, lo, hi = _layer_meshes(layers, spacing, max_grid)
+    meshes, lo, hi = _layer_meshes(layers, spacing, max_grid, max_faces)
     fig = plt.figure(figsize=(4 * len(views), 4.4), dpi=dpi)
     _draw_views(fig, meshes, views, (lo + hi) / 2, (hi - lo).max() / 2 * 1.05)
     handles = [plt.Rectangle((0, 0), 1, 1, color=layer.color) for _, _, layer in meshes if layer.label]

@@ -80,6 +80,21 @@ def test_surfaces_are_in_mm_in_the_scan_space_and_decimated_to_the_budget():
     np.testing.assert_allclose(small_mm.max(0), mm.max(0), atol=2 * SPACING[0])
 
 
+def test_a_mask_wider_than_the_grid_is_marched_on_blocks_where_the_full_mesh_lies(monkeypatch):
+    from scipy.spatial import cKDTree
+
+    g = tiny_generated(size=60)
+    full_verts, full_mm, _ = view.surface_mm(g.defective.data, g.defective, 10**9)
+    monkeypatch.setattr(view, "MAX_GRID", 20)  # the skull's box is about 40 voxels: blocks of 2
+    verts, mm, faces = view.surface_mm(g.defective.data, g.defective, 10**9, mesh=(np.zeros((0, 3)), np.zeros((0, 3))))
+    assert 0 < len(faces) and len(verts) < len(full_verts) / 2  # marched on blocks, the mesh handed over unused
+    np.testing.assert_allclose(mm, verts * np.asarray(SPACING) + np.asarray(ORIGIN))
+    # Every block-surface vertex lies within a block (2 voxels) of a full-surface vertex, and each full-surface
+    # vertex within a block's diagonal step (the coarse vertices are a block apart) of a block-surface one.
+    assert cKDTree(full_verts).query(verts)[0].max() <= 2.0
+    assert cKDTree(verts).query(full_verts)[0].max() <= 1.5 * np.sqrt(2) + 1e-9
+
+
 def test_implant_vertices_take_the_agreement_of_the_voxels_they_bound():
     g = tiny_generated()
     verts, _, _ = view.surface_mm(g.implant, g.defective, 100_000)
