@@ -203,14 +203,14 @@ def _timed_read(clock: StageClock):
     """generate_case's reader, recording the read stage's end."""
     from pointforge.implant import case as case_module
 
-    original = case_module.read_binary_volume
+    original = case_module.read_skull_input
 
     def read(path, **kwargs):
-        volume = original(path, **kwargs)
+        got = original(path, **kwargs)
         clock.boundary("read")
-        return volume
+        return got
 
-    case_module.read_binary_volume = read  # type: ignore[assignment]
+    case_module.read_skull_input = read  # type: ignore[assignment]
 
 
 def run_case(models: Models, case: Path, out: Path, options: GenerateOptions) -> dict:

@@ -55,3 +55,18 @@ def test_stencil_normals_point_out_of_the_bone(paper):
     normals = paper._stencil_normals(shell, np.concatenate([outer, inner]))
     np.testing.assert_allclose(np.linalg.norm(normals, axis=1), 1.0, atol=1e-6)
     assert normals[0, 2] > 0.9 and normals[1, 0] < -0.9 and normals[2, 2] > 0.9
+
+
+def test_the_read_stage_is_timed_on_the_reader_generate_case_calls(paper, tmp_path, monkeypatch):
+    """The benchmark wraps generate_case's reader to mark the read stage's end: the wrapper must be what it calls
+    (a renamed reader once left the benchmark failing before its first stage)."""
+    from pointforge.data.volumes import Volume, write_volume
+    from pointforge.implant import case
+
+    monkeypatch.setattr(case, "read_skull_input", case.read_skull_input)  # restored after the test
+    path = tmp_path / "skull.nrrd"
+    write_volume(path, Volume(shell_mask((24, 24, 24), radii=(9, 9, 9), thickness=2.0)))
+    clock = paper.StageClock()
+    paper._timed_read(clock)
+    volume, series = case.read_skull_input(path)
+    assert "read" in clock.at and volume.data.any() and series is None
