@@ -12,8 +12,9 @@ The network (as PCDiff's voxelization stage configures Shape-as-Points):
   One predicts ``num_offset`` offsets per input point (times ``offset_scale``),
   giving ``num_offset * N`` points; the other predicts a normal at each of them.
   With ``max_offset`` set, each offset component is bounded smoothly,
-  ``max_offset * tanh(offset / max_offset)`` (not upstream; see the config). The points are then clamped to ``[0, clamp_max]`` (0.99 upstream), which keeps
-  them inside DPSR's domain.
+  ``max_offset * tanh(offset / max_offset)`` (not upstream; see the config).
+  The points are then clamped to ``[0, clamp_max]`` (0.99 upstream), which
+  keeps them inside DPSR's domain.
 * DPSR (:mod:`pointforge.nn.dpsr`) turns the oriented points into the indicator
   grid: about +0.5 outside, -0.5 inside.
 
