@@ -24,6 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from pointforge.atomic import atomic_path
+from pointforge.data.nrrd_deflate import write_gzip_nrrd
 from pointforge.errors import DataError
 
 NRRD_SUFFIXES = (".nrrd", ".nhdr")
@@ -262,8 +263,6 @@ def write_volume(
 
 
 def _write_nrrd(tmp: str, data: np.ndarray, volume: Volume, compression_level: int) -> None:
-    import nrrd
-
     kept = dict(volume.header.get("nrrd", {})) if volume.header.get("format") == "nrrd" else {}
     # Fields that describe the data itself are rewritten from the array; the rest is kept.
     for key in (
@@ -285,16 +284,16 @@ def _write_nrrd(tmp: str, data: np.ndarray, volume: Volume, compression_level: i
     ):
         kept.pop(key, None)
     header = dict(kept)
-    header["encoding"] = "gzip"
     header["space"] = volume.header.get("nrrd", {}).get("space", "left-posterior-superior")
     header["kinds"] = ["domain", "domain", "domain"]
     direction = np.asarray(volume.direction, dtype=np.float64)
     header["space directions"] = (direction * np.asarray(volume.spacing, dtype=np.float64)[None, :]).T
     header["space origin"] = np.asarray(volume.origin, dtype=np.float64)
-    # NRRD stores the first axis fastest. Handing pynrrd the transposed array in C order writes the
-    # same bytes as index_order="F" would, without its whole-volume transposing copy (tobytes("F"),
-    # several times slower than the blocked copy at 512³: docs/experiments/implant.md).
-    nrrd.write(tmp, transposed_copy(data), header, index_order="C", compression_level=compression_level)
+    # NRRD stores the first axis fastest. The transposed array in C order holds the same bytes as
+    # pynrrd's index_order="F" would write, without its whole-volume transposing copy (tobytes("F"),
+    # several times slower than the blocked copy at 512³: docs/experiments/implant.md); it is
+    # deflated by ISA-L in place, under pynrrd's header (pointforge.data.nrrd_deflate).
+    write_gzip_nrrd(tmp, transposed_copy(data), header, compression_level)
 
 
 def transposed_copy(data: np.ndarray, block: int = 16) -> np.ndarray:

@@ -1,9 +1,12 @@
+import gzip
 import re
+import zlib
 
 import nrrd
 import numpy as np
 import pytest
 
+from pointforge.data.nrrd_deflate import deflate_backend
 from pointforge.data.volumes import (
     Volume,
     nonzero_box,
@@ -153,9 +156,30 @@ def _without_write_time(content: bytes) -> bytes:
     return b"\n".join(lines[: stamped[0]] + lines[stamped[0] + 1 :])
 
 
+def _split(path) -> tuple[bytes, bytes]:
+    """An attached NRRD file's header (up to its blank line) and its data bytes."""
+    raw = path.read_bytes()
+    end = raw.index(b"\n\n") + 2
+    return raw[:end], raw[end:]
+
+
+def test_nrrd_data_is_deflated_by_isal_as_one_gzip_member(tmp_path):
+    """The gzip stream is ISA-L's (python-isal is a dependency), one member, and pynrrd reads it back."""
+    data = np.zeros((64, 64, 64), dtype=np.uint8)
+    data[10:50, 20:30, 5:60] = 1
+    path = write_volume(tmp_path / "m.nrrd", data)
+    head, body = _split(path)
+    assert deflate_backend() == "isal" and b"encoding: gzip\n" in head and b"encoding: raw" not in head
+    decompressor = zlib.decompressobj(zlib.MAX_WBITS | 16)
+    assert decompressor.decompress(body) == transposed_copy(data).tobytes() and decompressor.eof
+    assert decompressor.unused_data == b""
+    assert np.array_equal(read_volume(path).data, data)
+
+
 @pytest.mark.parametrize("dtype", [np.uint8, np.float32, np.uint16])
 def test_nrrd_files_hold_the_bytes_pynrrd_writes_in_fortran_order(tmp_path, dtype):
-    """The blocked transposed copy handed to pynrrd in C order gives the very file index_order='F' gives."""
+    """The blocked transposed copy handed to pynrrd in C order, deflated by ISA-L, gives the header and (inflated)
+    the data bytes pynrrd's own index_order='F' file gives."""
     data = (np.random.default_rng(0).random((37, 20, 45)) * 200).astype(dtype)
     ours = write_volume(tmp_path / "ours.nrrd", data, spacing=(0.5, 0.6, 0.7), compression_level=1)
     header = nrrd.read_header(str(ours))
@@ -163,7 +187,9 @@ def test_nrrd_files_hold_the_bytes_pynrrd_writes_in_fortran_order(tmp_path, dtyp
     nrrd.write(str(tmp_path / "plain.nrrd"), data, header, index_order="F", compression_level=1)
     # pynrrd stamps the second of writing into a comment line ("# on 2026-11-25 19:56:32(GMT)."), which differs
     # when the two writes straddle a second; every other byte must be the same.
-    assert _without_write_time(ours.read_bytes()) == _without_write_time((tmp_path / "plain.nrrd").read_bytes())
+    (our_head, our_body), (head, body) = (_split(p) for p in (ours, tmp_path / "plain.nrrd"))
+    assert _without_write_time(our_head) == _without_write_time(head)
+    assert gzip.decompress(our_body) == gzip.decompress(body)
     back = read_volume(ours).data
     assert back.flags.c_contiguous and np.array_equal(back, data)
 
