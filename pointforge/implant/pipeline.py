@@ -58,7 +58,7 @@ from pointforge.errors import DataError
 from pointforge.implant.memory import check_generate_memory
 from pointforge.implant.models import Models
 from pointforge.implant.options import GenerateOptions
-from pointforge.implant.postprocess import implant_and_agreement
+from pointforge.implant.postprocess import implant_and_agreement, read_region
 from pointforge.implant.proposals import complete, inside_volume, proposal_sampler
 from pointforge.implant.timing import timed
 from pointforge.implant.voxelize import Cube, points_to_volume, solve_resolution
@@ -265,7 +265,8 @@ def _solve_resolution(work: Volume, models: Models, options: GenerateOptions, cu
 
 
 def _voxelize(dense, skull_pts, work: Volume, models: Models, options: GenerateOptions, progress, cube) -> list:
-    """One completed-skull volume per proposal: a fresh skull subsample plus the proposal, through the voxelizer.
+    """One completed-skull volume per proposal: a fresh skull subsample plus the proposal, through the voxelizer,
+    filled in only inside the box post-processing reads (:func:`~pointforge.implant.postprocess.read_region`).
 
     The skull part has ``options.skull_points`` points, by default ``voxelizer n_points - n_implant`` (at
     least PCDiff's ``n_skull``), as many as the voxelizer was trained on; ``cube``: its unit cube on
@@ -276,11 +277,15 @@ def _voxelize(dense, skull_pts, work: Volume, models: Models, options: GenerateO
     )
     rng = np.random.default_rng(int(options.seed))
     resolution = _solve_resolution(work, models, options, cube)
+    # Only the box the clean-up reads is filled in: the rest would change no output voxel.
+    region = read_region(dense, work.shape, spacing=work.spacing)
     completed = []
     for k, proposal in enumerate(dense):
         take = rng.choice(len(skull_pts), size=min(n_vox_skull, len(skull_pts)), replace=False)
         points = np.concatenate([skull_pts[take], proposal], axis=0)
-        vol = points_to_volume(models.voxelizer, points, work, resolution=resolution, device=models.device, cube=cube)
+        vol = points_to_volume(
+            models.voxelizer, points, work, resolution=resolution, device=models.device, cube=cube, region=region
+        )
         completed.append(vol.data)
         if progress:
             progress("voxelize", k + 1, len(dense))

@@ -281,6 +281,32 @@ def _clean_margin(radius: int) -> int:
     return max(_MARGIN, 4 * int(radius) + 2)
 
 
+def _read_by(shape: tuple[int, ...], points_vox: np.ndarray, radius: int, dilate: int, radius_factor: float):
+    """The box of the proposals :func:`implant_from_proposals` reads for these points (None: none)."""
+    centre, ball_radius = _ball(points_vox, radius_factor)
+    box = _ball_box(shape, centre, ball_radius, _clean_margin(radius))
+    if box is None:
+        return None
+    return tuple(slice(max(0, b.start - dilate - 1), min(n, b.stop + dilate + 1)) for b, n in zip(box, shape))
+
+
+def read_region(
+    points_vox: np.ndarray, shape: tuple[int, ...], *, spacing=None, radius_factor: float = 1.1
+) -> tuple[slice, ...]:
+    """The box of the completed skulls that :func:`implant_and_agreement` reads for the proposals' implant
+    points ``[n, P, 3]``: the vote's (all the points, dilated) and each proposal's own (undilated). Whatever
+    the completed skulls hold outside it, the implant, the own implants and the agreement map are the same,
+    so the voxelizer need not fill it (an empty box when no ball meets the volume)."""
+    radius = 1 if spacing is None else morphology_radius(spacing)
+    points = np.asarray(points_vox, dtype=np.float64)
+    boxes = [_read_by(shape, points.reshape(-1, 3), radius, radius, radius_factor)]
+    boxes += [_read_by(shape, p, radius, 0, radius_factor) for p in points]
+    found = [b for b in boxes if b is not None]
+    if not found:
+        return tuple(slice(0, 0) for _ in shape)
+    return tuple(slice(min(b[a].start for b in found), max(b[a].stop for b in found)) for a in range(len(shape)))
+
+
 def _vote_in(props: list[np.ndarray], box: tuple[slice, ...], dilate: int) -> Vote:
     """:func:`majority_vote` restricted to ``box``: each proposal cut to the box plus the dilation's reach."""
     if not props:

@@ -58,6 +58,7 @@ __all__ = [
     "points_to_volume",
     "field_to_mesh",
     "resample_inside",
+    "Region",
 ]
 
 _BELOW_ONE = float(np.nextafter(np.float32(1), np.float32(0)))
@@ -238,55 +239,97 @@ def _axis_weights(
     return low, high, weight, inside
 
 
+Region = tuple[slice, slice, slice]  # a box of voxels: (slice(start, stop),) * 3
+
+
+def _check_region(region: Any, shape: tuple[int, int, int]) -> Region:
+    """``region`` as three clipped slices of ``shape`` (the whole volume when None)."""
+    if region is None:
+        return (slice(0, shape[0]), slice(0, shape[1]), slice(0, shape[2]))
+    if len(region) != 3 or any(not isinstance(r, slice) or r.step not in (None, 1) for r in region):
+        raise DataError(f"region must be three slices without steps, got {region!r}")
+    found = tuple(slice(*r.indices(n)[:2]) for r, n in zip(region, shape))
+    return found  # type: ignore[return-value]
+
+
 def resample_inside(
-    field: torch.Tensor, volume_shape: Any, *, chunk_voxels: int = 1 << 22, cube: Cube | None = None
+    field: torch.Tensor,
+    volume_shape: Any,
+    *,
+    chunk_voxels: int = 1 << 22,
+    cube: Cube | None = None,
+    region: Region | None = None,
 ) -> np.ndarray:
     """Bool mask of ``volume_shape``: the field (on the unit cube) interpolated at each voxel centre, ≤ 0.
 
     Trilinear and separable, slab by slab along the first axis on the field's
     device: the temporaries stay near 6 × ``chunk_voxels`` floats (about 100 MB by default).
     ``cube``: where the unit cube lies (module docs; default the volume's own); voxels outside
-    a given cube are outside.
+    a given cube are outside. ``region``: only the voxels of this box are interpolated (every
+    one of them as the whole volume's would be); the rest of the mask is False.
     """
     shape = _check_shape(volume_shape)
     if field.dim() != 3:
         raise DataError(f"the field must be a 3-D grid, got shape {tuple(field.shape)}")
+    box = _check_region(region, shape)
+    out = np.zeros(shape, dtype=bool)
     if cube is None and all(n == unit_cube_scale(shape) for n in field.shape):
         # Solved at the volume's own resolution: voxel v reads node v exactly (interpolation weight
         # 0), so the interpolation is the field itself, cut to the volume: one comparison.
-        return (field[: shape[0], : shape[1], : shape[2]] <= 0).cpu().numpy()
-    return _interpolate_inside(field, shape, chunk_voxels, cube)
+        out[box] = (field[box] <= 0).cpu().numpy()
+        return out
+    _interpolate_inside(field, shape, chunk_voxels, cube, box, out)
+    return out
+
+
+def _nodes_read(weights: tuple) -> tuple:
+    """One axis's (low, high, weight, inside) with the node indices made relative to the span of nodes
+    they read, and that span (a slice of the field's axis) appended."""
+    low, high, weight, inside = weights
+    first, last = int(low.min()), int(high.max())
+    return low - first, high - first, weight, inside, slice(first, last + 1)
 
 
 def _interpolate_inside(
-    field: torch.Tensor, shape: tuple[int, int, int], chunk_voxels: int, cube: Cube | None = None
-) -> np.ndarray:
+    field: torch.Tensor,
+    shape: tuple[int, int, int],
+    chunk_voxels: int,
+    cube: Cube | None,
+    box: Region,
+    out: np.ndarray,
+) -> None:
     scale = unit_cube_scale(shape) if cube is None else float(cube.side)
     corner = (0.0, 0.0, 0.0) if cube is None else cube.corner
     device = field.device
     field = field.float()
-    ax0, ax1, ax2 = (_axis_weights(shape[a], field.shape[a], scale, device, corner[a]) for a in range(3))
-    widest = shape[1] * max(shape[2], field.shape[2])
+    ax0, ax1, ax2 = (
+        tuple(t[box[a]] for t in _axis_weights(shape[a], field.shape[a], scale, device, corner[a])) for a in range(3)
+    )
+    if min(b.stop - b.start for b in box) == 0:
+        return
+    # Only the field nodes the region's voxels read along axes 1 and 2 (all of them for the whole volume).
+    ax1, ax2 = _nodes_read(ax1), _nodes_read(ax2)
+    field = field[:, ax1[4], ax2[4]]
+    size = [b.stop - b.start for b in box]
+    widest = max(size[1], field.shape[1]) * max(size[2], field.shape[2])
     slab = max(1, int(chunk_voxels) // max(1, widest))
-    out = np.empty(shape, dtype=bool)
-    for start in range(0, shape[0], slab):
-        stop = min(start + slab, shape[0])
+    for start in range(0, size[0], slab):
+        stop = min(start + slab, size[0])
         lo, hi, w, _ = (t[start:stop] for t in ax0)
         rows = torch.lerp(field.index_select(0, lo), field.index_select(0, hi), w[:, None, None])
         # Advanced indexing gathers along inner axes about twice as fast as index_select.
-        lo, hi, w, _ = ax1
+        lo, hi, w, _, _ = ax1
         rows = torch.lerp(rows[:, lo], rows[:, hi], w[None, :, None])
-        lo, hi, w, _ = ax2
+        lo, hi, w, _, _ = ax2
         rows = torch.lerp(rows[:, :, lo], rows[:, :, hi], w[None, None, :])
-        out[start:stop] = (rows <= 0).cpu().numpy()
+        out[box[0].start + start : box[0].start + stop, box[1], box[2]] = (rows <= 0).cpu().numpy()
     if cube is not None:  # beyond the cube the field says nothing (it is periodic): outside
         for axis, weights in enumerate((ax0, ax1, ax2)):
-            outside = np.flatnonzero(~weights[3].cpu().numpy())
+            outside = np.flatnonzero(~weights[3].cpu().numpy()) + box[axis].start
             if outside.size:
                 index: list[Any] = [slice(None)] * 3
                 index[axis] = outside
                 out[tuple(index)] = False
-    return out
 
 
 def points_to_volume(
@@ -300,13 +343,15 @@ def points_to_volume(
     memory_limit: float | None = None,
     chunk_voxels: int = 1 << 22,
     cube: Cube | None = None,
+    region: Region | None = None,
 ) -> Volume:
     """The solid the points enclose, as a binary (bool) volume on ``reference``'s grid.
 
     Same shape, spacing, origin, direction and kept header as ``reference``;
     inside where the interpolated field is ≤ 0. Options as in
     :func:`points_to_field`; ``chunk_voxels`` bounds the interpolation's
-    temporaries, ``cube`` places the unit cube (module docs).
+    temporaries, ``cube`` places the unit cube (module docs). ``region``: the box of
+    voxels a caller will read (:func:`resample_inside`); outside it the volume is False.
     """
     if not isinstance(reference, Volume):
         raise DataError(
@@ -322,7 +367,7 @@ def points_to_volume(
         memory_limit=memory_limit,
         cube=cube,
     )
-    mask = resample_inside(field, reference.shape, chunk_voxels=chunk_voxels, cube=cube)
+    mask = resample_inside(field, reference.shape, chunk_voxels=chunk_voxels, cube=cube, region=region)
     del field
     return reference.with_data(mask)
 

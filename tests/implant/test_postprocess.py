@@ -182,6 +182,32 @@ def test_implant_and_agreement_is_the_serial_chain_and_the_whole_volume_mean():
     assert np.array_equal(only, voted) and none == [] and no_map is None and set(alone_timings) == {"vote_s"}
 
 
+@pytest.mark.parametrize("spacing", [(0.45,) * 3, (1.0,) * 3])
+def test_the_completed_skulls_outside_the_read_region_change_nothing(spacing):
+    """What the voxelizer may leave unfilled: whatever the completed skulls hold outside read_region, the
+    voted implant, each proposal's own and the agreement map are the same (here: noise there instead)."""
+    complete = shell_mask((72, 72, 72), radii=(30, 28, 26), thickness=6)
+    cut = np.zeros_like(complete)
+    cut[20:40, 22:44, 50:] = True
+    implant, defective = complete & cut, complete & ~cut
+    rng = np.random.default_rng(5)
+    proposals = [complete & (rng.random(complete.shape) > 0.05) for _ in range(3)]
+    points = np.stack([np.argwhere(implant)[rng.choice(int(implant.sum()), 200)] + k for k in range(3)]).astype(float)
+    region = pp.read_region(points, complete.shape, spacing=spacing)
+    inside = np.zeros(complete.shape, dtype=bool)
+    inside[region] = True
+    assert 0 < inside.sum() < 0.6 * inside.size  # the region is a part of the volume
+    noisy = [np.where(inside, p, rng.random(p.shape) > 0.5) for p in proposals]
+    for each in (True, False):
+        want = pp.implant_and_agreement(proposals, defective, points, spacing=spacing, components=0.2, each=each)
+        got = pp.implant_and_agreement(noisy, defective, points, spacing=spacing, components=0.2, each=each)
+        assert np.array_equal(want[0], got[0]) and want[0].any()
+        assert all(np.array_equal(a, b) for a, b in zip(want[1], got[1])) and len(want[1]) == len(got[1])
+        assert (want[2] is None and got[2] is None) or np.array_equal(want[2], got[2])
+    missing = pp.read_region(points + 500.0, complete.shape, spacing=spacing)
+    assert all(r.stop - r.start == 0 for r in missing)
+
+
 def test_agreement_map_of_implants_in_far_apart_corners():
     """The counting box is the hull of every implant's box: implants at opposite corners are both counted."""
     own = [np.zeros((20, 30, 25), bool) for _ in range(3)]

@@ -138,7 +138,31 @@ def test_a_field_at_the_volumes_resolution_is_only_thresholded(shape):
 
     field = torch.randn(16, 16, 16, generator=torch.Generator().manual_seed(1))
     fast = resample_inside(field, shape)
-    assert fast.shape == shape and np.array_equal(fast, _interpolate_inside(field, shape, 1 << 22))
+    slow = np.zeros(shape, dtype=bool)
+    _interpolate_inside(field, shape, 1 << 22, None, tuple(slice(0, n) for n in shape), slow)
+    assert fast.shape == shape and np.array_equal(fast, slow)
+
+
+@pytest.mark.parametrize("cube", [None, (2.5, -1.0, 3.0, 20.0)])
+@pytest.mark.parametrize("field_side", [16, 40])
+def test_a_region_gives_the_whole_volumes_voxels_inside_it_and_nothing_outside(cube, field_side):
+    """The pipeline asks only for the box its clean-up reads: inside it every voxel is the whole volume's
+    (interpolated or, at the volume's own resolution, thresholded), outside it none is inside."""
+    from pointforge.implant.voxelize import Cube
+
+    field = torch.randn(field_side, field_side, field_side, generator=torch.Generator().manual_seed(2)) * 0.3
+    shape = (30, 40, 25) if field_side == 16 else (40, 40, 40)
+    placed = None if cube is None else Cube(corner=cube[:3], side=cube[3])
+    whole = resample_inside(field, shape, cube=placed)
+    for region in [(slice(3, 17), slice(0, 40), slice(9, 10)), (slice(5, 6), slice(7, 30), slice(0, 25))]:
+        part = resample_inside(field, shape, cube=placed, region=region, chunk_voxels=64)
+        assert np.array_equal(part[region], whole[region]) and part[region].any()
+        part[region] = False
+        assert not part.any()
+    empty = resample_inside(field, shape, region=(slice(4, 4), slice(0, 9), slice(0, 9)))
+    assert not empty.any()
+    with pytest.raises(DataError, match="region must be three slices"):
+        resample_inside(field, shape, region=(slice(0, 9, 2), slice(0, 9), slice(0, 9)))
 
 
 def test_points_are_scaled_like_the_training_data():
