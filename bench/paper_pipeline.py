@@ -19,6 +19,15 @@ case's true implant (so the sampler lands on it), the voxelizer returns the
 true surface normals of the complete skull at its points. ``--raw-outputs``
 keeps the random outputs instead.
 
+Teacher and student. Each run times the teacher's pipeline (``--sampler``/``--steps``,
+default `generate`'s DDIM-7) and its few-step student's (``--student``, a
+``pointforge train pcdiff_student`` checkpoint; without one, a student of the
+random teacher with ``--student-calls`` calls, idealised the same way, so both
+land on the same implant), alternated ``--repeats`` times; it prints both
+tables of medians, the stages side by side, the ratio student / teacher end to
+end and how many voxels the two implants differ by (``--no-student``: the
+teacher alone).
+
 Stages (the timings :func:`generate_implant` and :func:`write_case` record):
 read, surface, sample (also seconds per sampler step: the first, and the
 median of the rest), voxelize (per proposal), postprocess (split into the vote
@@ -34,9 +43,9 @@ what `pointforge generate` uses,
 ``--device cuda``: THAT BRANCH HAS NOT BEEN RUN (no GPU was available; the
 issue's goal there is 20 s on an H100).
 
-    python bench/paper_pipeline.py [--sampler ddim --steps 10] [--ensemble 5] [--threads N]
-                                   [--pcdiff CK --voxelizer CK] [--raw-outputs] [--label NAME]
-                                   [--keep DIR] [--device cpu|cuda]
+    python bench/paper_pipeline.py [--sampler ddim --steps 10] [--ensemble 5] [--threads N] [--repeats 3]
+                                   [--pcdiff CK --voxelizer CK --student CK] [--student-calls 2]
+                                   [--no-student] [--raw-outputs] [--label NAME] [--keep DIR] [--device cpu|cuda]
 
 Writes ``bench/results/paper_pipeline[-LABEL].json``.
 """
@@ -96,6 +105,18 @@ def random_checkpoint(task: str, config: str, path: Path) -> Path:
     torch.manual_seed(0)
     model = get_task(task).build_model(cfg.task)
     ck.save_checkpoint(path, {"task": task, "config": to_dict(cfg), "model": ck.model_state(model)})
+    return path
+
+
+def random_student(teacher: Path, calls: int, path: Path) -> Path:
+    """A few-step student checkpoint of ``teacher`` (same weights, ``calls`` DDIM calls): what
+    ``pointforge train pcdiff_student`` writes, loaded the same way; its cost per call is the teacher's."""
+    preset = REPO / "pointforge" / "configs" / "pcdiff_student" / "demo.yaml"
+    cfg = load_train_config("pcdiff_student", preset, [f"task.teacher={teacher}", f"task.calls={calls}"])
+    ckpt = ck.load_checkpoint(teacher)
+    config = to_dict(cfg)
+    config["task"]["teacher_task"] = ckpt["config"]["task"]
+    ck.save_checkpoint(path, {"task": "pcdiff_student", "config": config, "model": ckpt["model"]})
     return path
 
 
@@ -241,10 +262,14 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pcdiff", type=Path, help="a PCDiff checkpoint (default: the paper preset, random weights)")
     parser.add_argument("--voxelizer", type=Path, help="a voxelizer checkpoint (default: the paper preset, random)")
+    parser.add_argument("--student", type=Path, help="its few-step student (default: one of --student-calls calls)")
+    parser.add_argument("--student-calls", type=int, default=1, help="calls of the default student (random weights)")
+    parser.add_argument("--no-student", action="store_true", help="time the teacher alone")
     parser.add_argument("--raw-outputs", action="store_true", help="keep random networks' outputs (no ideal wrapper)")
-    parser.add_argument("--sampler", default="ddim")
-    parser.add_argument("--steps", type=int, default=None, help="sampler steps (default: generate's)")
+    parser.add_argument("--sampler", default="ddim", help="the teacher's sampler")
+    parser.add_argument("--steps", type=int, default=None, help="the teacher's sampler steps (default: generate's)")
     parser.add_argument("--ensemble", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each, alternated; the table shows medians")
     parser.add_argument("--size", type=int, default=512, help="the synthetic case's side in voxels")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the available cores)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (the CUDA branch has not been run)")
@@ -254,13 +279,21 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def _models(args: argparse.Namespace, work: Path, complete: np.ndarray, implant: np.ndarray) -> Models:
+def _variants(args: argparse.Namespace, work: Path, complete: np.ndarray, implant: np.ndarray) -> dict:
+    """The teacher (its sampler) and, unless ``--no-student``, its student: {name: (models, options)}."""
     pcdiff = args.pcdiff or random_checkpoint("pcdiff", "paper.yaml", work / "pcdiff-paper-random.pt")
     voxelizer = args.voxelizer or random_checkpoint("voxelizer", "paper.yaml", work / "voxelizer-paper-random.pt")
-    models = load_models(pcdiff, voxelizer, device=args.device)
-    if args.pcdiff is None and args.voxelizer is None and not args.raw_outputs:
-        models = idealise(models, complete, implant, args.seed)
-    return models
+    ideal = args.pcdiff is None and args.voxelizer is None and not args.raw_outputs
+    common = dict(ensemble=args.ensemble, seed=args.seed)
+    chosen = {"teacher": (pcdiff, GenerateOptions(sampler=args.sampler, steps=args.steps, **common))}
+    if not args.no_student:
+        student = args.student or random_student(pcdiff, args.student_calls, work / "pcdiff-student-random.pt")
+        chosen["student"] = (student, GenerateOptions(sampler="ddim", steps=None, **common))
+    variants = {}
+    for name, (checkpoint, options) in chosen.items():
+        models = load_models(checkpoint, voxelizer, device=args.device)
+        variants[name] = (idealise(models, complete, implant, args.seed) if ideal else models, options)
+    return variants
 
 
 def _dsc(out: Path, implant: np.ndarray) -> float:
@@ -268,6 +301,22 @@ def _dsc(out: Path, implant: np.ndarray) -> float:
 
     found = read_binary_volume(out / "implant.nrrd").data
     return float(2 * (found & implant).sum() / max(int(found.sum() + implant.sum()), 1))
+
+
+def _implant(out: Path) -> np.ndarray:
+    from pointforge.data.volumes import read_binary_volume
+
+    return read_binary_volume(out / "implant.nrrd").data
+
+
+def median_run(runs: list[dict]) -> dict:
+    """Per stage and part, the median seconds over ``runs``; the first run's peaks and per-step times."""
+    first = runs[0]
+    return {
+        **first,
+        "seconds": {k: statistics.median(r["seconds"][k] for r in runs) for k in first["seconds"]},
+        "parts_s": {k: statistics.median(r["parts_s"][k] for r in runs) for k in first["parts_s"]},
+    }
 
 
 def report_table(result: dict) -> None:
@@ -283,9 +332,19 @@ def report_table(result: dict) -> None:
     print("parts: " + ", ".join(f"{k} {v:.2f} s" for k, v in result["parts_s"].items()))
 
 
+def compare_table(teacher: dict, student: dict) -> float:
+    """Both pipelines' median stage seconds side by side; returns student / teacher end to end."""
+    rows = [[s, teacher["seconds"][s], student["seconds"][s]] for s in (*STAGES, "total")]
+    print_table(["stage (median s)", "teacher", "student"], rows)
+    ratio = student["seconds"]["total"] / teacher["seconds"]["total"]
+    print(f"student / teacher end to end: {ratio:.2f}")
+    return ratio
+
+
 def main() -> None:
     args = parse_args()
     threads = use_threads(args.threads)
+    runs: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as scratch:
         work = args.keep or Path(scratch)
         work.mkdir(parents=True, exist_ok=True)
@@ -294,21 +353,41 @@ def main() -> None:
         print(
             f"case: {args.size}³ synthetic skull, implant {int(implant.sum())} voxels ({time.perf_counter() - t:.0f} s)"
         )
-        models = _models(args, work, complete, implant)
-        options = GenerateOptions(ensemble=args.ensemble, sampler=args.sampler, steps=args.steps, seed=args.seed)
-        result = run_case(models, case, work / "out", options)
-        result["dsc_to_true_implant"] = _dsc(work / "out", implant)
-    report_table(result)
-    print(f"DSC of the result against the true implant: {result['dsc_to_true_implant']:.3f}")
+        variants = _variants(args, work, complete, implant)
+        for k in range(args.repeats):
+            for name, (models, options) in variants.items():
+                print(f"{name}, run {k + 1} of {args.repeats}:")
+                result = run_case(models, case, work / f"out-{name}", options)
+                result["dsc_to_true_implant"] = _dsc(work / f"out-{name}", implant)
+                runs.setdefault(name, []).append(result)
+        differ = None
+        if "student" in variants:  # the same implant voxel for voxel when the networks' outputs are the same
+            differ = int((_implant(work / "out-teacher") != _implant(work / "out-student")).sum())
+    medians = {name: median_run(found) for name, found in runs.items()}
+    for name, result in medians.items():
+        print(f"\n{name} ({args.repeats} run(s), medians):")
+        report_table(result)
+        print(f"DSC of the result against the true implant: {result['dsc_to_true_implant']:.3f}")
+    ratio = compare_table(medians["teacher"], medians["student"]) if "student" in medians else None
+    if differ is not None:
+        print(f"voxels where the two implants differ: {differ}")
     record = {
         "machine": machine(),
         "threads": threads,
         "device": args.device,
         "argv": sys.argv[1:],
         "ideal_outputs": args.pcdiff is None and args.voxelizer is None and not args.raw_outputs,
-        "options": dataclasses.asdict(options),
-        "models": models.describe(),
-        **result,
+        "variants": {
+            name: {
+                "options": dataclasses.asdict(variants[name][1]),
+                "models": variants[name][0].describe(),
+                "median": medians[name],
+                "runs": runs[name],
+            }
+            for name in variants
+        },
+        "student_over_teacher": ratio,
+        "implant_voxels_differing": differ,
     }
     name = "paper_pipeline" + (f"-{args.label}" if args.label else "")
     print(f"wrote {write_json(name, record)}")

@@ -70,3 +70,18 @@ def test_the_read_stage_is_timed_on_the_reader_generate_case_calls(paper, tmp_pa
     paper._timed_read(clock)
     volume, series = case.read_skull_input(path)
     assert "read" in clock.at and volume.data.any() and series is None
+
+
+def test_the_random_student_loads_as_a_student_of_its_teacher_with_its_weights(paper, tmp_path):
+    """The side-by-side run's default student: a pcdiff_student checkpoint that load_pcdiff reads as a
+    one-call student of DDIM-7, with the teacher's task section and weights (so each call costs the same)."""
+    from pointforge.inference.pcdiff import load_pcdiff
+
+    teacher = paper.random_checkpoint("pcdiff", "tiny.yaml", tmp_path / "teacher.pt")
+    student = load_pcdiff(paper.random_student(teacher, 2, tmp_path / "student.pt"))
+    plain = load_pcdiff(teacher)
+    assert student.student is not None and student.student.calls == 2 and plain.student is None
+    assert (student.student.teacher_sampler, student.student.teacher_steps) == ("ddim", 7)
+    assert student.config == plain.config
+    for (name, a), (_, b) in zip(student.model.state_dict().items(), plain.model.state_dict().items()):
+        assert torch.equal(a, b), name
