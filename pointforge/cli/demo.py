@@ -16,6 +16,7 @@ _STAGES = {
     "score": "score (cases)",
     "oracle": "oracle (cases)",
     "baseline": "baseline (cases)",
+    "student": "generate test implants with the few-step student (cases)",
 }
 
 
@@ -75,6 +76,35 @@ def _step_pair(text: str) -> tuple[int, int]:
     return pcdiff, voxelizer
 
 
+def _student_calls(distill: bool, calls: int | None) -> int:
+    """The student's network calls: ``--distill-calls`` (1 or 2), else 1 with ``--distill``, else 0 (none)."""
+    from pointforge.errors import UserError
+
+    if calls is None:
+        return 1 if distill else 0
+    if calls not in (1, 2):
+        raise UserError(f"--distill-calls must be 1 or 2 (the student's network calls per proposal), got {calls}")
+    return calls
+
+
+# The options whose help runs past a line, so that `demo` stays a screen long.
+_HELP = {
+    "split": "With --data: train,val,test ratios, skull ids (train=000-059,val=060-069,test=070-079; "
+    "skulls not named are never read) or a named split (skullfix). Default 0.625,0.125,0.25.",
+    "train_steps": "PCDIFF,VOXELIZER: train to these step counts instead of --minutes (the same models on any "
+    "machine, whatever its load; for comparisons at equal budget).",
+    "config": "The packaged preset both networks train from: demo (minutes on a CPU) or skullfix (real skulls, "
+    "docs/implant.md).",
+    "data": "A raw SkullBreak or SkullFix folder (any size or spacing), or a folder `data prepare` wrote from one, "
+    "to run on instead of synthetic skulls (--family, --skulls and --size then do not apply).",
+    "distill": "After the test cases, distil the chosen PCDiff into a 1-call student (for its packaged "
+    "pcdiff_student preset's steps), generate and score the test cases with it, and report what it cost and "
+    "changed. With --resume, adds the student to a finished demo.",
+    "resume": "Finish the run an earlier demo began in --out (stopped, killed, out of time), with the same options: "
+    "the prepared data, the trained phases and the written test cases are kept (--distill may be added).",
+}
+
+
 def demo(
     out: Path = typer.Option(Path("demo_out"), "--out", help="New or empty folder for everything the demo writes."),
     minutes: float = typer.Option(
@@ -92,24 +122,9 @@ def demo(
     steps: int = typer.Option(20, "--steps", help="Sampler steps (ignored by ddpm)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
     seed: int = typer.Option(0, "--seed"),
-    split: str = typer.Option(
-        None,
-        "--split",
-        help="With --data: train,val,test ratios, skull ids (train=000-059,val=060-069,test=070-079; "
-        "skulls not named are never read) or a named split (skullfix). Default 0.625,0.125,0.25.",
-    ),
-    train_steps: str = typer.Option(
-        None,
-        "--train-steps",
-        help="PCDIFF,VOXELIZER: train to these step counts instead of --minutes (the same models on any "
-        "machine, whatever its load; for comparisons at equal budget).",
-    ),
-    config: str = typer.Option(
-        "demo",
-        "--config",
-        help="The packaged preset both networks train from: demo (minutes on a CPU) or skullfix (real skulls, "
-        "docs/implant.md).",
-    ),
+    split: str = typer.Option(None, "--split", help=_HELP["split"]),
+    train_steps: str = typer.Option(None, "--train-steps", help=_HELP["train_steps"]),
+    config: str = typer.Option("demo", "--config", help=_HELP["config"]),
     reach_mm: float = typer.Option(
         None, "--reach-mm", help="Keep implant voxels within this many mm of the generated points (as generate)."
     ),
@@ -118,20 +133,15 @@ def demo(
         "--skull-points",
         help="Defective-skull points the voxelizer is given beside the implant points (as generate).",
     ),
-    data: Path = typer.Option(
-        None,
-        "--data",
-        help="A raw SkullBreak or SkullFix folder (any size or spacing), or a folder `data prepare` wrote from one, "
-        "to run on instead of synthetic skulls (--family, --skulls and --size then do not apply).",
+    data: Path = typer.Option(None, "--data", help=_HELP["data"]),
+    distill: bool = typer.Option(False, "--distill", help=_HELP["distill"]),
+    distill_calls: int = typer.Option(
+        None, "--distill-calls", help="The student's network calls per proposal, 1 or 2 (implies --distill)."
     ),
-    resume: bool = typer.Option(
-        False,
-        "--resume",
-        help="Finish the run an earlier demo began in --out (stopped, killed, out of time), with the same options: "
-        "the prepared data, the trained phases and the written test cases are kept.",
-    ),
+    resume: bool = typer.Option(False, "--resume", help=_HELP["resume"]),
 ) -> None:
     """The whole system on synthetic data (or your own, --data): data → training → implants → evaluation against a baseline and an oracle → report."""
+    calls = _student_calls(distill, distill_calls)  # refused before the demo's modules (and torch) load
     from pointforge.implant.demo.run import run_demo
     from pointforge.implant.demo.settings import DemoSettings
 
@@ -151,6 +161,7 @@ def demo(
         skull_points=skull_points,
         train_steps=None if train_steps is None else _step_pair(train_steps),
         split=DemoSettings.split if split is None else split,
+        distill=calls,
     )
     with _StageBars() as bars:
         result = run_demo(out, settings, log=typer.echo, progress=bars, resume=resume)
@@ -173,4 +184,22 @@ def _say_result(result, say) -> None:
         f"baseline beaten (95 % paired interval) on: {', '.join(beaten) or 'none'}; "
         f"total {s['timings_s']['total_s'] / 60:.1f} min"
     )
+    if "student" in s:
+        say(_student_line(s))
     say(f"report: {result.report_html} (and {result.report_md.name})")
+
+
+def _student_line(s: dict) -> str:
+    """The few-step student's line: its DSC beside the pipeline's, the paired difference, its cost and speed."""
+    from pointforge.implant.demo.report_tables import format_score
+
+    st = s["student"]
+    d = st["intervals"]["dsc"]["difference"]
+    sampling = st["sample_s_per_case"]
+    return (
+        f"{st['calls']}-call student ({st['steps']} steps, {st['training_minutes']:.1f} min to distil): mean DSC "
+        f"{format_score(st['dsc_mean'])} against the pipeline's {format_score(s['pipeline_dsc_mean'])} "
+        f"(student − pipeline {format_score(d['mean'])} [{format_score(d['low'])}, {format_score(d['high'])}], "
+        f"paired 95 %); sampling {format_score(sampling['student'], 2)} s per case against "
+        f"{format_score(sampling['pipeline'], 2)} s"
+    )

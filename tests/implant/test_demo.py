@@ -14,17 +14,27 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pointforge.cli.demo import _student_line
 from pointforge.data.prepare import prepare_dataset
 from pointforge.data.skulls.prepared import PreparedDataset
 from pointforge.data.synthetic.dataset import synthesize
-from pointforge.data.volumes import read_binary_volume
+from pointforge.data.volumes import read_binary_volume, write_volume
 from pointforge.errors import DataError, UserError
 from pointforge.implant.baseline import Atlas, mean_skull_implant
 from pointforge.implant.demo.budget import TimeSplit
 from pointforge.implant.demo.report import write_report
 from pointforge.implant.demo.run import run_demo
 from pointforge.implant.demo.scoring import chosen_phase, full_options, mean_dsc, probe_options, spread_cases
-from pointforge.implant.demo.settings import DemoSettings, make_data
+from pointforge.implant.demo.settings import DemoSettings, check_out, make_data, record_settings, settings_record
+from pointforge.implant.demo.student import (
+    STUDENT_RECORD,
+    check_student,
+    student_budget,
+    student_config,
+    student_intervals,
+    train_student,
+    written_means,
+)
 from pointforge.implant.demo.training import (
     DEMO_TASKS,
     decays,
@@ -40,7 +50,7 @@ from pointforge.implant.demo.worst import why_it_fails, worst_cases
 from pointforge.implant.evaluate import Evaluation, summarise
 from pointforge.tasks.configs import load_train_config
 from pointforge.train.torchrun import worker_args
-from tests.helpers import TOY_TINY, write_raw_dataset
+from tests.helpers import TOY_TINY, run_cli_process, write_raw_dataset
 
 TOY = TOY_TINY
 
@@ -70,6 +80,89 @@ def test_a_used_folder_and_bad_settings_are_refused(tmp_path):
         with pytest.raises(UserError, match=message):
             run_demo(tmp_path / "new", settings)
     assert not (tmp_path / "new").exists()
+
+
+def test_a_student_is_refused_for_bad_calls_and_for_a_config_without_a_student_preset(tmp_path):
+    for calls in (3, -1, True):
+        with pytest.raises(UserError, match=f"--distill-calls must be 1 or 2 .*, got {calls!r}; or leave out"):
+            run_demo(tmp_path / "new", DemoSettings(distill=calls))
+    # pcdiff/small.yaml and voxelizer/small.yaml exist; pcdiff_student/small.yaml does not.
+    with pytest.raises(UserError, match=r"no few-step student preset for --config small .*student presets: demo, "):
+        run_demo(tmp_path / "new", DemoSettings(config="small", distill=1))
+    assert not (tmp_path / "new").exists()
+    # The same refusal from the command line: one line, exit status 2.
+    code, _, err = run_cli_process("demo", "--out", tmp_path / "cli", "--distill-calls", 3)
+    said = "error: --distill-calls must be 1 or 2 (the student's network calls per proposal), got 3"
+    assert code == 2 and err.strip() == said
+    assert not (tmp_path / "cli").exists()
+
+
+def test_a_resumed_demo_may_add_or_drop_the_student_and_change_nothing_else(tmp_path):
+    out = tmp_path / "demo"
+    out.mkdir()
+    s = DemoSettings(minutes=1)
+    record_settings(out, s)
+    for distill in (0, 1, 2):
+        check_out(out, replace(s, distill=distill), resume=True)
+    with pytest.raises(UserError, match=r"other settings \(ensemble 5 → 3\); give the same options"):
+        check_out(out, replace(s, distill=1, ensemble=3), resume=True)
+    with pytest.raises(UserError, match=r"other settings \(student_steps None → 4\)"):
+        check_out(out, replace(s, distill=1, student_steps=4), resume=True)
+    # A demo written before a setting existed ran with its default: resumed, it may gain a student.
+    older = {k: v for k, v in settings_record(s).items() if k not in ("distill", "student_steps")}
+    (out / "demo_settings.json").write_text(json.dumps(older))
+    check_out(out, replace(s, distill=1), resume=True)
+    with pytest.raises(UserError, match=r"other settings \(minutes 1 → 2\)"):
+        check_out(out, replace(s, minutes=2, distill=1), resume=True)
+    # A student already distilled here keeps its calls, however the run was resumed since.
+    (out / STUDENT_RECORD).write_text(json.dumps({"calls": 1, "teacher": "t.pt", "minutes": 1.0, "finished": False}))
+    check_student(out, replace(s, distill=1), resume=True)
+    check_student(out, replace(s, distill=0), resume=True)
+    with pytest.raises(UserError, match="holds a 1-call student .*give --distill-calls 1, or a new --out"):
+        check_student(out, replace(s, distill=2), resume=True)
+
+
+def test_a_finished_student_is_kept_on_resume_and_its_budget_is_its_preset_s_steps(tmp_path):
+    assert student_config("demo").name == "demo.yaml"
+    assert student_budget(DemoSettings(), student_config("demo")) == 500  # pcdiff_student/demo.yaml's max_steps
+    assert student_budget(DemoSettings(student_steps=7), student_config("demo")) == 7
+    out = tmp_path / "demo"
+    out.mkdir()
+    checkpoint = out / "checkpoints" / "pcdiff_student-1call.pt"
+    checkpoint.parent.mkdir()
+    checkpoint.write_bytes(b"a student")
+    done = {"calls": 1, "teacher": "t.pt", "minutes": 10.8, "finished": True, "steps": 500}
+    done["checkpoint"] = str(checkpoint)
+    (out / STUDENT_RECORD).write_text(json.dumps(done))
+    said = []
+    kept = train_student(out, DemoSettings(distill=1), "t.pt", tmp_path / "prepared", said.append, None, resume=True)
+    assert kept == done and said == ["[student] the 1-call student was distilled by the run being resumed: kept"]
+    assert not (out / "runs").exists()  # nothing launched
+    with pytest.raises(DataError, match="was distilled from t.pt, but the chosen PCDiff is now other.pt; delete"):
+        train_student(out, DemoSettings(distill=1), "other.pt", tmp_path / "prepared", said.append, None, resume=True)
+
+
+def test_the_student_s_spread_agreement_and_sampling_are_read_from_its_written_cases(tmp_path):
+    root = tmp_path / "implants"
+    agreement = np.zeros((4, 4, 4), dtype=np.float32)
+    agreement[0, 0, :2] = [0.5, 1.0]  # the mean where above 0 is 0.75, not diluted by the empty voxels
+    for case_id, sample_s in (("bilateral/001", 2.0), ("random_1/001", 4.0)):
+        (root / case_id).mkdir(parents=True)
+        write_volume(root / case_id / "uncertainty.nrrd", agreement)
+        report = {"outputs": {"uncertainty": "uncertainty.nrrd"}, "timings_s": {"sample_s": sample_s}}
+        (root / case_id / "report.json").write_text(json.dumps(report))
+    placements = [{"case": "bilateral/001", "spread_ratio": 0.8}, {"case": "random_1/001", "spread_ratio": 0.6}]
+    found = written_means(root, ["bilateral/001", "random_1/001", "random_2/001"], placements)  # one failed: no folder
+    assert found == pytest.approx({"spread_ratio": 0.7, "agreement_mean": 0.75, "sample_s_per_case": 3.0})
+    assert written_means(root, [], []) == {"spread_ratio": None, "agreement_mean": None, "sample_s_per_case": None}
+    # Student − pipeline, paired: 0.05 better on every case.
+    cases = [f"c/{k:03d}" for k in range(10)]
+    hard = np.random.default_rng(1).random(10) * 0.5
+    pipeline = _evaluation(dict(zip(cases, hard)))
+    student = _evaluation(dict(zip(cases, hard + 0.05)))
+    found = student_intervals(student, pipeline, cases, seed=0)
+    assert found["dsc"]["difference"]["mean"] == pytest.approx(0.05) and found["dsc"]["verdict"] == "beats"
+    assert found["hd95"]["verdict"] == "no clear difference from" and found["hd95"]["cases"] == 10
 
 
 def test_the_skullfix_preset_trains_both_networks_and_the_reach_reaches_generation():
@@ -349,6 +442,39 @@ def test_the_report_gives_intervals_counts_failures_as_zero_and_says_who_wins(tm
     )
     assert "the atlas estimate PCDiff starts from gave 0.600 (+0.200 by PCDiff)" in worst
     assert "<h2 id='worst'>The worst test cases, and why</h2>" in html_text
+    assert "A few-step student" not in text + html_text  # this run distilled none
+
+
+def test_the_report_s_student_section_says_what_it_cost_and_what_it_changed(tmp_path):
+    summary, test, baseline = report_inputs(tmp_path)
+    cases = summary["cases"]
+    student = _evaluation({"bilateral/001": 0.75, "random_1/001": 0.1}, {"bilateral/001": 3.5})
+    summary["student"] = {
+        "calls": 2,
+        "steps": 500,
+        "training_minutes": 10.84,
+        "evaluation": student.summary,
+        "dsc_mean": mean_dsc(student, cases),
+        "intervals": student_intervals(student, test["evaluation"], cases, seed=0),
+        "spread_ratio": {"pipeline": 0.76, "student": 0.75},
+        "agreement_mean": {"pipeline": 0.88, "student": 0.9},
+        "sample_s_per_case": {"pipeline": 2.0, "student": 0.25},
+    }
+    md, page = write_report(tmp_path, summary, test, baseline)
+    text = md.read_text()
+    section = text.split("## A few-step student")[1].split("## ")[0]
+    assert "into a 2-call student cost 10.8 minutes of training (500 steps, one process)" in section
+    assert "sampling a case took 0.25 s instead of 2.00 s" in section
+    # Paired over the two cases: DSC -0.05 and +0.1 (the failed case counts as 0); HD95 on the one case with both.
+    assert "DSC +0.025 [-0.050, +0.100], bDSC +0.025 [-0.050, +0.100], HD95 +0.50 [+0.50, +0.50] mm." in section
+    assert "| PCDiff pipeline (dpm++2m 20) | 0.400 | 0.800 | 3.00 | 0.76 | 0.88 | 2.00 |" in section
+    assert "| 2-call student (ddim 2) | 0.425 | 0.425 | 3.25 | 0.75 | 0.90 | 0.25 |" in section
+    assert "| difference student − pipeline (paired) | +0.025 [-0.050, +0.100] |" in section
+    assert "<h2>A few-step student</h2>" in page.read_text()
+    assert _student_line(summary) == (  # the command's last lines name it too
+        "2-call student (500 steps, 10.8 min to distil): mean DSC 0.425 against the pipeline's 0.400 "
+        "(student − pipeline 0.025 [-0.050, 0.100], paired 95 %); sampling 0.25 s per case against 2.00 s"
+    )
 
 
 def test_a_case_s_loss_is_split_between_the_voxelizer_chain_and_pcdiff_s_points():
@@ -374,11 +500,14 @@ def test_the_phase_is_chosen_on_the_validation_cases_never_the_test_cases():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # a few minutes on a quiet 2-core machine; a busy one took past the default 300 s
 def test_a_tiny_demo_runs_end_to_end(tmp_path):
-    """Every stage for real on the dome family, as small as the demo allows (a minute or two on 2 cores)."""
+    """Every stage for real on the dome family, as small as the demo allows (a few minutes on 2 cores),
+    then resumed with --distill: a 2-step student added to the finished demo (about a minute more)."""
     settings = DemoSettings(minutes=0.1, family="domes", skulls=5, size=64, points=4000, phases=(0.5, 1.0))
     settings.split, settings.ensemble, settings.steps = "0.6,0.2,0.2", 2, 2
     settings.probe_cases, settings.probe_ensemble, settings.probe_steps = 2, 1, 2
+    settings.student_steps = 2  # for the student the resume adds below; a setting it may not change
     said = []
     result = run_demo(tmp_path / "demo", settings, log=said.append)
     s = result.summary
@@ -394,12 +523,32 @@ def test_a_tiny_demo_runs_end_to_end(tmp_path):
     scored = [w["why"] for w in s["worst"] if w["dsc"] is not None]  # a tiny run's case may have failed
     assert all("is lost by the voxelizer and clean-up" in why and "centred" in why for why in scored)
 
-    # Resumed with other settings: refused, nothing touched; with the same: the same models, the same result.
+    # Without --distill, nothing of a student: no section, no stage, no files.
+    assert "student" not in s and "A few-step student" not in text and "student_train_s" not in s["timings_s"]
+    assert not (tmp_path / "demo" / "implants" / "student").exists()
+
+    # Resumed with other settings: refused, nothing touched. With the same and --distill (the one setting
+    # that may change): the same models and result, and the student added to the finished demo.
     with pytest.raises(UserError, match=r"other settings \(ensemble 2 → 3\)"):
         run_demo(tmp_path / "demo", replace(settings, ensemble=3), resume=True)
-    again = run_demo(tmp_path / "demo", settings, log=said.append, resume=True).summary
+    resumed = run_demo(tmp_path / "demo", replace(settings, distill=1), log=said.append, resume=True)
+    again = resumed.summary
     assert [c["steps"] for c in again["curve"]] == [c["steps"] for c in s["curve"]]
     assert again["pipeline_dsc_mean"] == s["pipeline_dsc_mean"] and again["chosen"] == s["chosen"]
+    student = again["student"]
+    assert student["calls"] == 1 and student["steps"] == settings.student_steps and student["training_minutes"] > 0
+    assert student["teacher"] == s["phases"][s["chosen"]]["pcdiff"]["checkpoint"]
+    assert Path(student["checkpoint"]).is_file() and 0 <= student["dsc_mean"] <= 1
+    written = list((tmp_path / "demo" / "implants" / "student").glob("*/*/implant.nrrd"))
+    assert len(written) == 5 - len(student["failed"])
+    assert set(student["intervals"]) == {"dsc", "bdsc", "hd95"}
+    assert np.isfinite(student["intervals"]["dsc"]["difference"]["mean"])
+    for key in ("spread_ratio", "agreement_mean", "sample_s_per_case"):
+        assert all(np.isfinite(student[key][who]) and student[key][who] > 0 for who in ("pipeline", "student"))
+    assert "[student] distilling the chosen PCDiff into a 1-call student: 2 steps" in "\n".join(said)
+    text = resumed.report_md.read_text()
+    assert "## A few-step student" in text and "| 1-call student (ddim 1) |" in text
+    assert "A few-step student" in resumed.report_html.read_text()
 
 
 def test_placement_puts_generated_points_on_the_prepared_grid_of_a_resampled_volume():

@@ -13,7 +13,10 @@
 5. **oracle** — the true implant points through the same voxelizer and
    clean-up; **baseline** — the defect filled with the mean of the registered
    training skulls (:mod:`pointforge.implant.baseline`).
-6. **report** — ``report.md`` and ``report.html``: every mean with its 95 %
+6. **student** (only with ``--distill``) — the chosen PCDiff distilled
+   into a few-step student, its test cases generated and scored the same way,
+   and what it cost and changed (:mod:`.student`).
+7. **report** — ``report.md`` and ``report.html``: every mean with its 95 %
    bootstrap interval and the paired difference pipeline − baseline ("beats"
    only where its interval excludes zero), tables per case and per defect
    class, the curve, previews, where the time went, and the commands that
@@ -26,8 +29,8 @@ The modules, one job each: :mod:`.budget` (the time budget and the time
 split), :mod:`.settings` (the settings and the data stage), :mod:`.training`
 (the timed phases, through the one torchrun launcher), :mod:`.workers` (the
 per-case work on one-thread worker processes), :mod:`.scoring` (probe, test,
-oracle, baseline, the chosen phase), :mod:`.verdict` (intervals and the
-verdict), :mod:`.report` (Markdown, the curve) with :mod:`.report_tables` and
+oracle, baseline, the chosen phase), :mod:`.student` (the few-step
+student), :mod:`.verdict` (intervals and the verdict), :mod:`.report` (Markdown, the curve) with :mod:`.report_tables` and
 :mod:`.report_page` (HTML), and :mod:`.run`
 (:func:`~pointforge.implant.demo.run.run_demo`, every stage in order). It
 lives in :mod:`pointforge.implant` because it is the implant pipeline end to

@@ -73,7 +73,7 @@ def write_report(out: Path, summary: dict, test: dict, baseline_eval) -> tuple[P
     _curve_plot(out / "curve.png", summary)
     previews = _previews(test, out)
     intro, verdict = _intro_and_verdict(summary)
-    sections = _sections(verdict)
+    sections = _sections(verdict, student_sentence(summary["student"]) if "student" in summary else None)
     commands = _reproduce_commands()
     md_path = _write_markdown(out, intro, sections, found, previews, _worst_md(summary, test, out), commands)
     cards = _cards(summary, test, baseline_eval, out)
@@ -160,8 +160,34 @@ def _budget(s: dict) -> str:
     return f"{s['minutes']:g} min of wall-clock time"
 
 
-def _sections(verdict: str) -> list[tuple[str, str | None, str | None]]:
-    """The report's sections: (title, table name or None, text or None)."""
+def student_sentence(student: dict) -> str:
+    """What distilling the chosen PCDiff into the few-step student cost, and what it changed (the paired intervals)."""
+    changed = []
+    for entry in student["intervals"].values():
+        d, digits = entry["difference"], 2 if entry["lower_is_better"] else 3
+        if not entry["cases"]:
+            changed.append(f"{entry['label']} not comparable (no case where both made an implant)")
+            continue
+        changed.append(
+            f"{entry['label']} {d['mean']:+.{digits}f} [{d['low']:+.{digits}f}, {d['high']:+.{digits}f}]"
+            + (" mm" if entry["lower_is_better"] else "")
+        )
+    sampling = student["sample_s_per_case"]
+    fast = (
+        f"; sampling a case took {format_score(sampling['student'], 2)} s instead of {format_score(sampling['pipeline'], 2)} s"
+        if sampling["student"] is not None and sampling["pipeline"] is not None
+        else ""
+    )
+    return (
+        f"Distilling the chosen PCDiff into a {student['calls']}-call student cost {student['training_minutes']:.1f} "
+        f"minutes of training ({student['steps']} steps, one process){fast}. On the same test cases it changed "
+        "(student − pipeline, paired, 95 % interval): " + ", ".join(changed) + "."
+    )
+
+
+def _sections(verdict: str, student: str | None = None) -> list[tuple[str, str | None, str | None]]:
+    """The report's sections: (title, table name or None, text or None); ``student``: the few-step
+    student's sentence, whose section follows the limits when the run distilled one."""
     return [
         ("Result", None, verdict),
         (
@@ -180,6 +206,7 @@ def _sections(verdict: str) -> list[tuple[str, str | None, str | None]]:
             "Placement: distance between the generated and true implant centroids, and the generated points' spread "
             "(RMS radius) over the true one's.",
         ),
+        *([("A few-step student", "student", student)] if student else []),
         ("Per defect class (chosen models)", "by_class", None),
         (
             "Learning curve",

@@ -27,6 +27,7 @@ def tables(summary: dict, test: dict, baseline_eval) -> dict[str, Table]:
             ["demo stage", "seconds"],
             [[k.removesuffix("_s"), f"{v:.1f}"] for k, v in summary["timings_s"].items()],
         ),
+        **({"student": student_table(summary)} if "student" in summary else {}),
     }
 
 
@@ -192,6 +193,27 @@ def limits_table(summary: dict) -> Table:
             ["the atlas estimate PCDiff starts from", format_score(summary["prior_dsc_mean"]), _cell(prior, "bdsc")]
             + [_cell(prior, "hd95", 2), "", "", "", ""],
         )
+    return headers, rows
+
+
+DIGITS = {"dsc": 3, "bdsc": 3, "hd95": 2}  # decimals each metric is reported with
+
+
+def student_table(summary: dict) -> Table:
+    """The pipeline and the few-step student on the same test cases, and the paired difference student − pipeline."""
+    st, settings = summary["student"], summary["settings"]
+    headers = ["test cases", "mean DSC", "mean bDSC", "mean HD95 (mm)", "spread ratio", "agreement mean"]
+    headers += ["sampling s per case"]
+    sampler = settings["sampler"] + (f" {settings['steps']}" if settings["steps"] else "")
+    rows = []
+    for label, who, dsc, stats in (
+        (f"PCDiff pipeline ({sampler})", "pipeline", summary["pipeline_dsc_mean"], summary["pipeline"]),
+        (f"{st['calls']}-call student (ddim {st['calls']})", "student", st["dsc_mean"], st["evaluation"]),
+    ):
+        rows.append([label, format_score(dsc), _cell(stats, "bdsc"), _cell(stats, "hd95", 2)])
+        rows[-1] += [format_score(st[key][who], 2) for key in ("spread_ratio", "agreement_mean", "sample_s_per_case")]
+    difference = [_interval_cell(st["intervals"][m]["difference"], d, signed=True) for m, d in DIGITS.items()]
+    rows.append(["difference student − pipeline (paired)", *difference, "", "", ""])
     return headers, rows
 
 

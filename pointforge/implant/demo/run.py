@@ -31,6 +31,7 @@ from pointforge.implant.demo.settings import (
     record_settings,
     settings_record,
 )
+from pointforge.implant.demo.student import check_student, run_student
 from pointforge.implant.demo.training import DEMO_TASKS, demo_config, train_phases
 from pointforge.implant.demo.verdict import beats, intervals
 from pointforge.implant.demo.workers import case_pool
@@ -120,13 +121,15 @@ def run_demo(
     ``resume``: finish the run an earlier call with the same settings began in ``out`` (stopped,
     killed, out of time): the prepared volumes are kept, each training phase resumes from its last
     checkpoint (one already trained only starts and stops), the test cases already written are kept,
-    and everything after is done again."""
+    and everything after is done again. ``settings.distill`` may differ from the earlier run's: a
+    finished demo resumed with it gains the student (:mod:`.student`), which itself resumes."""
     s = settings or DemoSettings()
     s.validate()
     for task in DEMO_TASKS:
         demo_config(task, s.config)  # a missing preset is refused now, not after the data stage
     out = Path(out)
     check_out(out, s, resume=resume)
+    check_student(out, s, resume=resume)
     out.mkdir(parents=True, exist_ok=True)
     record_settings(out, s)
     if resume:
@@ -144,7 +147,12 @@ def run_demo(
     stages["train_s"] = time.perf_counter() - t
 
     curve, test, scored, base_stats = _score(out, s, kept, (raw, prepared), times, stages, log, progress)
-    summary = _summary(s, case_ids, curve, test, scored, {"baseline_info": base_stats, "phases": kept})
+    extra: dict = {"baseline_info": base_stats, "phases": kept}
+    if s.distill:
+        snap = kept[chosen_phase(curve)]
+        args = (out, s, snap, (raw, prepared), test, case_ids, times, stages, log, progress)
+        extra["student"] = run_student(*args, resume=resume)
+    summary = _summary(s, case_ids, curve, test, scored, extra)
 
     log("[7/7] writing the report")
     # The report shows where the time went up to its own writing; demo.json adds the report's seconds.

@@ -164,34 +164,66 @@ def score_test(
 ) -> dict:
     """Stage 4: the chosen phase's implants for the test cases, every output written, then scored.
 
-    ``paths``: the raw dataset and the prepared one. Returns the root, the
-    failures, the evaluation and the placement of the generated points.
+    ``paths``: the raw dataset and the prepared one. Returns what :func:`write_and_score` returns.
     """
-    raw, prepared = paths
-    dataset = PreparedDataset(prepared)
-    cases = dataset.split("test")
+    cases = PreparedDataset(paths[1]).split("test")
     root = out / "implants" / "test"
     steps = {n: snap[n]["step"] for n in ("pcdiff", "voxelizer")}
     name = phase_name(snap["minutes"], steps, s.train_steps is not None)
     log(f"[4/7] generating the {len(cases)} test cases' implants with the models after {name} → {root}")
+    return write_and_score(
+        out,
+        root,
+        paths,
+        _checkpoints(snap, s),
+        full_options(s),
+        pool,
+        times,
+        log,
+        (lambda d, n: progress("generate", d, n, name)) if progress else None,
+        scoring_progress(progress),
+    )
+
+
+def write_and_score(
+    out: Path,
+    root: Path,
+    paths: tuple[Path, Path],
+    checkpoints: Checkpoints,
+    options: GenerateOptions,
+    pool: Executor,
+    times: TimeSplit,
+    log: Callable[[str], None],
+    generating=None,
+    scoring=None,
+) -> dict:
+    """The test cases generated with ``checkpoints`` and ``options``, every output written under
+    ``root/<case_id>`` (a case already complete there is kept), then scored against the raw dataset.
+
+    ``paths``: the raw dataset and the prepared one; ``generating(done, total)`` and ``scoring(done,
+    total)`` report progress. Returns the root, the failures, the evaluation and the placement of the
+    generated points (their mean and per case)."""
+    raw, prepared = paths
+    dataset = PreparedDataset(prepared)
+    cases = dataset.split("test")
     write_plotly_js(out / PLOTLY_JS)  # once, before the workers link every case's view to it
     with times.timed("generating"):
         results = run_cases(
             pool,
             write_case,
             case_jobs(dataset, cases),
-            _checkpoints(snap, s),
-            full_options(s),
+            checkpoints,
+            options,
             str(root),
             str(out / PLOTLY_JS),
-            progress=(lambda d, n: progress("generate", d, n, name)) if progress else None,
+            progress=generating,
         )
     failed = {r["case_id"]: r["failed"] for r in results if r["failed"] is not None}
     for case_id, message in failed.items():
         log(f"case {case_id} failed: {message}")
     with times.timed("scoring"):
         case_ids = [c.case_id for c in cases]
-        evaluation = evaluate_predictions(root, raw, cases=case_ids, progress=scoring_progress(progress))
+        evaluation = evaluate_predictions(root, raw, cases=case_ids, progress=scoring)
         write_reports(evaluation, root)
         placements = placement_rows(dataset, root, cases)
     return {

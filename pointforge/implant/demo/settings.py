@@ -42,6 +42,11 @@ class DemoSettings:
     config: str = "demo"  # the packaged preset both networks train from (pcdiff/<config>.yaml, voxelizer/<config>.yaml)
     reach_mm: float | None = None  # the clean-up keeps implant voxels within this distance of the points (generate's)
     skull_points: int | None = None  # defective-skull points beside the implant points in the voxelizer (generate's)
+    # The few-step student's network calls (--distill, --distill-calls): 0, no student; 1 or 2, the chosen
+    # PCDiff distilled into a student of that many calls after the test stage (:mod:`.student`).
+    distill: int = 0
+    # The student's step budget; None: its preset's train.max_steps (pcdiff_student/<config>.yaml).
+    student_steps: int | None = None
 
     def validate(self) -> None:
         if not self.minutes > 0:
@@ -71,6 +76,13 @@ class DemoSettings:
             raise UserError(f"--reach-mm must be a positive distance in mm, got {self.reach_mm}")
         if self.skull_points is not None and self.skull_points < 64:
             raise UserError(f"--skull-points must be at least 64, got {self.skull_points}")
+        if isinstance(self.distill, bool) or self.distill not in (0, 1, 2):
+            raise UserError(
+                f"--distill-calls must be 1 or 2 (the student's network calls per proposal), got {self.distill!r}; "
+                "or leave out --distill for no student"
+            )
+        if self.student_steps is not None and (isinstance(self.student_steps, bool) or self.student_steps < 1):
+            raise UserError(f"the student's step budget must be a positive step count, got {self.student_steps!r}")
         if sorted(self.phases) != list(self.phases) or not self.phases or self.phases[-1] != 1.0:
             raise UserError("phases must increase and end at 1.0")
 
@@ -84,6 +96,9 @@ class DemoResult:
 
 
 SETTINGS_FILE = "demo_settings.json"
+# The one setting a resumed run may change: --resume --distill adds a student to a finished demo
+# (its phases and test cases kept), and --resume without it finishes one without the student.
+MAY_CHANGE_ON_RESUME = ("distill",)
 
 
 def settings_record(s: DemoSettings) -> dict:
@@ -92,7 +107,8 @@ def settings_record(s: DemoSettings) -> dict:
 
 
 def check_out(out: Path, s: DemoSettings, *, resume: bool = False) -> None:
-    """A new (or empty) ``out``; with ``resume``, the folder of an earlier run with the same settings."""
+    """A new (or empty) ``out``; with ``resume``, the folder of an earlier run with the same settings
+    (but :data:`MAY_CHANGE_ON_RESUME`; a setting the earlier run did not record had its default)."""
     if not resume:
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise UserError(
@@ -104,9 +120,11 @@ def check_out(out: Path, s: DemoSettings, *, resume: bool = False) -> None:
         earlier = json.loads((out / SETTINGS_FILE).read_text())
     except (OSError, ValueError):
         raise UserError(f"--resume: {out} holds no demo run ({SETTINGS_FILE} is missing); drop --resume") from None
-    changed = sorted(k for k, v in settings_record(s).items() if earlier.get(k) != v)
+    earlier = {**settings_record(DemoSettings()), **earlier}  # a demo older than a setting ran with its default
+    now = settings_record(s)
+    changed = sorted(k for k, v in now.items() if earlier.get(k) != v and k not in MAY_CHANGE_ON_RESUME)
     if changed:
-        said = ", ".join(f"{k} {earlier.get(k)!r} → {settings_record(s)[k]!r}" for k in changed)
+        said = ", ".join(f"{k} {earlier.get(k)!r} → {now[k]!r}" for k in changed)
         raise UserError(f"--resume: {out} was run with other settings ({said}); give the same options, or a new --out")
 
 
