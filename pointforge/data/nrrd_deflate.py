@@ -69,7 +69,7 @@ def write_gzip_nrrd(path: str | os.PathLike, data: np.ndarray, header: dict[str,
         raise ValueError("write_gzip_nrrd needs a C-contiguous array")
     level = min(int(level), 3) if deflate_backend() == "isal" else int(level)
     compressor = _deflate.compressobj(level, _deflate.DEFLATED, _deflate.MAX_WBITS | 16)
-    raw = memoryview(data.reshape(-1)).cast("B")
+    raw = data.reshape(-1).view(np.uint8)  # the array's own bytes, no copy
     with open(path, "wb") as fh:
         fh.write(_header(data, header))
         for start in range(0, len(raw), _PIECE):

@@ -239,7 +239,7 @@ def _axis_weights(
     return low, high, weight, inside
 
 
-Region = tuple[slice, slice, slice]  # a box of voxels: (slice(start, stop),) * 3
+Region = tuple[slice, ...]  # a box of voxels: three slices without steps
 
 
 def _check_region(region: Any, shape: tuple[int, int, int]) -> Region:
@@ -248,8 +248,7 @@ def _check_region(region: Any, shape: tuple[int, int, int]) -> Region:
         return (slice(0, shape[0]), slice(0, shape[1]), slice(0, shape[2]))
     if len(region) != 3 or any(not isinstance(r, slice) or r.step not in (None, 1) for r in region):
         raise DataError(f"region must be three slices without steps, got {region!r}")
-    found = tuple(slice(*r.indices(n)[:2]) for r, n in zip(region, shape))
-    return found  # type: ignore[return-value]
+    return tuple(slice(*r.indices(n)[:2]) for r, n in zip(region, shape))
 
 
 def resample_inside(
