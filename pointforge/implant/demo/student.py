@@ -40,10 +40,9 @@ from pointforge.implant.demo.report_tables import case_report
 from pointforge.implant.demo.scoring import full_options, mean_dsc, scoring_progress, write_and_score
 from pointforge.implant.demo.settings import DemoSettings
 from pointforge.implant.demo.training import train_side_by_side
-from pointforge.implant.demo.verdict import METRICS, case_values
+from pointforge.implant.demo.verdict import paired_comparison
 from pointforge.implant.demo.workers import Checkpoints, case_pool
 from pointforge.implant.evaluate import Evaluation
-from pointforge.implant.stats import paired_difference, verdict
 from pointforge.tasks.configs import preset_names, resolve_config_path
 from pointforge.train.torchrun import worker_args
 
@@ -216,18 +215,7 @@ def written_means(root: Path, case_ids: list[str], placements: list[dict]) -> di
 def student_intervals(student: Evaluation, pipeline: Evaluation, case_ids: list[str], *, seed: int) -> dict:
     """Per metric (DSC, bDSC, HD95): the paired difference student − pipeline over the test cases, its
     95 % bootstrap interval and what it allows one to say (:func:`~pointforge.implant.stats.verdict`)."""
-    found = {}
-    for metric, label, lower_is_better in METRICS:
-        values, used = case_values({"student": student, "pipeline": pipeline}, case_ids, metric)
-        difference = paired_difference(values["student"], values["pipeline"], seed=seed)
-        found[metric] = {
-            "label": label,
-            "lower_is_better": lower_is_better,
-            "cases": len(used),
-            "difference": difference.as_dict(),
-            "verdict": verdict(difference, lower_is_better=lower_is_better),
-        }
-    return found
+    return paired_comparison({"student": student, "pipeline": pipeline}, case_ids, "student", "pipeline", seed=seed)
 
 
 def student_summary(record: dict, student: dict, test: dict, case_ids: list[str], seed: int) -> dict:

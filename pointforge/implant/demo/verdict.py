@@ -52,6 +52,25 @@ def case_values(evaluations: dict[str, Evaluation], case_ids: list[str], metric:
     ]
 
 
+def paired_comparison(
+    evaluations: dict[str, Evaluation], case_ids: list[str], first: str, second: str, *, seed: int = 0
+) -> dict[str, dict]:
+    """Per metric: the paired difference ``first`` − ``second`` over the cases both scored, its 95 % bootstrap
+    interval and the verdict, with the metric's label, direction and case count."""
+    found = {}
+    for metric, label, lower_is_better in METRICS:
+        values, used = case_values(evaluations, case_ids, metric)
+        difference = paired_difference(values[first], values[second], seed=seed)
+        found[metric] = {
+            "label": label,
+            "lower_is_better": lower_is_better,
+            "cases": len(used),
+            "difference": difference.as_dict(),
+            "verdict": verdict(difference, lower_is_better=lower_is_better),
+        }
+    return found
+
+
 def intervals(evaluations: dict[str, Evaluation], case_ids: list[str], *, seed: int = 0) -> dict[str, dict]:
     """Per metric: each method's mean and interval, the paired difference pipeline − baseline, the verdict.
 
@@ -59,17 +78,14 @@ def intervals(evaluations: dict[str, Evaluation], case_ids: list[str], *, seed: 
     ``oracle`` and ``prior``) evaluations of the test cases ``case_ids``; with
     ``prior``, ``over_prior`` is the paired difference pipeline − prior.
     """
-    found = {}
-    for metric, label, lower_is_better in METRICS:
-        values, used = case_values(evaluations, case_ids, metric)
-        difference = paired_difference(values["pipeline"], values["baseline"], seed=seed)
+    found = paired_comparison(evaluations, case_ids, "pipeline", "baseline", seed=seed)
+    for metric, _, lower_is_better in METRICS:
+        values, _ = case_values(evaluations, case_ids, metric)
+        entry = found[metric]
         found[metric] = {
-            "label": label,
-            "lower_is_better": lower_is_better,
-            "cases": len(used),
+            **{k: entry[k] for k in ("label", "lower_is_better", "cases")},
             **{name: bootstrap_mean(v, seed=seed).as_dict() for name, v in values.items()},
-            "difference": difference.as_dict(),
-            "verdict": verdict(difference, lower_is_better=lower_is_better),
+            **{k: entry[k] for k in ("difference", "verdict")},
         }
         if "prior" in values:  # what PCDiff adds to the atlas estimate it starts from
             over = paired_difference(values["pipeline"], values["prior"], seed=seed)
