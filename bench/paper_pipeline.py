@@ -2,7 +2,9 @@
 
 What runs is :func:`pointforge.implant.case.generate_case` (everything
 `pointforge generate` does for one case: read the NRRD, surface, sample,
-voxelize, post-process, write every output) on a synthetic 512³ SkullBreak-like
+voxelize, post-process, write every output it writes by default, which leaves out
+the pictures: ``--pictures`` adds preview.png and view.html as ``generate --pictures``
+does) on a synthetic 512³ SkullBreak-like
 case (0.45 mm voxels, a ``random_1`` defect, drawn from ``--seed``) with the
 paper's configuration: PVCNN2 ``paper`` preset with 27,648 skull + 3,072
 implant points and T = 1000, ``--ensemble`` proposals (default 5) sampled in
@@ -32,8 +34,8 @@ Stages (the timings :func:`generate_implant` and :func:`write_case` record):
 read, surface, sample (also seconds per sampler step: the first, and the
 median of the rest), voxelize (per proposal), postprocess (split into the vote
 with its clean-up, and the proposals' own implants with the agreement map),
-write (with each part's own seconds: the 8 volumes, the STL, the preview, the
-3-D view; they run side by side), and the end-to-end total. Peak memory per stage is the resident high-water mark
+write (with each part's own seconds: the 8 volumes, the STL and, with
+``--pictures``, the preview and the 3-D view; they run side by side), and the end-to-end total. Peak memory per stage is the resident high-water mark
 restarted at each stage's start (Linux ``/proc/self/clear_refs``), so each
 stage's figure is its own.
 
@@ -45,7 +47,7 @@ issue's goal there is 20 s on an H100).
 
     python bench/paper_pipeline.py [--sampler ddim --steps 10] [--ensemble 5] [--threads N] [--repeats 3]
                                    [--pcdiff CK --voxelizer CK --student CK] [--student-calls 2]
-                                   [--no-student] [--raw-outputs] [--label NAME] [--keep DIR] [--device cpu|cuda]
+                                   [--no-student] [--pictures] [--raw-outputs] [--label NAME] [--keep DIR] [--device cpu|cuda]
 
 Writes ``bench/results/paper_pipeline[-LABEL].json``.
 """
@@ -234,13 +236,23 @@ def _timed_read(clock: StageClock):
     case_module.read_skull_input = read  # type: ignore[assignment]
 
 
-def run_case(models: Models, case: Path, out: Path, options: GenerateOptions) -> dict:
-    """One case through generate_case: seconds and peak MB per stage, seconds per sampler step and per proposal."""
+def run_case(models: Models, case: Path, out: Path, options: GenerateOptions, pictures: bool) -> dict:
+    """One case through generate_case: seconds and peak MB per stage, seconds per sampler step and per proposal.
+    ``pictures``: with preview.png and view.html (``generate --pictures``; by default it writes neither)."""
     clock = StageClock()
     _timed_read(clock)
     reset_peak()
     report = generate_case(
-        case, out, models, options, overwrite=True, log=clock.log, progress=clock.progress, title="paper pipeline"
+        case,
+        out,
+        models,
+        options,
+        overwrite=True,
+        log=clock.log,
+        progress=clock.progress,
+        title="paper pipeline",
+        preview=pictures,
+        view=pictures,
     )
     clock.boundary("write")
     timings = report["timings_s"]
@@ -265,6 +277,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--student", type=Path, help="its few-step student (default: one of --student-calls calls)")
     parser.add_argument("--student-calls", type=int, default=1, help="calls of the default student (random weights)")
     parser.add_argument("--no-student", action="store_true", help="time the teacher alone")
+    parser.add_argument(
+        "--pictures", action="store_true", help="also write preview.png and view.html (generate --pictures)"
+    )
     parser.add_argument("--raw-outputs", action="store_true", help="keep random networks' outputs (no ideal wrapper)")
     parser.add_argument("--sampler", default="ddim", help="the teacher's sampler")
     parser.add_argument("--steps", type=int, default=None, help="the teacher's sampler steps (default: generate's)")
@@ -357,7 +372,7 @@ def main() -> None:
         for k in range(args.repeats):
             for name, (models, options) in variants.items():
                 print(f"{name}, run {k + 1} of {args.repeats}:")
-                result = run_case(models, case, work / f"out-{name}", options)
+                result = run_case(models, case, work / f"out-{name}", options, pictures=args.pictures)
                 result["dsc_to_true_implant"] = _dsc(work / f"out-{name}", implant)
                 runs.setdefault(name, []).append(result)
         differ = None

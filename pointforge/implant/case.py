@@ -42,6 +42,7 @@ def generate_case(
     label: float | None = None,
     viewer_js: str | os.PathLike | None = None,
     preview: bool = True,
+    view: bool = True,
 ) -> dict:
     """Generate the implant for the defective skull at ``input_path`` into the folder ``out``.
 
@@ -54,7 +55,8 @@ def generate_case(
     ``out`` is refused unless ``overwrite``. Masks are written with ``label``
     as foreground, by default the input's own foreground value. view.html loads
     plotly.js from ``viewer_js`` (written there if missing; default: inside
-    ``out``). ``preview=False`` skips preview.png. Returns the report.
+    ``out``). ``preview=False`` skips preview.png, ``view=False`` view.html (``pointforge view``
+    writes it from the folder later). Returns the report.
     """
     options = options or GenerateOptions()
     check_label(label)
@@ -87,6 +89,7 @@ def generate_case(
         label=label,
         viewer_js=viewer_js,
         preview=preview,
+        view=view,
         dicom_sources=series.headers if series is not None else None,
     )
 

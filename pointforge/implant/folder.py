@@ -89,6 +89,7 @@ def generate_folder(
     label: float | None = None,
     viewer_js: str | os.PathLike | None = None,
     printable: PrintOptions | None = None,
+    pictures: bool = True,
 ) -> FolderResult:
     """Every case of ``root`` (see :func:`cases_of`) into ``out/<case_id>/``.
 
@@ -97,7 +98,8 @@ def generate_folder(
     what was done, skipped and failed (with the error). ``progress(done, total)``
     counts cases, ``step_progress(stage, done, total)`` the steps within one
     (:func:`~pointforge.implant.case.generate_case`'s ``progress``). Every
-    case's view.html loads one plotly.js, ``viewer_js`` (default ``out/plotly.min.js``).
+    case's view.html loads one plotly.js, ``viewer_js`` (default ``out/plotly.min.js``); ``pictures=False``
+    writes no preview.png and view.html.
     With ``printable``, every generated case (new or from an earlier run) also gets that print-ready STL
     (:func:`~pointforge.implant.printable.write_printable`, made once per setting); a case whose STL cannot
     be made is failed with the reason and keeps its implant.
@@ -126,6 +128,8 @@ def generate_folder(
                     progress=step_progress,
                     label=label,
                     viewer_js=viewer_js,
+                    preview=pictures,
+                    view=pictures,
                 )
                 result.done.append(case.case_id)
             if printable is not None:

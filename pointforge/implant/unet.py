@@ -185,6 +185,7 @@ def generate_unet_case(
     label: float | None = None,
     title: str = "",
     preview: bool = True,
+    view: bool = True,
     viewer_js: str | os.PathLike | None = None,
     log: Callable[[str], None] | None = None,
 ) -> dict:
@@ -241,7 +242,6 @@ def generate_unet_case(
         "models": describe(loaded),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    write_case_folder(
-        result, out, report, input_path=input_path, started=started, label=label, viewer_js=viewer_js, preview=preview
-    )
+    where: dict[str, Any] = {"input_path": input_path, "started": started, "viewer_js": viewer_js}
+    write_case_folder(result, out, report, label=label, preview=preview, view=view, **where)
     return report

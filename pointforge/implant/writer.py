@@ -26,7 +26,8 @@ Outputs of one case (``EXT`` is the input's: NRRD in → NRRD out, NIfTI → NIf
   3-D view skips this, the slowest file to write);
 * ``view.html`` — the same turnable in a web browser, offline, each proposal
   switchable (:mod:`pointforge.implant.view`); it loads ``plotly.min.js`` from
-  beside it, or from the dataset's root in folder mode (one copy for all cases);
+  beside it, or from the dataset's root in folder mode (one copy for all cases)
+  (unless ``view=False``: ``pointforge view`` writes it from the folder later);
 * ``report.json`` — parameters, seed, models, timings per stage, implant volume,
   mesh checks, agreement statistics, versions.
 
@@ -199,6 +200,7 @@ def write_case(
     label: float = 1,
     js_src: str = PLOTLY_JS,
     preview: bool = True,
+    view: bool = True,
     dicom_sources: list | None = None,
 ) -> dict:
     """Write every output of one case into ``folder`` (which the caller renames into place);
@@ -218,7 +220,7 @@ def write_case(
         "completed_skull": f"completed_skull{suffix}",
         "mesh": "implant.stl",
         **({"preview": "preview.png"} if preview else {}),
-        "view": "view.html",
+        **({"view": "view.html"} if view else {}),
         "proposals": [f"proposals/implant_{k}{suffix}" for k in range(len(result.proposals))],
         "points": "proposals/points.npy",
         **({"seg": SEG_FILE, "stl_dicom": STL_DICOM_FILE} if dicom_sources else {}),
@@ -229,7 +231,7 @@ def write_case(
     title = report.get("title", "")
     with ThreadPoolExecutor(max_workers=available_cores()) as pool:
         jobs = {
-            "view": [pool.submit(timed, partial(_write_view, result, folder, files, title, js_src))],
+            "view": [pool.submit(timed, partial(_write_view, result, folder, files, title, js_src))] if view else [],
             "preview": [pool.submit(timed, partial(_write_preview, result, folder, files, title))] if preview else [],
             "volumes": [pool.submit(timed, job) for job in _volume_jobs(result, folder, files, label)],
         }
@@ -246,10 +248,10 @@ def write_case(
             jobs["dicom"] = [
                 pool.submit(timed, partial(_write_dicom, result, mesh, folder, files, title, dicom_sources))
             ]
-        if js_src == PLOTLY_JS:
+        if view and js_src == PLOTLY_JS:
             write_plotly_js(folder / PLOTLY_JS)
         parts = {"mesh": time.perf_counter() - mesh_start}
-        parts.update({name: sum(job.result()[1] for job in group) for name, group in jobs.items()})
+        parts.update({name: sum(job.result()[1] for job in group) for name, group in jobs.items() if group})
     result.timings["write_s"] = time.perf_counter() - t
     # Each part's own seconds; they ran side by side, so they add up to more than write_s.
     result.timings.update({f"write_{name}_s": seconds for name, seconds in parts.items()})
@@ -315,6 +317,7 @@ def write_case_folder(
     label: float | None = None,
     viewer_js: str | os.PathLike | None = None,
     preview: bool = True,
+    view: bool = True,
     dicom_sources: list | None = None,
 ) -> dict:
     """Every output of one case, report.json last, into a hidden sibling of ``out`` renamed to ``out`` once
@@ -330,7 +333,7 @@ def write_case_folder(
     _remove_stale_partials(out)
     partial = _partial_dir(out)
     js_src = PLOTLY_JS
-    if viewer_js is not None:
+    if view and viewer_js is not None:
         js_src = Path(os.path.relpath(write_plotly_js(viewer_js).resolve(), out.resolve())).as_posix()
     try:
         write_case(
@@ -341,6 +344,7 @@ def write_case_folder(
             label=report["label"]["value"],
             js_src=js_src,
             preview=preview,
+            view=view,
             dicom_sources=dicom_sources,
         )
         report["timings_s"]["total_s"] = round(time.perf_counter() - started, 3)

@@ -349,11 +349,36 @@ def test_generate_checks_options_once_builds_one_sampler_and_reads_each_checkpoi
     assert result.exit_code == 0, (result.output, result.exception)
     assert case_done(out)
     assert calls == {"validate": 1, "sampler": 1, str(pc): 1, str(vox): 1}, calls
+    # The pictures are on request (--pictures): the case has its volumes and mesh, no preview or page.
+    assert not (out / "preview.png").exists() and not (out / "view.html").exists()
+    assert f"3-D view: pointforge view {out}" in result.output
 
     calls.clear()
     with pytest.raises(CheckpointError, match="is a voxelizer checkpoint, given as --pcdiff; give it as --voxelizer"):
         load_models(vox, vox, device="cpu")
     assert calls == {str(vox): 1}, calls
+
+
+def test_generate_writes_the_pictures_when_asked(trained, tmp_path, monkeypatch):
+    # What --pictures passes on (writing them is test_one_case_writes_every_output_on_the_input_geometry's).
+    from pointforge.implant import case
+
+    root, _, pc, vox = trained
+    _, source = a_test_case(root)
+    out = tmp_path / "case"
+    asked: dict = {}
+
+    def written(*args, **kwargs):
+        asked.update(kwargs)
+        outputs = {"view": "view.html"} if kwargs["view"] else {}
+        mesh = {"watertight": True, "components": 1}
+        return {"mesh": mesh, "implant": {"volume_cm3": 1.0}, "timings_s": {"total_s": 1.0}, "outputs": outputs}
+
+    monkeypatch.setattr(case, "generate_case", written)
+    result = run_cli("generate", source, "--pcdiff", pc, "--voxelizer", vox, "--out", out, "--pictures")
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert asked["preview"] is True and asked["view"] is True
+    assert f"3-D view: {out / 'view.html'}" in result.output
 
 
 def test_an_upsampler_densifies_each_proposal_before_voxelising(trained, tmp_path):
