@@ -242,6 +242,15 @@ def generate_unet_case(
         "models": describe(loaded),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    where: dict[str, Any] = {"input_path": input_path, "started": started, "viewer_js": viewer_js}
-    write_case_folder(result, out, report, label=label, preview=preview, view=view, **where)
+    write_case_folder(
+        result,
+        out,
+        report,
+        input_path=input_path,
+        started=started,
+        label=label,
+        viewer_js=viewer_js,
+        preview=preview,
+        view=view,
+    )
     return report
